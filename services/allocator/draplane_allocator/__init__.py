@@ -1,0 +1,1 @@
+"""The draplane allocator service."""

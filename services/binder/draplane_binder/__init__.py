@@ -1,0 +1,1 @@
+"""The draplane binder service."""

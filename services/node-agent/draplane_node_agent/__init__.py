@@ -1,0 +1,1 @@
+"""The draplane node agent: discovers a node's devices and streams them to NATS."""

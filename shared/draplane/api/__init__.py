@@ -1,0 +1,1 @@
+"""Typed models of the Kubernetes objects draplane reads and writes, decoded once at the edge."""

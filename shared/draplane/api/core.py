@@ -1,0 +1,125 @@
+"""The parts of core/v1 Pod and Node that scheduling needs.
+
+Unlike the resource.k8s.io models these are deliberately partial: we read pods and nodes, and write
+them only through patches and subresources, never by sending a decoded object back.
+"""
+
+from __future__ import annotations
+
+import msgspec
+
+from draplane.api.meta import Base, Condition, ListMeta, NodeSelector, NodeSelectorTerm, ObjectMeta
+
+
+class Taint(Base, kw_only=True):
+    key: str
+    effect: str
+    value: str | None = None
+    time_added: str | None = None
+
+
+class Toleration(Base, kw_only=True):
+    key: str | None = None
+    operator: str | None = None
+    value: str | None = None
+    effect: str | None = None
+    toleration_seconds: int | None = None
+
+
+class NodeSpec(Base, kw_only=True):
+    taints: list[Taint] | None = None
+    unschedulable: bool | None = None
+    provider_id: str | None = msgspec.field(default=None, name="providerID")
+
+
+class NodeStatus(Base, kw_only=True):
+    capacity: dict[str, str] | None = None
+    allocatable: dict[str, str] | None = None
+    conditions: list[Condition] | None = None
+
+
+class Node(Base, kw_only=True):
+    api_version: str = msgspec.field(default_factory=lambda: "v1")
+    kind: str = msgspec.field(default_factory=lambda: "Node")
+    metadata: ObjectMeta = msgspec.field(default_factory=ObjectMeta)
+    spec: NodeSpec | None = None
+    status: NodeStatus | None = None
+
+
+class ResourceClaimRef(Base, kw_only=True):
+    name: str
+
+
+class ResourceRequirements(Base, kw_only=True):
+    requests: dict[str, str] | None = None
+    limits: dict[str, str] | None = None
+    claims: list[ResourceClaimRef] | None = None
+
+
+class Container(Base, kw_only=True):
+    name: str
+    image: str | None = None
+    resources: ResourceRequirements | None = None
+
+
+class PreferredSchedulingTerm(Base, kw_only=True):
+    weight: int
+    preference: NodeSelectorTerm
+
+
+class NodeAffinity(Base, kw_only=True):
+    required_during_scheduling_ignored_during_execution: NodeSelector | None = None
+    preferred_during_scheduling_ignored_during_execution: list[PreferredSchedulingTerm] | None = None
+
+
+class Affinity(Base, kw_only=True):
+    node_affinity: NodeAffinity | None = None
+
+
+class PodResourceClaim(Base, kw_only=True):
+    name: str
+    resource_claim_name: str | None = None
+    resource_claim_template_name: str | None = None
+
+
+class PodSpec(Base, kw_only=True):
+    containers: list[Container] = msgspec.field(default_factory=list)
+    init_containers: list[Container] | None = None
+    node_name: str | None = None
+    scheduler_name: str | None = None
+    node_selector: dict[str, str] | None = None
+    affinity: Affinity | None = None
+    tolerations: list[Toleration] | None = None
+    resource_claims: list[PodResourceClaim] | None = None
+    overhead: dict[str, str] | None = None
+    priority: int | None = None
+
+
+class PodResourceClaimStatus(Base, kw_only=True):
+    name: str
+    resource_claim_name: str | None = None
+
+
+class PodStatus(Base, kw_only=True):
+    phase: str | None = None
+    conditions: list[Condition] | None = None
+    resource_claim_statuses: list[PodResourceClaimStatus] | None = None
+    nominated_node_name: str | None = None
+
+
+class Pod(Base, kw_only=True):
+    api_version: str = msgspec.field(default_factory=lambda: "v1")
+    kind: str = msgspec.field(default_factory=lambda: "Pod")
+    metadata: ObjectMeta = msgspec.field(default_factory=ObjectMeta)
+    spec: PodSpec = msgspec.field(default_factory=PodSpec)
+    status: PodStatus | None = None
+
+
+class PodList(Base, kw_only=True):
+    metadata: ListMeta | None = None
+    items: list[Pod] = msgspec.field(default_factory=list)
+
+
+class NodeList(Base, kw_only=True):
+    metadata: ListMeta | None = None
+    items: list[Node] = msgspec.field(default_factory=list)

@@ -1,0 +1,5 @@
+import sys
+
+from draplane.cli import main
+
+sys.exit(main())
