@@ -1,0 +1,279 @@
+"""Start a real local control plane on free loopback ports: etcd, kube-apiserver and NATS JetStream.
+
+Used by the tests, `draplane up` and the demo. Everything runs as child processes of ours that die
+with us; `stop()` shuts them down in reverse order and escalates to SIGKILL if one hangs.
+"""
+
+from __future__ import annotations
+
+import base64
+import dataclasses
+import json
+import logging
+import re
+import shutil
+import ssl
+import subprocess
+import tempfile
+import time
+import urllib.request
+from pathlib import Path
+
+from draplane.localenv import binaries, pki
+from draplane.localenv.processes import ServerProcess, StartupError, ensure_port_free, free_port
+
+log = logging.getLogger(__name__)
+
+# The resource.k8s.io versions served next to v1: older clients and DeviceTaintRules still use them.
+RESOURCE_API_VERSIONS = ("v1beta1", "v1beta2", "v1alpha3")
+
+_FEATURE_GATE_RE = re.compile(r"^\s+(\w+)=true\|false \((ALPHA|BETA) - default=(true|false)\)", re.M)
+
+
+@dataclasses.dataclass(slots=True)
+class Ports:
+    etcd_client: int = 0
+    etcd_peer: int = 0
+    apiserver: int = 0
+    nats: int = 0
+    nats_monitor: int = 0
+
+    def resolve(self) -> "Ports":
+        """Pick free ports for the ones left at 0; check the ones given explicitly."""
+        names = {
+            "etcd_client": "etcd client",
+            "etcd_peer": "etcd peer",
+            "apiserver": "kube-apiserver",
+            "nats": "nats-server",
+            "nats_monitor": "nats-server monitoring",
+        }
+        for field, what in names.items():
+            port = getattr(self, field)
+            if port:
+                ensure_port_free(port, what)
+            else:
+                setattr(self, field, free_port())
+        return self
+
+
+def dra_feature_gates(apiserver: Path) -> dict[str, bool]:
+    """Every DRA feature gate this kube-apiserver knows that is not locked on, switched on.
+
+    Read from the binary's own --help, so the list is right for whatever version is built; a gate
+    that the version does not know would make the apiserver refuse to start.
+    """
+    cached = binaries.cache_dir() / "feature-gates" / f"{apiserver.name}-{apiserver.stat().st_size}.json"
+    if cached.is_file():
+        return json.loads(cached.read_text())
+    help_text = subprocess.run([str(apiserver), "--help"], capture_output=True, text=True, timeout=60).stdout
+    gates = {
+        name: True
+        for name, _stage, _default in _FEATURE_GATE_RE.findall(help_text)
+        if name.startswith("DRA") or name == "DynamicResourceAllocation"
+    }
+    cached.parent.mkdir(parents=True, exist_ok=True)
+    cached.write_text(json.dumps(gates, sort_keys=True))
+    return gates
+
+
+@dataclasses.dataclass
+class ControlPlane:
+    """A running local control plane. Create with `ControlPlane.start()`; stop with `stop()`."""
+
+    workdir: Path
+    ports: Ports
+    kubeconfig: Path
+    ca_file: Path
+    client_cert: Path
+    client_key: Path
+    processes: list[ServerProcess]
+    feature_gates: dict[str, bool]
+    _owns_workdir: bool = False
+
+    @property
+    def apiserver_url(self) -> str:
+        return f"https://127.0.0.1:{self.ports.apiserver}"
+
+    @property
+    def nats_url(self) -> str:
+        return f"nats://127.0.0.1:{self.ports.nats}"
+
+    @property
+    def etcd_url(self) -> str:
+        return f"http://127.0.0.1:{self.ports.etcd_client}"
+
+    def process(self, name: str) -> ServerProcess:
+        return next(p for p in self.processes if p.name == name)
+
+    @classmethod
+    def start(
+        cls,
+        workdir: Path | None = None,
+        *,
+        ports: Ports | None = None,
+        with_nats: bool = True,
+        with_kubernetes: bool = True,
+        startup_timeout: float = 90.0,
+    ) -> "ControlPlane":
+        owns = workdir is None
+        workdir = Path(tempfile.mkdtemp(prefix="draplane-")) if workdir is None else Path(workdir)
+        workdir.mkdir(parents=True, exist_ok=True)
+        ports = (ports or Ports()).resolve()
+        # Find every binary before starting anything, so a missing one fails fast and alone.
+        etcd_bin = binaries.require(binaries.ETCD) if with_kubernetes else None
+        apiserver_bin = binaries.require(binaries.KUBE_APISERVER) if with_kubernetes else None
+        nats_bin = binaries.require(binaries.NATS_SERVER) if with_nats else None
+
+        started: list[ServerProcess] = []
+        plane = cls(
+            workdir=workdir, ports=ports, kubeconfig=workdir / "kubeconfig", ca_file=workdir / "pki" / "ca.crt",
+            client_cert=workdir / "pki" / "admin.crt", client_key=workdir / "pki" / "admin.key",
+            processes=started, feature_gates={}, _owns_workdir=owns,
+        )
+        try:
+            if with_kubernetes:
+                started.append(_start_etcd(etcd_bin, workdir, ports, startup_timeout))
+                certs = pki.create(workdir / "pki")
+                plane.feature_gates = dra_feature_gates(apiserver_bin)
+                started.append(_start_apiserver(apiserver_bin, workdir, ports, certs, plane, startup_timeout))
+                _write_kubeconfig(plane.kubeconfig, plane.apiserver_url, certs)
+            if with_nats:
+                started.append(_start_nats(nats_bin, workdir, ports, startup_timeout))
+        except BaseException:
+            plane.stop()
+            raise
+        log.info("control plane up in %s: apiserver %s, nats %s", workdir, plane.apiserver_url, plane.nats_url)
+        return plane
+
+    def stop(self) -> None:
+        for process in reversed(self.processes):
+            process.stop()
+        if self._owns_workdir:
+            shutil.rmtree(self.workdir, ignore_errors=True)
+
+    def __enter__(self) -> "ControlPlane":
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.stop()
+
+    def ssl_context(self) -> ssl.SSLContext:
+        context = ssl.create_default_context(cafile=str(self.ca_file))
+        context.load_cert_chain(str(self.client_cert), str(self.client_key))
+        return context
+
+
+def _http_ok(url: str, context: ssl.SSLContext | None = None, expect: bytes | None = None) -> bool:
+    with urllib.request.urlopen(url, timeout=2, context=context) as response:
+        body = response.read()
+        return response.status == 200 and (expect is None or expect in body)
+
+
+def _start_etcd(binary: Path, workdir: Path, ports: Ports, timeout: float) -> ServerProcess:
+    client = f"http://127.0.0.1:{ports.etcd_client}"
+    peer = f"http://127.0.0.1:{ports.etcd_peer}"
+    process = ServerProcess(
+        "etcd",
+        [
+            str(binary),
+            "--name=draplane",
+            f"--data-dir={workdir / 'etcd'}",
+            f"--listen-client-urls={client}",
+            f"--advertise-client-urls={client}",
+            f"--listen-peer-urls={peer}",
+            f"--initial-advertise-peer-urls={peer}",
+            f"--initial-cluster=draplane={peer}",
+            "--log-level=warn",
+            # A throwaway test store: durability across power loss buys nothing and costs fsyncs.
+            "--unsafe-no-fsync",
+        ],
+        workdir / "logs" / "etcd.log",
+    )
+    process.start()
+    process.wait_ready(lambda: _http_ok(f"{client}/health", expect=b'"health":"true"'), timeout)
+    return process
+
+
+def _start_apiserver(
+    binary: Path, workdir: Path, ports: Ports, certs: pki.Pki, plane: ControlPlane, timeout: float
+) -> ServerProcess:
+    gates = ",".join(f"{name}={'true' if on else 'false'}" for name, on in sorted(plane.feature_gates.items()))
+    runtime_config = ",".join(f"resource.k8s.io/{v}=true" for v in RESOURCE_API_VERSIONS)
+    argv = [
+        str(binary),
+        f"--etcd-servers=http://127.0.0.1:{ports.etcd_client}",
+        "--bind-address=127.0.0.1",
+        "--advertise-address=127.0.0.1",
+        f"--secure-port={ports.apiserver}",
+        f"--tls-cert-file={certs.serving_cert}",
+        f"--tls-private-key-file={certs.serving_key}",
+        f"--client-ca-file={certs.ca_cert}",
+        f"--service-account-key-file={certs.service_account_pub}",
+        f"--service-account-signing-key-file={certs.service_account_key}",
+        "--service-account-issuer=https://kubernetes.default.svc.cluster.local",
+        "--service-cluster-ip-range=10.0.0.0/24",
+        "--authorization-mode=RBAC",
+        # There is no controller-manager to create each namespace's `default` ServiceAccount.
+        "--disable-admission-plugins=ServiceAccount",
+        f"--runtime-config={runtime_config}",
+        f"--cert-dir={workdir / 'pki'}",
+        "--endpoint-reconciler-type=none",
+        "--profiling=false",
+        "--v=1",
+    ]
+    if gates:
+        argv.append(f"--feature-gates={gates}")
+    process = ServerProcess("kube-apiserver", argv, workdir / "logs" / "kube-apiserver.log")
+    process.start()
+    process.wait_ready(lambda: _http_ok(f"{plane.apiserver_url}/readyz", plane.ssl_context()), timeout)
+    return process
+
+
+def _write_kubeconfig(path: Path, server: str, certs: pki.Pki) -> None:
+    def b64(p: Path) -> str:
+        return base64.b64encode(p.read_bytes()).decode()
+
+    config = {
+        "apiVersion": "v1",
+        "kind": "Config",
+        "clusters": [
+            {"name": "draplane", "cluster": {"server": server, "certificate-authority-data": b64(certs.ca_cert)}}
+        ],
+        "users": [
+            {
+                "name": "draplane-admin",
+                "user": {"client-certificate-data": b64(certs.admin_cert), "client-key-data": b64(certs.admin_key)},
+            }
+        ],
+        "contexts": [{"name": "draplane", "context": {"cluster": "draplane", "user": "draplane-admin"}}],
+        "current-context": "draplane",
+    }
+    path.write_text(json.dumps(config, indent=2))
+    path.chmod(0o600)
+
+
+def nats_config(ports: Ports, store_dir: Path, extra: str = "") -> str:
+    return "\n".join(
+        [
+            f"listen: 127.0.0.1:{ports.nats}",
+            f"http: 127.0.0.1:{ports.nats_monitor}",
+            "jetstream {",
+            f'  store_dir: "{store_dir}"',
+            "  max_memory_store: 256MB",
+            "  max_file_store: 2GB",
+            "}",
+            "max_payload: 8MB",
+            extra,
+        ]
+    )
+
+
+def _start_nats(binary: Path, workdir: Path, ports: Ports, timeout: float) -> ServerProcess:
+    config = workdir / "nats.conf"
+    config.write_text(nats_config(ports, workdir / "jetstream"))
+    process = ServerProcess("nats-server", [str(binary), "-c", str(config)], workdir / "logs" / "nats-server.log")
+    process.start()
+    process.wait_ready(
+        lambda: _http_ok(f"http://127.0.0.1:{ports.nats_monitor}/healthz?js-enabled-only=true"), timeout
+    )
+    return process

@@ -1,0 +1,134 @@
+"""Child server processes that never outlive us and say clearly why they did not start."""
+
+from __future__ import annotations
+
+import ctypes
+import errno
+import os
+import signal
+import socket
+import subprocess
+import time
+from pathlib import Path
+from typing import Callable
+
+_PR_SET_PDEATHSIG = 1
+
+
+class StartupError(RuntimeError):
+    """A server could not be started. The message names the server and the reason."""
+
+
+def _die_with_parent() -> None:
+    # If the Python process is killed (kill -9, a CI timeout), the kernel kills the server too:
+    # that is what keeps a crashed test run from leaving orphans holding ports.
+    try:
+        libc = ctypes.CDLL("libc.so.6", use_errno=True)
+        libc.prctl(_PR_SET_PDEATHSIG, signal.SIGKILL)
+    except OSError:
+        pass
+
+
+def free_port(host: str = "127.0.0.1") -> int:
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
+        sock.bind((host, 0))
+        return sock.getsockname()[1]
+
+
+def ensure_port_free(port: int, what: str, host: str = "127.0.0.1") -> None:
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        try:
+            sock.bind((host, port))
+        except OSError as exc:
+            if exc.errno == errno.EADDRINUSE:
+                raise StartupError(
+                    f"{what}: port {port} on {host} is already in use by another process; "
+                    f"stop that process or choose another port"
+                ) from None
+            raise
+
+
+class ServerProcess:
+    """One server binary run as a child process, its output in a log file."""
+
+    def __init__(self, name: str, argv: list[str], log_path: Path, env: dict[str, str] | None = None):
+        self.name = name
+        self.argv = argv
+        self.log_path = log_path
+        self.env = env
+        self.process: subprocess.Popen | None = None
+
+    def start(self) -> None:
+        self.log_path.parent.mkdir(parents=True, exist_ok=True)
+        log = self.log_path.open("ab")
+        try:
+            self.process = subprocess.Popen(
+                self.argv,
+                stdout=log,
+                stderr=subprocess.STDOUT,
+                stdin=subprocess.DEVNULL,
+                env=self.env,
+                start_new_session=True,  # Ctrl-C in a terminal reaches us, and we stop it in order
+                preexec_fn=_die_with_parent,
+            )
+        except OSError as exc:
+            raise StartupError(f"{self.name}: cannot execute {self.argv[0]}: {exc.strerror}") from None
+        finally:
+            log.close()
+
+    @property
+    def pid(self) -> int | None:
+        return self.process.pid if self.process else None
+
+    def alive(self) -> bool:
+        return self.process is not None and self.process.poll() is None
+
+    def log_tail(self, lines: int = 15) -> str:
+        try:
+            text = self.log_path.read_text(errors="replace")
+        except OSError:
+            return ""
+        return "\n".join(text.splitlines()[-lines:])
+
+    def wait_ready(self, probe: Callable[[], bool], timeout: float) -> None:
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            if not self.alive():
+                code = self.process.returncode if self.process else None
+                raise StartupError(
+                    f"{self.name} exited with code {code} while starting (log: {self.log_path}):\n{self.log_tail()}"
+                )
+            try:
+                if probe():
+                    return
+            except Exception:  # not listening yet; anything else shows up in the log
+                pass
+            time.sleep(0.1)
+        self.stop()
+        raise StartupError(
+            f"{self.name} did not become ready within {timeout:.0f}s (log: {self.log_path}):\n{self.log_tail()}"
+        )
+
+    def stop(self, timeout: float = 10.0) -> None:
+        if self.process is None or self.process.poll() is not None:
+            return
+        try:
+            os.killpg(self.process.pid, signal.SIGTERM)
+        except ProcessLookupError:
+            return
+        try:
+            self.process.wait(timeout=timeout)
+        except subprocess.TimeoutExpired:
+            # It ignored SIGTERM: escalate, so that shutdown always finishes.
+            try:
+                os.killpg(self.process.pid, signal.SIGKILL)
+            except ProcessLookupError:
+                pass
+            self.process.wait(timeout=timeout)
+
+    def kill(self) -> None:
+        """SIGKILL, for crash tests."""
+        if self.process is not None and self.process.poll() is None:
+            os.killpg(self.process.pid, signal.SIGKILL)
+            self.process.wait()
