@@ -1,0 +1,289 @@
+"""Node fit: can this pod run on this node at all, before any device is looked at?
+
+The checks kube-scheduler's filter plugins make, in the same order and with the same reason
+strings, so that a user reading "why is my pod pending" sees what they would see with kube-scheduler:
+
+- NodeUnschedulable: `spec.unschedulable` unless the pod tolerates `node.kubernetes.io/unschedulable`;
+- NodeAffinity: `spec.nodeSelector` and required node affinity (terms ORed, requirements ANDed);
+- TaintToleration: every NoSchedule/NoExecute taint must be tolerated;
+- NodeResourcesFit: pod slots, CPU, memory, ephemeral storage and every other scalar resource the
+  pod requests, against allocatable minus what the pods already bound to the node request.
+
+Pure: no I/O. Requests are integers in the units the scheduler compares (CPU in millicores,
+everything else in base units, rounded up), computed once per pod so that a simulator can keep
+running totals per node instead of re-reading every bound pod.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Iterable, Mapping, Sequence
+
+from draplane.api.core import Container, Node, Pod, Taint, Toleration
+from draplane.api.meta import NodeSelectorRequirement, NodeSelectorTerm
+from draplane.api.quantity import QuantityError, parse_quantity
+
+CPU = "cpu"
+MEMORY = "memory"
+EPHEMERAL_STORAGE = "ephemeral-storage"
+PODS = "pods"
+
+UNSCHEDULABLE_TAINT_KEY = "node.kubernetes.io/unschedulable"
+
+REASON_UNSCHEDULABLE = "node(s) were unschedulable"
+REASON_AFFINITY = "node(s) didn't match Pod's node affinity/selector"
+REASON_TOO_MANY_PODS = "Too many pods"
+
+
+class NodeFitError(ValueError):
+    """A pod or node whose fields cannot be read (a bad quantity, a malformed selector)."""
+
+
+@dataclass(frozen=True, slots=True)
+class NodeFit:
+    """The outcome for one node: fits when there is no reason against it."""
+
+    node: str
+    reasons: tuple[str, ...] = ()
+
+    @property
+    def fits(self) -> bool:
+        return not self.reasons
+
+    def __str__(self) -> str:
+        return f"{self.node}: fits" if self.fits else f"{self.node}: {', '.join(self.reasons)}"
+
+
+# --- quantities ----------------------------------------------------------------------------------
+
+
+def _units(resource: str, text: str, where: str) -> int:
+    """The integer the scheduler compares: millicores for CPU, rounded-up base units otherwise."""
+    try:
+        value = parse_quantity(text).value
+    except QuantityError as exc:
+        raise NodeFitError(f"{where}[{resource!r}]: {exc}") from None
+    if resource == CPU:
+        value *= 1000
+    return -((-value.numerator) // value.denominator)
+
+
+def _container_requests(container: Container, where: str) -> dict[str, int]:
+    resources = container.resources
+    if resources is None:
+        return {}
+    # The apiserver defaults a missing request to the limit; pods read from files have not been
+    # through it, so do the same here.
+    merged = dict(resources.limits or {})
+    merged.update(resources.requests or {})
+    return {name: _units(name, text, f"{where}.resources.requests") for name, text in merged.items()}
+
+
+def pod_requests(pod: Pod) -> dict[str, int]:
+    """What the pod asks of its node: max(sum of containers, largest init container) + overhead."""
+    name = pod.metadata.name or "<unnamed>"
+    total: dict[str, int] = {}
+    for i, container in enumerate(pod.spec.containers):
+        for resource, amount in _container_requests(container, f"pod {name}: spec.containers[{i}]").items():
+            total[resource] = total.get(resource, 0) + amount
+    # Init containers run one after another before the app containers, so only the largest counts.
+    for i, container in enumerate(pod.spec.init_containers or ()):
+        for resource, amount in _container_requests(container, f"pod {name}: spec.initContainers[{i}]").items():
+            if amount > total.get(resource, 0):
+                total[resource] = amount
+    for resource, text in (pod.spec.overhead or {}).items():
+        total[resource] = total.get(resource, 0) + _units(resource, text, f"pod {name}: spec.overhead")
+    return total
+
+
+def node_allocatable(node: Node) -> dict[str, int]:
+    name = node.metadata.name or "<unnamed>"
+    allocatable = (node.status.allocatable if node.status else None) or {}
+    return {r: _units(r, text, f"node {name}: status.allocatable") for r, text in allocatable.items()}
+
+
+def sum_requests(pods: Iterable[Pod]) -> tuple[dict[str, int], int]:
+    """Total requests of the pods bound to a node, and how many there are."""
+    total: dict[str, int] = {}
+    count = 0
+    for pod in pods:
+        count += 1
+        for resource, amount in pod_requests(pod).items():
+            total[resource] = total.get(resource, 0) + amount
+    return total, count
+
+
+# --- NodeResourcesFit ----------------------------------------------------------------------------
+
+
+def insufficient_resources(
+    requests: Mapping[str, int],
+    allocatable: Mapping[str, int],
+    in_use: Mapping[str, int],
+    bound_pod_count: int,
+) -> list[str]:
+    """Reasons the node lacks room, in kube-scheduler's order and words; empty when it fits."""
+    reasons: list[str] = []
+    # kube-scheduler treats a node without `pods` in allocatable as holding none; every kubelet
+    # reports it, so a missing entry here means a hand-written node, which we do not limit.
+    if PODS in allocatable and bound_pod_count + 1 > allocatable[PODS]:
+        reasons.append(REASON_TOO_MANY_PODS)
+    for resource in (CPU, MEMORY, EPHEMERAL_STORAGE):
+        wanted = requests.get(resource, 0)
+        if wanted > 0 and wanted > allocatable.get(resource, 0) - in_use.get(resource, 0):
+            reasons.append(f"Insufficient {resource}")
+    for resource in sorted(requests):
+        if resource in (CPU, MEMORY, EPHEMERAL_STORAGE, PODS):
+            continue
+        wanted = requests[resource]
+        # A request of zero is satisfied by any node, even one that never heard of the resource.
+        if wanted > 0 and wanted > allocatable.get(resource, 0) - in_use.get(resource, 0):
+            reasons.append(f"Insufficient {resource}")
+    return reasons
+
+
+# --- NodeAffinity --------------------------------------------------------------------------------
+
+
+def _requirement_matches(req: NodeSelectorRequirement, labels: Mapping[str, str], where: str) -> bool:
+    op = req.operator
+    values = req.values or []
+    present = req.key in labels
+    if op in ("In", "NotIn"):
+        if not values:
+            raise NodeFitError(f"{where}: operator {op} needs at least one value")
+        if op == "In":
+            return present and labels[req.key] in values
+        return not present or labels[req.key] not in values
+    if op in ("Exists", "DoesNotExist"):
+        if values:
+            raise NodeFitError(f"{where}: operator {op} takes no values")
+        return present if op == "Exists" else not present
+    if op in ("Gt", "Lt"):
+        if len(values) != 1:
+            raise NodeFitError(f"{where}: operator {op} needs exactly one value")
+        try:
+            bound = int(values[0])
+        except ValueError:
+            raise NodeFitError(f"{where}: operator {op} needs an integer value, got {values[0]!r}") from None
+        if not present:
+            return False
+        try:
+            actual = int(labels[req.key])
+        except ValueError:
+            return False  # a label that is not a number matches neither Gt nor Lt
+        return actual > bound if op == "Gt" else actual < bound
+    raise NodeFitError(f"{where}: unknown operator {op!r} (In, NotIn, Exists, DoesNotExist, Gt, Lt)")
+
+
+def _field_matches(req: NodeSelectorRequirement, node_name: str, where: str) -> bool:
+    if req.key != "metadata.name":
+        raise NodeFitError(f"{where}: only metadata.name is supported in matchFields, got {req.key!r}")
+    if req.operator not in ("In", "NotIn"):
+        raise NodeFitError(f"{where}: matchFields supports In and NotIn, got {req.operator!r}")
+    # The apiserver allows a single value here; more would make the term ambiguous.
+    if len(req.values or []) != 1:
+        raise NodeFitError(f"{where}: matchFields metadata.name needs exactly one value")
+    return _requirement_matches(req, {"metadata.name": node_name}, where)
+
+
+def term_matches(term: NodeSelectorTerm, labels: Mapping[str, str], node_name: str, where: str = "term") -> bool:
+    """All requirements of the term hold. A term with none matches no node, as in Kubernetes."""
+    expressions = term.match_expressions or []
+    fields = term.match_fields or []
+    if not expressions and not fields:
+        return False
+    for i, req in enumerate(expressions):
+        if not _requirement_matches(req, labels, f"{where}.matchExpressions[{i}]"):
+            return False
+    for i, req in enumerate(fields):
+        if not _field_matches(req, node_name, f"{where}.matchFields[{i}]"):
+            return False
+    return True
+
+
+def matches_node_affinity(pod: Pod, node: Node) -> bool:
+    """spec.nodeSelector and requiredDuringSchedulingIgnoredDuringExecution both hold."""
+    labels = node.metadata.labels or {}
+    for key, value in (pod.spec.node_selector or {}).items():
+        if labels.get(key) != value:
+            return False
+    affinity = pod.spec.affinity.node_affinity if pod.spec.affinity else None
+    required = affinity.required_during_scheduling_ignored_during_execution if affinity else None
+    if required is None:
+        return True
+    name = pod.metadata.name or "<unnamed>"
+    base = f"pod {name}: spec.affinity.nodeAffinity.requiredDuringSchedulingIgnoredDuringExecution"
+    node_name = node.metadata.name or ""
+    return any(
+        term_matches(term, labels, node_name, f"{base}.nodeSelectorTerms[{i}]")
+        for i, term in enumerate(required.node_selector_terms)
+    )
+
+
+# --- TaintToleration and NodeUnschedulable -------------------------------------------------------
+
+
+def tolerates(toleration: Toleration, taint: Taint) -> bool:
+    if toleration.effect and toleration.effect != taint.effect:
+        return False
+    # An empty key matches every key (validation only allows that together with Exists).
+    if toleration.key and toleration.key != taint.key:
+        return False
+    operator = toleration.operator or "Equal"
+    if operator == "Exists":
+        return True
+    if operator == "Equal":
+        return (toleration.value or "") == (taint.value or "")
+    return False
+
+
+def untolerated_taint(tolerations: Sequence[Toleration], taints: Sequence[Taint]) -> Taint | None:
+    """The first NoSchedule/NoExecute taint no toleration covers (PreferNoSchedule never blocks)."""
+    for taint in taints:
+        if taint.effect not in ("NoSchedule", "NoExecute"):
+            continue
+        if not any(tolerates(t, taint) for t in tolerations):
+            return taint
+    return None
+
+
+def _taint_reason(taint: Taint) -> str:
+    inner = f"{taint.key}: {taint.value}" if taint.value else taint.key
+    return f"node(s) had untolerated taint {{{inner}}}"
+
+
+# --- the whole filter ----------------------------------------------------------------------------
+
+
+def node_fit(
+    pod: Pod,
+    node: Node,
+    bound_pods: Iterable[Pod] = (),
+    *,
+    requests: Mapping[str, int] | None = None,
+    in_use: tuple[Mapping[str, int], int] | None = None,
+) -> NodeFit:
+    """Every reason the pod cannot go to the node (none: it fits, devices aside).
+
+    `requests` (from pod_requests) and `in_use` (from sum_requests over the bound pods) may be
+    passed in by callers that keep them per node, to avoid recomputing them for every pod.
+    """
+    node_name = node.metadata.name or "<unnamed>"
+    tolerations = pod.spec.tolerations or []
+    reasons: list[str] = []
+    spec = node.spec
+    if spec is not None and spec.unschedulable:
+        cordon = Taint(key=UNSCHEDULABLE_TAINT_KEY, effect="NoSchedule")
+        if not any(tolerates(t, cordon) for t in tolerations):
+            reasons.append(REASON_UNSCHEDULABLE)
+    if not matches_node_affinity(pod, node):
+        reasons.append(REASON_AFFINITY)
+    taint = untolerated_taint(tolerations, (spec.taints or []) if spec else [])
+    if taint is not None:
+        reasons.append(_taint_reason(taint))
+    if requests is None:
+        requests = pod_requests(pod)
+    used, count = in_use if in_use is not None else sum_requests(bound_pods)
+    reasons.extend(insufficient_resources(requests, node_allocatable(node), used, count))
+    return NodeFit(node=node_name, reasons=tuple(reasons))

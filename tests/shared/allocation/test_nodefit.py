@@ -1,0 +1,208 @@
+import msgspec
+import pytest
+
+from draplane.allocation.nodefit import (
+    REASON_AFFINITY,
+    REASON_TOO_MANY_PODS,
+    REASON_UNSCHEDULABLE,
+    NodeFitError,
+    node_fit,
+    pod_requests,
+    sum_requests,
+)
+from draplane.api.core import Node, Pod
+
+
+def make_node(name="n1", allocatable=None, labels=None, taints=None, unschedulable=None) -> Node:
+    raw = {
+        "metadata": {"name": name, "labels": labels or {}},
+        "spec": {"taints": taints or [], **({"unschedulable": unschedulable} if unschedulable is not None else {})},
+        "status": {"allocatable": allocatable or {"cpu": "4", "memory": "8Gi", "pods": "110"}},
+    }
+    return msgspec.convert(raw, Node)
+
+
+def make_pod(name="p", containers=None, init=None, overhead=None, **spec) -> Pod:
+    raw_spec = {
+        "containers": [
+            {"name": f"c{i}", "resources": {"requests": r}} for i, r in enumerate(containers or [{}])
+        ],
+        **spec,
+    }
+    if init is not None:
+        raw_spec["initContainers"] = [{"name": f"i{i}", "resources": {"requests": r}} for i, r in enumerate(init)]
+    if overhead is not None:
+        raw_spec["overhead"] = overhead
+    return msgspec.convert({"metadata": {"name": name}, "spec": raw_spec}, Pod)
+
+
+def test_requests_sum_containers_take_max_init_and_add_overhead():
+    pod = make_pod(
+        containers=[{"cpu": "500m", "memory": "1Gi"}, {"cpu": "250m", "nvidia.com/gpu": "1"}],
+        init=[{"cpu": "2", "memory": "100Mi"}, {"cpu": "100m", "memory": "3Gi"}],
+        overhead={"cpu": "10m", "memory": "1Mi"},
+    )
+    assert pod_requests(pod) == {"cpu": 2010, "memory": 3 * 2**30 + 2**20, "nvidia.com/gpu": 1}
+
+
+def test_request_defaults_to_limit_and_rounds_up():
+    pod = msgspec.convert(
+        {"metadata": {"name": "p"}, "spec": {"containers": [
+            {"name": "c", "resources": {"limits": {"cpu": "1", "memory": "1500m"}, "requests": {"cpu": "0.0005"}}}
+        ]}},
+        Pod,
+    )
+    # 0.5 millicores rounds up to 1, 1.5 bytes to 2.
+    assert pod_requests(pod) == {"cpu": 1, "memory": 2}
+
+
+def test_fits_and_insufficient_cpu_memory_scalar():
+    node = make_node(allocatable={"cpu": "4", "memory": "8Gi", "pods": "110", "example.com/foo": "2"})
+    assert node_fit(make_pod(containers=[{"cpu": "4", "memory": "8Gi"}]), node).fits
+    bound = [make_pod("b", containers=[{"cpu": "3", "memory": "1Gi", "example.com/foo": "1"}])]
+    fit = node_fit(make_pod(containers=[{"cpu": "1001m", "memory": "7169Mi", "example.com/foo": "2"}]), node, bound)
+    assert fit.reasons == ("Insufficient cpu", "Insufficient memory", "Insufficient example.com/foo")
+    assert not fit.fits
+    assert "n1: Insufficient cpu" in str(fit)
+
+
+def test_unknown_scalar_resource_and_zero_request():
+    node = make_node()
+    assert node_fit(make_pod(containers=[{"example.com/bar": "1"}]), node).reasons == ("Insufficient example.com/bar",)
+    assert node_fit(make_pod(containers=[{"example.com/bar": "0"}]), node).fits
+
+
+def test_too_many_pods():
+    node = make_node(allocatable={"cpu": "4", "memory": "8Gi", "pods": "2"})
+    bound = [make_pod("a"), make_pod("b")]
+    assert node_fit(make_pod(), node, bound).reasons == (REASON_TOO_MANY_PODS,)
+    assert node_fit(make_pod(), node, bound[:1]).fits
+
+
+def test_precomputed_requests_match_bound_pods():
+    node = make_node()
+    bound = [make_pod("b", containers=[{"cpu": "3"}])]
+    pod = make_pod(containers=[{"cpu": "2"}])
+    assert node_fit(pod, node, in_use=sum_requests(bound), requests=pod_requests(pod)) == node_fit(pod, node, bound)
+
+
+def test_node_selector():
+    node = make_node(labels={"zone": "a"})
+    assert node_fit(make_pod(nodeSelector={"zone": "a"}), node).fits
+    assert node_fit(make_pod(nodeSelector={"zone": "b"}), node).reasons == (REASON_AFFINITY,)
+    assert node_fit(make_pod(nodeSelector={"other": "a"}), node).reasons == (REASON_AFFINITY,)
+
+
+def affinity(*terms):
+    return {"nodeAffinity": {"requiredDuringSchedulingIgnoredDuringExecution": {"nodeSelectorTerms": list(terms)}}}
+
+
+def expr(key, op, *values):
+    r = {"key": key, "operator": op}
+    if values:
+        r["values"] = list(values)
+    return r
+
+
+@pytest.mark.parametrize(
+    "requirement, fits",
+    [
+        (expr("zone", "In", "a", "b"), True),
+        (expr("zone", "In", "b"), False),
+        (expr("zone", "NotIn", "b"), True),
+        (expr("zone", "NotIn", "a"), False),
+        (expr("missing", "NotIn", "a"), True),
+        (expr("zone", "Exists"), True),
+        (expr("missing", "Exists"), False),
+        (expr("missing", "DoesNotExist"), True),
+        (expr("zone", "DoesNotExist"), False),
+        (expr("gpus", "Gt", "7"), True),
+        (expr("gpus", "Gt", "8"), False),
+        (expr("gpus", "Lt", "9"), True),
+        (expr("gpus", "Lt", "8"), False),
+        (expr("zone", "Gt", "1"), False),  # label is not a number
+        (expr("missing", "Lt", "1"), False),
+    ],
+)
+def test_required_affinity_operators(requirement, fits):
+    node = make_node(labels={"zone": "a", "gpus": "8"})
+    pod = make_pod(affinity=affinity({"matchExpressions": [requirement]}))
+    assert node_fit(pod, node).fits is fits
+
+
+def test_affinity_terms_are_ored_requirements_anded_and_fields_match_name():
+    node = make_node(name="gpu-7", labels={"zone": "a"})
+    both = {"matchExpressions": [expr("zone", "In", "a"), expr("zone", "In", "b")]}
+    by_name = {"matchFields": [expr("metadata.name", "In", "gpu-7")]}
+    assert not node_fit(make_pod(affinity=affinity(both)), node).fits
+    assert node_fit(make_pod(affinity=affinity(both, by_name)), node).fits
+    assert not node_fit(make_pod(affinity=affinity({"matchFields": [expr("metadata.name", "NotIn", "gpu-7")]})), node).fits
+    # An empty term selects nothing.
+    assert not node_fit(make_pod(affinity=affinity({})), node).fits
+    # nodeSelector and affinity must both hold.
+    assert not node_fit(make_pod(nodeSelector={"zone": "b"}, affinity=affinity(by_name)), node).fits
+
+
+@pytest.mark.parametrize(
+    "requirement, message",
+    [
+        (expr("zone", "In"), "operator In needs at least one value"),
+        (expr("zone", "Exists", "a"), "operator Exists takes no values"),
+        (expr("zone", "Gt", "1", "2"), "operator Gt needs exactly one value"),
+        (expr("zone", "Lt", "x"), "needs an integer value"),
+        (expr("zone", "Near", "a"), "unknown operator 'Near'"),
+    ],
+)
+def test_bad_affinity_is_reported_with_its_field(requirement, message):
+    pod = make_pod(name="web", affinity=affinity({"matchExpressions": [requirement]}))
+    with pytest.raises(NodeFitError, match=message) as err:
+        node_fit(pod, make_node(labels={"zone": "a"}))
+    assert "pod web: spec.affinity.nodeAffinity.requiredDuringSchedulingIgnoredDuringExecution" \
+        ".nodeSelectorTerms[0].matchExpressions[0]" in str(err.value)
+
+
+def test_bad_match_field_key():
+    pod = make_pod(affinity=affinity({"matchFields": [expr("metadata.uid", "In", "x")]}))
+    with pytest.raises(NodeFitError, match="only metadata.name"):
+        node_fit(pod, make_node())
+
+
+def test_bad_quantity_names_pod_and_field():
+    pod = make_pod(name="web", containers=[{"cpu": "lots"}])
+    with pytest.raises(NodeFitError, match=r"pod web: spec.containers\[0\].resources.requests\['cpu'\]"):
+        pod_requests(pod)
+
+
+def test_taints_and_tolerations():
+    taints = [
+        {"key": "gpu", "value": "true", "effect": "NoSchedule"},
+        {"key": "soft", "effect": "PreferNoSchedule"},
+    ]
+    node = make_node(taints=taints)
+    assert node_fit(make_pod(), node).reasons == ("node(s) had untolerated taint {gpu: true}",)
+    assert node_fit(make_pod(tolerations=[{"key": "gpu", "operator": "Equal", "value": "true"}]), node).fits
+    assert node_fit(make_pod(tolerations=[{"key": "gpu", "value": "true", "effect": "NoSchedule"}]), node).fits
+    assert node_fit(make_pod(tolerations=[{"key": "gpu", "operator": "Exists"}]), node).fits
+    assert node_fit(make_pod(tolerations=[{"operator": "Exists"}]), node).fits
+    assert not node_fit(make_pod(tolerations=[{"key": "gpu", "value": "false"}]), node).fits
+    assert not node_fit(make_pod(tolerations=[{"key": "gpu", "operator": "Exists", "effect": "NoExecute"}]), node).fits
+    no_exec = make_node(taints=[{"key": "dead", "effect": "NoExecute"}])
+    assert node_fit(make_pod(), no_exec).reasons == ("node(s) had untolerated taint {dead}",)
+
+
+def test_unschedulable_node():
+    node = make_node(unschedulable=True)
+    assert node_fit(make_pod(), node).reasons == (REASON_UNSCHEDULABLE,)
+    tolerant = make_pod(tolerations=[{"key": "node.kubernetes.io/unschedulable", "operator": "Exists", "effect": "NoSchedule"}])
+    assert node_fit(tolerant, node).fits
+
+
+def test_all_reasons_are_reported_together():
+    node = make_node(unschedulable=True, labels={"zone": "a"}, taints=[{"key": "k", "effect": "NoSchedule"}])
+    fit = node_fit(make_pod(nodeSelector={"zone": "b"}, containers=[{"cpu": "5"}]), node)
+    assert fit.reasons == (
+        REASON_UNSCHEDULABLE,
+        REASON_AFFINITY,
+        "node(s) had untolerated taint {k}",
+        "Insufficient cpu",
+    )
