@@ -1,0 +1,182 @@
+"""Versioned messages between the binder and the allocator shards, and their NATS subjects.
+
+Flow: binder --PendingPod--> shard (partitioned) --Placement | Unschedulable--> binder;
+binder --ClaimReleased--> every shard (and any audit subscriber).
+
+The wire types are decoded once at the edge with `decode_message`; a message with another schema
+version or a malformed body is rejected with a `MessageError` naming what is wrong.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import re
+
+import msgspec
+
+from draplane.api.resource import AllocationResult
+
+SCHEMA_VERSION = 1
+DEFAULT_PREFIX = "draplane."
+
+
+class MessageError(ValueError):
+    """A message that is not one of ours: wrong version, wrong shape. The text names the field."""
+
+
+class PodRef(msgspec.Struct, frozen=True, kw_only=True):
+    namespace: str
+    name: str
+    uid: str
+
+    def key(self) -> str:
+        return f"{self.namespace}/{self.name}"
+
+
+class ClaimRef(msgspec.Struct, frozen=True, kw_only=True):
+    namespace: str
+    name: str
+    uid: str
+
+    def key(self) -> str:
+        return f"{self.namespace}/{self.name}"
+
+
+class PendingPod(msgspec.Struct, tag="pending", kw_only=True):
+    """A pod whose claims all exist and which needs a node and devices.
+
+    The claims travel by reference: each shard watches every claim itself (it must, to know what
+    other schedulers allocated), so the body stays small and never goes stale.
+    """
+
+    version: int = SCHEMA_VERSION
+    pod: PodRef
+    claims: list[ClaimRef]
+    # Wall-clock seconds when the binder first saw the pod pending; carried for latency figures.
+    first_seen: float
+    attempt: int = 0
+
+
+class ClaimPlacement(msgspec.Struct, kw_only=True):
+    claim: ClaimRef
+    allocation: AllocationResult
+
+
+class Placement(msgspec.Struct, tag="placement", kw_only=True):
+    """A committed reservation: the binder writes it to Kubernetes, or releases it."""
+
+    version: int = SCHEMA_VERSION
+    pod: PodRef
+    node: str
+    claims: list[ClaimPlacement]
+    shard: int
+    first_seen: float
+    # The reservation's lease; a placement that reaches the binder after it is dropped.
+    expires_at: float
+
+
+class NodeFailure(msgspec.Struct, frozen=True, kw_only=True):
+    node: str
+    reason: str  # one of draplane.scheduling.unschedulable.FailureReason values
+    detail: str = ""
+
+
+class Unschedulable(msgspec.Struct, tag="unschedulable", kw_only=True):
+    version: int = SCHEMA_VERSION
+    pod: PodRef
+    shard: int
+    message: str
+    # Failures per node, so `draplane explain` and the pod's Event can say what failed where.
+    failures: list[NodeFailure] = msgspec.field(default_factory=list)
+    # A problem with the pod or its claims themselves (unknown class, bad selector): no node helps.
+    claim_error: str = ""
+
+
+class ClaimReleased(msgspec.Struct, tag="released", kw_only=True):
+    """A claim's devices are free again: the claim was deleted or its allocation was cleared."""
+
+    version: int = SCHEMA_VERSION
+    claim: ClaimRef
+    node: str | None = None
+
+
+SchedulingMessage = PendingPod | Placement | Unschedulable | ClaimReleased
+
+_encoder = msgspec.msgpack.Encoder()
+_decoder = msgspec.msgpack.Decoder(SchedulingMessage)
+
+
+def encode_message(message: SchedulingMessage) -> bytes:
+    return _encoder.encode(message)
+
+
+def decode_message(data: bytes) -> SchedulingMessage:
+    try:
+        message = _decoder.decode(data)
+    except msgspec.DecodeError as exc:
+        raise MessageError(f"scheduling message: {exc}") from None
+    if message.version != SCHEMA_VERSION:
+        raise MessageError(
+            f"{type(message).__name__}: field version is {message.version}, this build reads {SCHEMA_VERSION}"
+        )
+    return message
+
+
+# --- subjects and partitioning ---------------------------------------------------------------------
+
+
+class Subjects(msgspec.Struct, frozen=True, kw_only=True):
+    """Subject and JetStream names derived from one prefix, so tests can run side by side."""
+
+    prefix: str = DEFAULT_PREFIX
+
+    def pending(self, shard: int) -> str:
+        return f"{self.prefix}pending.{shard}"
+
+    @property
+    def pending_all(self) -> str:
+        return f"{self.prefix}pending.*"
+
+    @property
+    def results(self) -> str:
+        return f"{self.prefix}placement"
+
+    @property
+    def released(self) -> str:
+        return f"{self.prefix}released"
+
+    def _name(self, suffix: str) -> str:
+        # Stream and bucket names allow only [A-Za-z0-9_-].
+        return re.sub(r"[^A-Za-z0-9_-]", "_", self.prefix.rstrip(".")).upper() + "_" + suffix
+
+    @property
+    def pending_stream(self) -> str:
+        return self._name("PENDING")
+
+    @property
+    def results_stream(self) -> str:
+        return self._name("PLACEMENTS")
+
+    @property
+    def released_stream(self) -> str:
+        return self._name("RELEASED")
+
+    @property
+    def reservations_bucket(self) -> str:
+        return self._name("RESERVATIONS")
+
+
+def partition_key(pending: PendingPod) -> str:
+    """Pods that share a claim must land on one shard, or two shards could allocate that claim
+    at once; the lexicographically first claim is shared by all its pods, so key on it."""
+    if not pending.claims:
+        return pending.pod.uid
+    return min(c.key() for c in pending.claims)
+
+
+def shard_for(key: str, shards: int) -> int:
+    """Stable across processes and Python versions (unlike hash())."""
+    if shards < 1:
+        raise ValueError(f"shards must be at least 1, got {shards}")
+    digest = hashlib.blake2b(key.encode(), digest_size=8).digest()
+    return int.from_bytes(digest, "big") % shards

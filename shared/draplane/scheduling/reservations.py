@@ -1,0 +1,187 @@
+"""The reservation protocol: one JetStream key-value entry per node, changed only by compare-and-set.
+
+Why: N shards allocate from the same devices. Each computes a placement against its in-memory view
+(every claim's status in the cluster, plus this bucket), then commits it by writing the node's entry
+with the revision its view was built on. Two shards placing on one node therefore serialise: the
+loser's write fails, it refreshes and recomputes. A device is given to a claim only once it is in the
+node's entry, and the placement is published only after that write succeeded.
+
+Lifecycle of one claim's reservation in a node entry:
+  reserved (lease `expires_at`) --binder wrote the claim status--> confirmed (no lease)
+  reserved, lease expired, and the claim is not allocated in Kubernetes --> pruned by any writer
+  any --claim deleted or its allocation cleared--> removed by the binder (release)
+Kubernetes claim status stays the source of truth: a restarted shard rebuilds from the claims and
+from this bucket, and a lease-expired reservation whose claim *is* allocated is kept (confirmed).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterable
+
+import msgspec
+
+from draplane.api.resource import AllocationResult
+
+SCHEMA_VERSION = 1
+DEFAULT_LEASE_SECONDS = 30.0
+
+
+class ReservationConflict(Exception):
+    """The node entry already gives one of these devices to another claim."""
+
+
+class ReservedDevice(msgspec.Struct, frozen=True, array_like=True):
+    driver: str
+    pool: str
+    device: str
+    # Set for a share of a device that allows multiple allocations; such shares never conflict
+    # here (their capacity accounting is the allocator's, against the same revision).
+    share_id: str | None = None
+
+
+class Reservation(msgspec.Struct, kw_only=True):
+    claim_uid: str
+    claim_namespace: str
+    claim_name: str
+    pod_uid: str
+    devices: list[ReservedDevice]
+    # The allocation as it will be written, so a confirmed entry fully describes what is in use
+    # even before a shard's claim watch has caught up.
+    allocation: AllocationResult
+    reserved_at: float
+    expires_at: float | None  # None once confirmed
+    shard: int = 0
+
+    @property
+    def confirmed(self) -> bool:
+        return self.expires_at is None
+
+
+class NodeReservations(msgspec.Struct, kw_only=True):
+    version: int = SCHEMA_VERSION
+    node: str
+    claims: dict[str, Reservation] = msgspec.field(default_factory=dict)
+
+
+_encoder = msgspec.json.Encoder()
+_decoder = msgspec.json.Decoder(NodeReservations)
+
+
+def encode_entry(entry: NodeReservations) -> bytes:
+    return _encoder.encode(entry)
+
+
+def decode_entry(data: bytes | None, node: str) -> NodeReservations:
+    """An empty or deleted key is an empty entry."""
+    if not data:
+        return NodeReservations(node=node)
+    try:
+        entry = _decoder.decode(data)
+    except msgspec.DecodeError as exc:
+        raise ValueError(f"reservation entry for node {node}: {exc}") from None
+    if entry.version != SCHEMA_VERSION:
+        raise ValueError(f"reservation entry for node {node}: field version is {entry.version}, expected {SCHEMA_VERSION}")
+    if entry.node != node:
+        raise ValueError(f"reservation entry under key {node} names node {entry.node}")
+    return entry
+
+
+def node_key(node: str) -> str:
+    # KV keys allow [-/_=.a-zA-Z0-9]; node names are DNS subdomains, which fit.
+    return node
+
+
+def devices_of(allocation: AllocationResult) -> list[ReservedDevice]:
+    results = allocation.devices.results if allocation.devices and allocation.devices.results else []
+    return [ReservedDevice(r.driver, r.pool, r.device, r.share_id) for r in results]
+
+
+def exclusive_devices(entry: NodeReservations, *, except_claim: str | None = None) -> set[tuple[str, str, str]]:
+    """(driver, pool, device) held whole by some reservation in the entry."""
+    held: set[tuple[str, str, str]] = set()
+    for claim_uid, reservation in entry.claims.items():
+        if claim_uid == except_claim:
+            continue
+        for d in reservation.devices:
+            if d.share_id is None:
+                held.add((d.driver, d.pool, d.device))
+    return held
+
+
+def prune(
+    entry: NodeReservations,
+    now: float,
+    claim_is_allocated: Callable[[str], bool],
+) -> tuple[NodeReservations, list[Reservation]]:
+    """Drop reservations whose lease ran out before their placement reached Kubernetes.
+
+    A lapsed lease whose claim *is* allocated (the binder wrote the status but died before
+    confirming) is confirmed instead: Kubernetes is the source of truth.
+    """
+    kept: dict[str, Reservation] = {}
+    dropped: list[Reservation] = []
+    for claim_uid, reservation in entry.claims.items():
+        if reservation.expires_at is not None and reservation.expires_at <= now:
+            if claim_is_allocated(claim_uid):
+                kept[claim_uid] = msgspec.structs.replace(reservation, expires_at=None)
+            else:
+                dropped.append(reservation)
+            continue
+        kept[claim_uid] = reservation
+    return NodeReservations(node=entry.node, claims=kept), dropped
+
+
+def add(entry: NodeReservations, reservations: Iterable[Reservation]) -> NodeReservations:
+    """The entry with these reservations added; raises ReservationConflict if a device is taken.
+
+    Re-adding a claim's identical reservation is a no-op so a redelivered commit stays idempotent;
+    a *different* reservation for a claim already reserved here is a conflict.
+    """
+    claims = dict(entry.claims)
+    held = exclusive_devices(entry)
+    for reservation in reservations:
+        existing = claims.get(reservation.claim_uid)
+        if existing is not None:
+            if sorted(existing.devices) == sorted(reservation.devices):
+                continue
+            raise ReservationConflict(
+                f"claim {reservation.claim_namespace}/{reservation.claim_name} is already reserved on node "
+                f"{entry.node} with other devices"
+            )
+        for d in reservation.devices:
+            if d.share_id is None:
+                key = (d.driver, d.pool, d.device)
+                if key in held:
+                    raise ReservationConflict(
+                        f"device {d.driver}/{d.pool}/{d.device} on node {entry.node} is already reserved"
+                    )
+                held.add(key)
+        claims[reservation.claim_uid] = reservation
+    return NodeReservations(node=entry.node, claims=claims)
+
+
+def confirm(entry: NodeReservations, claim_uid: str) -> NodeReservations | None:
+    """The entry with the claim's lease cleared; None when it is not reserved here (nothing to do)."""
+    reservation = entry.claims.get(claim_uid)
+    if reservation is None or reservation.confirmed:
+        return None
+    claims = dict(entry.claims)
+    claims[claim_uid] = msgspec.structs.replace(reservation, expires_at=None)
+    return NodeReservations(node=entry.node, claims=claims)
+
+
+def extend(entry: NodeReservations, claim_uid: str, expires_at: float) -> NodeReservations | None:
+    reservation = entry.claims.get(claim_uid)
+    if reservation is None or reservation.confirmed:
+        return None
+    claims = dict(entry.claims)
+    claims[claim_uid] = msgspec.structs.replace(reservation, expires_at=max(expires_at, reservation.expires_at))
+    return NodeReservations(node=entry.node, claims=claims)
+
+
+def release(entry: NodeReservations, claim_uids: Iterable[str]) -> NodeReservations | None:
+    """The entry without these claims; None when none of them is here (nothing to write)."""
+    uids = set(claim_uids)
+    if not uids & entry.claims.keys():
+        return None
+    return NodeReservations(node=entry.node, claims={k: v for k, v in entry.claims.items() if k not in uids})

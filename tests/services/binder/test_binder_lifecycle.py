@@ -1,0 +1,138 @@
+from draplane.api.core import Pod, PodResourceClaim, PodResourceClaimStatus, PodSpec, PodStatus
+from draplane.api.meta import ObjectMeta
+from draplane.api.resource import (
+    AllocationResult,
+    DeviceAllocationResult,
+    DeviceRequestAllocationResult,
+    ResourceClaim,
+    ResourceClaimConsumerReference,
+    ResourceClaimStatus,
+    ResourceClaimTemplate,
+    ResourceClaimTemplateSpec,
+)
+from draplane_binder import lifecycle as lc
+
+
+def pod(name="web", uid="pod-uid", claims=(), statuses=None, phase=None, node=None, deleting=False) -> Pod:
+    return Pod(
+        metadata=ObjectMeta(
+            name=name, namespace="ns", uid=uid, deletion_timestamp="2026-01-01T00:00:00Z" if deleting else None
+        ),
+        spec=PodSpec(resource_claims=list(claims), node_name=node),
+        status=PodStatus(phase=phase, resource_claim_statuses=statuses),
+    )
+
+
+def template(name="gpu-template") -> ResourceClaimTemplate:
+    return ResourceClaimTemplate(
+        metadata=ObjectMeta(name=name, namespace="ns"),
+        spec=ResourceClaimTemplateSpec(metadata=ObjectMeta(labels={"team": "a"}, annotations={"x": "y"})),
+    )
+
+
+def allocation(device="gpu-0") -> AllocationResult:
+    return AllocationResult(
+        devices=DeviceAllocationResult(
+            results=[DeviceRequestAllocationResult(request="gpu", driver="gpu.nvidia.com", pool="n1", device=device)]
+        )
+    )
+
+
+def test_claim_from_template_has_kubernetes_name_annotation_and_owner():
+    p = pod(claims=[PodResourceClaim(name="gpu", resource_claim_template_name="gpu-template")])
+    claim = lc.claim_from_template(p, "gpu", template())
+    assert claim.metadata.generate_name == "web-gpu-"
+    assert claim.metadata.annotations == {"x": "y", lc.POD_CLAIM_NAME_ANNOTATION: "gpu"}
+    assert claim.metadata.labels == {"team": "a"}
+    (owner,) = claim.metadata.owner_references
+    assert (owner.api_version, owner.kind, owner.name, owner.uid) == ("v1", "Pod", "web", "pod-uid")
+    assert owner.controller is True and owner.block_owner_deletion is True
+
+
+def test_long_names_keep_both_parts():
+    name = lc.generate_name("p" * 60, "c" * 30)
+    assert len(name) <= 57 and name.endswith("-") and "-c" in name and name.startswith("p")
+
+
+def test_resolve_creates_missing_template_claims_once():
+    p = pod(claims=[PodResourceClaim(name="gpu", resource_claim_template_name="gpu-template")])
+    resolved = lc.resolve_pod_claims(p, {}, {"gpu-template": template()}, manage_templates=True)
+    assert [name for name, _ in resolved.to_create] == ["gpu"] and not resolved.ready
+    # Created, but the pod status write was lost: found by owner + annotation, not created again.
+    created = lc.claim_from_template(p, "gpu", template())
+    created.metadata.name = "web-gpu-abcde"
+    resolved = lc.resolve_pod_claims(p, {"web-gpu-abcde": created}, {"gpu-template": template()}, manage_templates=True)
+    assert resolved.to_create == []
+    assert resolved.statuses_to_record == [PodResourceClaimStatus(name="gpu", resource_claim_name="web-gpu-abcde")]
+    # Recorded: ready.
+    p.status.resource_claim_statuses = resolved.statuses_to_record
+    resolved = lc.resolve_pod_claims(p, {"web-gpu-abcde": created}, {}, manage_templates=True)
+    assert resolved.ready and resolved.names == {"gpu": "web-gpu-abcde"}
+
+
+def test_missing_template_and_missing_claim_are_problems():
+    p = pod(
+        claims=[
+            PodResourceClaim(name="a", resource_claim_template_name="nope"),
+            PodResourceClaim(name="b", resource_claim_name="absent"),
+        ]
+    )
+    resolved = lc.resolve_pod_claims(p, {}, {}, manage_templates=True)
+    assert [pr.message for pr in resolved.problems] == [
+        'resourceclaimtemplate "nope" not found',
+        'resourceclaim "absent" not found',
+    ]
+
+
+def test_reserved_for_of_gone_or_finished_pods_is_dropped_and_then_deallocated():
+    claim = ResourceClaim(
+        metadata=ObjectMeta(name="c", namespace="ns"),
+        status=ResourceClaimStatus(
+            allocation=allocation(),
+            reserved_for=[
+                ResourceClaimConsumerReference(resource="pods", name="gone", uid="u-gone"),
+                ResourceClaimConsumerReference(resource="pods", name="done", uid="u-done"),
+                ResourceClaimConsumerReference(resource="pods", name="live", uid="u-live"),
+            ],
+        ),
+    )
+    pods = {"u-done": pod(name="done", uid="u-done", phase="Succeeded"), "u-live": pod(name="live", uid="u-live", node="n1")}
+    drop = lc.reserved_for_to_drop(claim, pods)
+    assert [r.name for r in drop] == ["gone", "done"]
+    status = lc.status_without_consumers(claim, drop)
+    assert status.allocation is not None and [r.name for r in status.reserved_for] == ["live"]
+    del pods["u-live"]
+    status = lc.status_without_consumers(claim, lc.reserved_for_to_drop(claim, pods))
+    assert status == ResourceClaimStatus()
+    assert lc.needs_deallocation(ResourceClaim(status=ResourceClaimStatus(allocation=allocation())))
+    assert not lc.needs_deallocation(claim)
+
+
+def test_plan_claim_write_is_idempotent_and_refuses_other_allocations():
+    p = pod(node=None)
+    claim = ResourceClaim(metadata=ObjectMeta(name="c", namespace="ns"))
+    plan = lc.plan_claim_write(claim, allocation(), p)
+    assert isinstance(plan, lc.WriteStatus)
+    assert plan.status.allocation == allocation() and [r.uid for r in plan.status.reserved_for] == ["pod-uid"]
+    claim.status = plan.status
+    assert isinstance(lc.plan_claim_write(claim, allocation(), p), lc.AlreadyWritten)
+    assert isinstance(lc.plan_claim_write(claim, allocation("gpu-1"), p), lc.AllocatedElsewhere)
+    # a shared claim allocated for another pod gets this pod added
+    other = pod(name="other", uid="other-uid")
+    plan = lc.plan_claim_write(claim, allocation(), other)
+    assert [r.uid for r in plan.status.reserved_for] == ["pod-uid", "other-uid"]
+    # undo removes only that pod; undoing the last consumer clears the allocation
+    claim.status = plan.status
+    assert [r.uid for r in lc.status_without_pod(claim, "other-uid").reserved_for] == ["pod-uid"]
+    claim.status = lc.status_without_pod(claim, "other-uid")
+    assert lc.status_without_pod(claim, "pod-uid") == ResourceClaimStatus()
+    assert lc.status_without_pod(claim, "nobody") is None
+
+
+def test_template_claims_of_gone_pods_are_deleted():
+    p = pod(claims=[PodResourceClaim(name="gpu", resource_claim_template_name="gpu-template")])
+    claim = lc.claim_from_template(p, "gpu", template())
+    assert lc.is_template_claim_of_gone_pod(claim, {})
+    assert not lc.is_template_claim_of_gone_pod(claim, {"pod-uid": p})
+    assert lc.is_template_claim_of_gone_pod(claim, {"pod-uid": pod(phase="Failed")})
+    assert not lc.is_template_claim_of_gone_pod(ResourceClaim(metadata=ObjectMeta(name="plain")), {})

@@ -1,0 +1,75 @@
+import pytest
+
+from draplane.api.resource import AllocationResult, DeviceAllocationResult, DeviceRequestAllocationResult
+from draplane.scheduling import reservations as rv
+
+
+def reservation(claim: str, *devices: str, expires: float | None = 10.0, share: str | None = None) -> rv.Reservation:
+    results = [DeviceRequestAllocationResult(request="r", driver="d", pool="p", device=d, share_id=share) for d in devices]
+    allocation = AllocationResult(devices=DeviceAllocationResult(results=results))
+    return rv.Reservation(
+        claim_uid=claim,
+        claim_namespace="ns",
+        claim_name=claim,
+        pod_uid="pod-" + claim,
+        devices=rv.devices_of(allocation),
+        allocation=allocation,
+        reserved_at=0.0,
+        expires_at=expires,
+    )
+
+
+def test_add_rejects_a_device_already_reserved():
+    entry = rv.add(rv.NodeReservations(node="n1"), [reservation("a", "gpu-0")])
+    with pytest.raises(rv.ReservationConflict, match="d/p/gpu-0 on node n1"):
+        rv.add(entry, [reservation("b", "gpu-0")])
+    both = rv.add(entry, [reservation("b", "gpu-1")])
+    assert set(both.claims) == {"a", "b"}
+
+
+def test_add_is_idempotent_for_the_same_claim_and_devices():
+    entry = rv.add(rv.NodeReservations(node="n1"), [reservation("a", "gpu-0")])
+    assert rv.add(entry, [reservation("a", "gpu-0")]).claims.keys() == {"a"}
+    with pytest.raises(rv.ReservationConflict, match="already reserved on node n1 with other devices"):
+        rv.add(entry, [reservation("a", "gpu-1")])
+
+
+def test_shares_do_not_conflict_here():
+    entry = rv.add(rv.NodeReservations(node="n1"), [reservation("a", "gpu-0", share="s1")])
+    entry = rv.add(entry, [reservation("b", "gpu-0", share="s2")])
+    assert len(entry.claims) == 2
+
+
+def test_prune_drops_lapsed_leases_unless_kubernetes_has_the_allocation():
+    entry = rv.add(
+        rv.NodeReservations(node="n1"),
+        [reservation("lapsed", "gpu-0", expires=5.0), reservation("written", "gpu-1", expires=5.0),
+         reservation("live", "gpu-2", expires=50.0), reservation("confirmed", "gpu-3", expires=None)],
+    )
+    pruned, dropped = rv.prune(entry, now=6.0, claim_is_allocated=lambda uid: uid == "written")
+    assert [r.claim_uid for r in dropped] == ["lapsed"]
+    assert set(pruned.claims) == {"written", "live", "confirmed"}
+    assert pruned.claims["written"].confirmed
+    # the lapsed device is free again
+    rv.add(pruned, [reservation("next", "gpu-0")])
+
+
+def test_confirm_extend_release():
+    entry = rv.add(rv.NodeReservations(node="n1"), [reservation("a", "gpu-0", expires=5.0)])
+    assert rv.extend(entry, "a", 20.0).claims["a"].expires_at == 20.0
+    confirmed = rv.confirm(entry, "a")
+    assert confirmed.claims["a"].confirmed
+    assert rv.confirm(confirmed, "a") is None
+    assert rv.extend(confirmed, "a", 30.0) is None
+    assert rv.release(confirmed, ["zzz"]) is None
+    assert rv.release(confirmed, ["a"]).claims == {}
+
+
+def test_entry_codec_checks_node_and_version():
+    entry = rv.add(rv.NodeReservations(node="n1"), [reservation("a", "gpu-0")])
+    assert rv.decode_entry(rv.encode_entry(entry), "n1") == entry
+    assert rv.decode_entry(None, "n2") == rv.NodeReservations(node="n2")
+    with pytest.raises(ValueError, match="under key n2 names node n1"):
+        rv.decode_entry(rv.encode_entry(entry), "n2")
+    with pytest.raises(ValueError, match="reservation entry for node n1"):
+        rv.decode_entry(b"{not json", "n1")

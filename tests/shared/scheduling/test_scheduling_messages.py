@@ -1,0 +1,88 @@
+import msgspec
+import pytest
+
+from draplane.api.meta import NodeSelector, NodeSelectorRequirement, NodeSelectorTerm
+from draplane.api.resource import AllocationResult, DeviceAllocationResult, DeviceRequestAllocationResult
+from draplane.scheduling.messages import (
+    ClaimPlacement,
+    ClaimRef,
+    ClaimReleased,
+    MessageError,
+    PendingPod,
+    Placement,
+    PodRef,
+    Subjects,
+    decode_message,
+    encode_message,
+    partition_key,
+    shard_for,
+)
+
+POD = PodRef(namespace="ns", name="p", uid="u1")
+
+
+def test_round_trip_every_message_kind():
+    allocation = AllocationResult(
+        devices=DeviceAllocationResult(
+            results=[DeviceRequestAllocationResult(request="gpu", driver="gpu.nvidia.com", pool="n1", device="gpu-0")]
+        ),
+        node_selector=NodeSelector(
+            node_selector_terms=[
+                NodeSelectorTerm(match_fields=[NodeSelectorRequirement(key="metadata.name", operator="In", values=["n1"])])
+            ]
+        ),
+    )
+    messages = [
+        PendingPod(pod=POD, claims=[ClaimRef(namespace="ns", name="c", uid="c1")], first_seen=1.5),
+        Placement(
+            pod=POD,
+            node="n1",
+            claims=[ClaimPlacement(claim=ClaimRef(namespace="ns", name="c", uid="c1"), allocation=allocation)],
+            shard=2,
+            first_seen=1.0,
+            expires_at=9.0,
+        ),
+        ClaimReleased(claim=ClaimRef(namespace="ns", name="c", uid="c1"), node="n1"),
+    ]
+    for message in messages:
+        assert decode_message(encode_message(message)) == message
+
+
+def test_wrong_version_is_rejected_by_name():
+    data = encode_message(PendingPod(version=99, pod=POD, claims=[], first_seen=0.0))
+    with pytest.raises(MessageError, match="PendingPod: field version is 99"):
+        decode_message(data)
+
+
+def test_garbage_is_rejected():
+    with pytest.raises(MessageError):
+        decode_message(b"\x00\x01garbage")
+    with pytest.raises(MessageError):
+        decode_message(msgspec.msgpack.encode({"type": "nope"}))
+
+
+def test_shard_is_stable_and_spread():
+    assert shard_for("ns/claim-a", 4) == shard_for("ns/claim-a", 4)
+    counts = [0] * 4
+    for i in range(4000):
+        counts[shard_for(f"ns/claim-{i}", 4)] += 1
+    assert min(counts) > 800
+    with pytest.raises(ValueError):
+        shard_for("x", 0)
+
+
+def test_pods_sharing_a_claim_share_a_partition():
+    a = PendingPod(pod=POD, claims=[ClaimRef(namespace="ns", name="shared", uid="s")], first_seen=0)
+    b = PendingPod(
+        pod=PodRef(namespace="ns", name="q", uid="u2"),
+        claims=[ClaimRef(namespace="ns", name="shared", uid="s")],
+        first_seen=0,
+    )
+    assert partition_key(a) == partition_key(b) == "ns/shared"
+
+
+def test_subject_names_are_valid_stream_names():
+    subjects = Subjects(prefix="t-42.draplane.")
+    assert subjects.pending(3) == "t-42.draplane.pending.3"
+    assert subjects.pending_stream == "T-42_DRAPLANE_PENDING"
+    assert subjects.reservations_bucket == "T-42_DRAPLANE_RESERVATIONS"
