@@ -41,7 +41,7 @@ MAX_DEVICES = 128
 MAX_DEVICES_WITH_TAINTS_OR_COUNTERS = 64
 MAX_COUNTER_SETS = 8
 MANAGED_BY_LABEL = "app.kubernetes.io/managed-by"
-MANAGED_BY = "draplane-inventory"
+MANAGED_BY = "draplane-inventory"  # the label value; one per inventory instance sharing a cluster
 STALE_TAINT_KEY = "draplane.io/node-agent-unreachable"
 _NAME_MAX = 253
 
@@ -147,6 +147,7 @@ def plan_pool(
     *,
     taint: DeviceTaint | None = None,
     last_generation: int = 0,
+    managed_by: str = MANAGED_BY,
 ) -> PoolPlan:
     """Writes for the pool (entry.driver, node) given its slices now in the apiserver.
 
@@ -175,7 +176,7 @@ def plan_pool(
     plan = PoolPlan(driver=entry.driver, pool=node.name, generation=generation)
     for name, spec in wanted.items():
         spec.pool.generation = generation
-        metadata = ObjectMeta(name=name, labels={MANAGED_BY_LABEL: MANAGED_BY}, owner_references=[_owner(node)])
+        metadata = ObjectMeta(name=name, labels={MANAGED_BY_LABEL: managed_by}, owner_references=[_owner(node)])
         old = by_name.get(name)
         if old is None:
             plan.creates.append(ResourceSlice(metadata=metadata, spec=spec))
@@ -193,6 +194,7 @@ def plan_node(
     *,
     taint: DeviceTaint | None = None,
     last_generations: dict[str, int] | None = None,
+    managed_by: str = MANAGED_BY,
 ) -> list[PoolPlan]:
     """Plans for every pool of the node: the snapshot's drivers, and any managed pool it dropped."""
     last_generations = last_generations or {}
@@ -207,7 +209,7 @@ def plan_node(
         seen.add(entry.driver)
         plans.append(
             plan_pool(node, entry, by_driver.get(entry.driver, []), taint=taint,
-                      last_generation=last_generations.get(entry.driver, 0))
+                      last_generation=last_generations.get(entry.driver, 0), managed_by=managed_by)
         )
     for driver, slices in sorted(by_driver.items()):
         if driver not in seen:
@@ -218,5 +220,6 @@ def plan_node(
     return plans
 
 
-def is_managed(slice_: ResourceSlice) -> bool:
-    return (slice_.metadata.labels or {}).get(MANAGED_BY_LABEL) == MANAGED_BY
+def is_managed(slice_: ResourceSlice, managed_by: str = MANAGED_BY) -> bool:
+    """Written by this inventory service (the label's value names the instance)."""
+    return (slice_.metadata.labels or {}).get(MANAGED_BY_LABEL) == managed_by

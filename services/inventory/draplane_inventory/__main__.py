@@ -1,0 +1,85 @@
+"""draplane-inventory: node-agent snapshots from JetStream become ResourceSlices and the inventory feed.
+
+    draplane-inventory --nats nats://127.0.0.1:4222 --kubeconfig ~/.kube/config --taint-after 30 --remove-after 120
+
+Serves /metrics (Prometheus text) and /healthz on --listen.
+"""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import os
+import sys
+
+from aiohttp import web
+
+from draplane.messages.inventory import DEFAULT_PREFIX
+from draplane_inventory.service import InventoryService, InventorySettings
+
+SERVICE = web.AppKey("service", InventoryService)
+
+
+def parse_args(argv: list[str] | None) -> argparse.Namespace:
+    parser = argparse.ArgumentParser(prog="draplane-inventory", description=__doc__.splitlines()[0])
+    parser.add_argument("--nats", default=os.environ.get("DRAPLANE_NATS_URL", "nats://127.0.0.1:4222"))
+    parser.add_argument("--nats-user", default=os.environ.get("DRAPLANE_NATS_USER"))
+    parser.add_argument("--nats-password", default=os.environ.get("DRAPLANE_NATS_PASSWORD"))
+    parser.add_argument("--kubeconfig", default=os.environ.get("KUBECONFIG"))
+    parser.add_argument("--prefix", default=DEFAULT_PREFIX)
+    parser.add_argument("--taint-after", type=float, default=30.0, help="seconds without heartbeats before tainting")
+    parser.add_argument("--remove-after", type=float, default=120.0, help="seconds without heartbeats before deleting")
+    parser.add_argument("--workers", type=int, default=32)
+    parser.add_argument("--listen", default="127.0.0.1:8081", help="host:port for /metrics and /healthz")
+    args = parser.parse_args(argv)
+    if not 0 < args.taint_after < args.remove_after:
+        parser.error("--taint-after must be positive and smaller than --remove-after")
+    return args
+
+
+def build_app(args: argparse.Namespace) -> web.Application:
+    app = web.Application()
+
+    async def service_ctx(app: web.Application):
+        import nats
+
+        from draplane.kube import KubeClient
+
+        kube = await KubeClient.from_environment(args.kubeconfig)
+        options = {"user": args.nats_user, "password": args.nats_password} if args.nats_user else {}
+        connection = await nats.connect(args.nats, name="draplane-inventory", max_reconnect_attempts=-1, **options)
+        service = InventoryService(kube, connection, InventorySettings(
+            prefix=args.prefix, taint_after=args.taint_after, remove_after=args.remove_after, workers=args.workers))
+        await service.start()
+        app[SERVICE] = service
+        yield
+        await service.stop()
+        await connection.drain()
+        await kube.close()
+
+    async def metrics(request: web.Request) -> web.Response:
+        return web.Response(text=request.app[SERVICE].metrics.render(), content_type="text/plain")
+
+    async def healthz(request: web.Request) -> web.Response:
+        ready = request.app[SERVICE].ready.is_set()
+        return web.Response(text="ok\n" if ready else "starting\n", status=200 if ready else 503)
+
+    app.cleanup_ctx.append(service_ctx)
+    app.router.add_get("/metrics", metrics)
+    app.router.add_get("/healthz", healthz)
+    return app
+
+
+def main(argv: list[str] | None = None) -> int:
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    args = parse_args(argv)
+    host, _, port = args.listen.rpartition(":")
+    import uvloop
+
+    uvloop.install()
+    web.run_app(build_app(args), host=host or "127.0.0.1", port=int(port), print=None)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,501 @@
+"""The inventory service's asyncio shell: JetStream in, ResourceSlices and the inventory feed out.
+
+Start-up, in order: make sure the stream and the feed bucket exist; list-then-watch Nodes and
+ResourceSlices until both are synced; read the latest snapshot of every node from the stream (so
+the service knows every node, even those whose snapshots a previous run already acknowledged);
+reconcile every node that has a snapshot or a slice of ours; then consume the durable consumer and
+the heartbeats. A snapshot is acknowledged only once its node's slices are written, so a restart
+mid-stream gets the unwritten ones again; deterministic slice names make a repeated write an update,
+never a duplicate.
+
+Writes go through a queue of dirty nodes with a fixed number of workers: one node is written by one
+worker at a time, and a node that changes again while it is being written is written once more
+afterwards with the latest state, so bursts coalesce.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import collections
+import dataclasses
+import logging
+import time
+
+import msgspec
+import nats
+import nats.errors
+import nats.js.errors
+from nats.js import api as js_api
+
+from draplane.api.core import Node
+from draplane.api.resource import ResourceSlice
+from draplane.kube import KubeClient
+from draplane.kube.client import KubeApiError
+from draplane.kube.watching import watch_objects
+from draplane.messages.inventory import (
+    SCHEMA_VERSION,
+    FeedChange,
+    FeedEntry,
+    Heartbeat,
+    InventoryNames,
+    MessageError,
+    NodeSnapshot,
+    decode_agent_message,
+    encode,
+)
+from draplane_inventory.liveness import Liveness, NodeLivenessTable
+from draplane_inventory.slices import NodeRef, PoolPlan, is_managed, plan_node
+
+log = logging.getLogger(__name__)
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class InventorySettings:
+    prefix: str = "draplane."
+    taint_after: float = 30.0  # seconds without a heartbeat before the node's devices are tainted
+    remove_after: float = 120.0  # seconds without a heartbeat before the node's slices are deleted
+    workers: int = 32
+    ack_wait: float = 120.0
+    fetch_batch: int = 256
+    check_interval: float = 1.0
+    feed_interval: float = 0.1
+    stream_max_age: float = 7 * 24 * 3600.0
+    # Value of the managed-by label on our slices; only slices with it are ever changed or deleted.
+    instance: str = "draplane-inventory"
+
+
+class Metrics:
+    """Counters with labels, rendered in the Prometheus text format."""
+
+    __slots__ = ("counts",)
+
+    def __init__(self) -> None:
+        self.counts: collections.Counter[tuple[str, tuple[tuple[str, str], ...]]] = collections.Counter()
+
+    def inc(self, name: str, amount: int = 1, **labels: str) -> None:
+        self.counts[(name, tuple(sorted(labels.items())))] += amount
+
+    def get(self, name: str, **labels: str) -> int:
+        return self.counts[(name, tuple(sorted(labels.items())))]
+
+    def total(self, name: str) -> int:
+        return sum(v for (n, _), v in self.counts.items() if n == name)
+
+    def render(self) -> str:
+        lines = []
+        for (name, labels), value in sorted(self.counts.items()):
+            label_text = ",".join(f'{k}="{v}"' for k, v in labels)
+            lines.append(f"draplane_inventory_{name}{{{label_text}}} {value}")
+        return "\n".join(lines) + "\n"
+
+
+class SliceCache:
+    """Every ResourceSlice in the cluster, by name, indexed by feed key."""
+
+    def __init__(self, names: InventoryNames, managed_by: str):
+        self.names = names
+        self.managed_by = managed_by
+        self.by_name: dict[str, ResourceSlice] = {}
+        self.by_key: dict[str, set[str]] = collections.defaultdict(set)
+
+    def key_of(self, s: ResourceSlice) -> str:
+        if s.spec.node_name:
+            return self.names.node_key(s.spec.node_name)
+        return self.names.pool_key(s.spec.driver, s.spec.pool.name)
+
+    def put(self, s: ResourceSlice) -> str | None:
+        """Store unless older than what is cached; returns the feed key when something changed."""
+        name = s.metadata.name
+        old = self.by_name.get(name)
+        if old is not None and _rv(old) > _rv(s):
+            return None  # a watch event that our own write already overtook
+        if old is not None:
+            self.by_key[self.key_of(old)].discard(name)
+        self.by_name[name] = s
+        key = self.key_of(s)
+        self.by_key[key].add(name)
+        return key
+
+    def remove(self, name: str) -> str | None:
+        old = self.by_name.pop(name, None)
+        if old is None:
+            return None
+        key = self.key_of(old)
+        self.by_key[key].discard(name)
+        return key
+
+    def slices(self, key: str) -> list[ResourceSlice]:
+        return [self.by_name[n] for n in sorted(self.by_key.get(key, ()))]
+
+    def managed_for_node(self, node: str) -> list[ResourceSlice]:
+        return [s for s in self.slices(self.names.node_key(node)) if is_managed(s, self.managed_by)]
+
+    def managed_nodes(self) -> set[str]:
+        return {s.spec.node_name for s in self.by_name.values() if is_managed(s, self.managed_by) and s.spec.node_name}
+
+
+def _rv(s: ResourceSlice) -> int:
+    try:
+        return int(s.metadata.resource_version or 0)
+    except ValueError:
+        return 0
+
+
+class InventoryService:
+    def __init__(self, kube: KubeClient, connection: nats.NATS, settings: InventorySettings = InventorySettings()):
+        self.kube = kube
+        self.connection = connection
+        self.js = connection.jetstream()
+        self.settings = settings
+        self.names = InventoryNames(settings.prefix)
+        self.metrics = Metrics()
+        self.liveness = NodeLivenessTable(taint_after=settings.taint_after, remove_after=settings.remove_after)
+        self.slices = SliceCache(self.names, settings.instance)
+        self.nodes: dict[str, str] = {}  # name -> uid
+        self.generations: dict[tuple[str, str], int] = {}  # (node, driver) -> last generation written
+        self.ready = asyncio.Event()
+        self._dirty: asyncio.Queue[str] = asyncio.Queue()
+        self._queued: set[str] = set()
+        self._in_flight: set[str] = set()
+        self._again: set[str] = set()
+        self._pending_acks: dict[str, list] = collections.defaultdict(list)
+        self._feed_dirty: set[str] = set()
+        self._feed_published: set[str] = set()
+        self._synced = {"nodes": asyncio.Event(), "slices": asyncio.Event()}
+        self._tasks: list[asyncio.Task] = []
+        self._heartbeat_sub = None
+        self.kv = None
+
+    # --- lifecycle -----------------------------------------------------------------------------
+
+    async def start(self) -> None:
+        await self._ensure_jetstream()
+        self._spawn(self._watch_nodes(), "watch-nodes")
+        self._spawn(self._watch_slices(), "watch-slices")
+        for event in self._synced.values():
+            await event.wait()
+        primed = await self._prime_from_stream()
+        for node in sorted(set(primed) | self.slices.managed_nodes()):
+            self._mark_dirty(node)
+        for key in list(self.slices.by_key):
+            self._feed_dirty.add(key)
+        log.info("inventory: reconciling %d node(s) (%d snapshot(s) in the stream)", len(self._queued), len(primed))
+        for i in range(self.settings.workers):
+            self._spawn(self._worker(), f"writer-{i}")
+        self._spawn(self._consume(), "consume")
+        self._spawn(self._expire_loop(), "expire")
+        self._spawn(self._feed_loop(), "feed")
+        self._heartbeat_sub = await self.connection.subscribe(self.names.heartbeat_wildcard, cb=self._on_heartbeat)
+        self.ready.set()
+
+    async def stop(self) -> None:
+        if self._heartbeat_sub is not None:
+            try:
+                await self._heartbeat_sub.unsubscribe()
+            except nats.errors.Error:
+                pass
+        for task in self._tasks:
+            task.cancel()
+        await asyncio.gather(*self._tasks, return_exceptions=True)
+        self._tasks = []
+
+    async def wait_idle(self, timeout: float = 60.0) -> None:
+        """Until no node is queued or being written and the feed is flushed (tests, benchmarks)."""
+        deadline = time.monotonic() + timeout
+        while self._queued or self._in_flight or self._again or self._feed_dirty:
+            if time.monotonic() > deadline:
+                raise TimeoutError(f"inventory not idle after {timeout}s: {len(self._queued)} queued, {len(self._in_flight)} writing")
+            await asyncio.sleep(0.02)
+
+    def _spawn(self, coro, name: str) -> None:
+        task = asyncio.create_task(coro, name=f"inventory-{name}")
+        task.add_done_callback(self._task_done)
+        self._tasks.append(task)
+
+    @staticmethod
+    def _task_done(task: asyncio.Task) -> None:
+        if not task.cancelled() and task.exception() is not None:
+            log.error("inventory task %s died", task.get_name(), exc_info=task.exception())
+
+    # --- JetStream -----------------------------------------------------------------------------
+
+    async def _ensure_jetstream(self) -> None:
+        config = js_api.StreamConfig(
+            name=self.names.stream,
+            subjects=[self.names.snapshot_wildcard],
+            storage=js_api.StorageType.FILE,
+            retention=js_api.RetentionPolicy.LIMITS,
+            max_msgs_per_subject=1,  # the latest snapshot of each node is all that matters
+            max_age=self.settings.stream_max_age,
+        )
+        try:
+            await self.js.add_stream(config)
+        except nats.js.errors.BadRequestError:
+            await self.js.update_stream(config)
+        try:
+            self.kv = await self.js.key_value(self.names.feed_bucket)
+        except nats.js.errors.BucketNotFoundError:
+            self.kv = await self.js.create_key_value(js_api.KeyValueConfig(bucket=self.names.feed_bucket, history=1))
+
+    async def _prime_from_stream(self) -> dict[str, NodeSnapshot]:
+        """The latest snapshot of every node, straight from the stream, without consuming it."""
+        info = await self.js.stream_info(self.names.stream)
+        if not info.state.messages:
+            return {}
+        sub = await self.js.pull_subscribe(
+            self.names.snapshot_wildcard, stream=self.names.stream,
+            config=js_api.ConsumerConfig(deliver_policy=js_api.DeliverPolicy.LAST_PER_SUBJECT,
+                                         ack_policy=js_api.AckPolicy.NONE, inactive_threshold=30.0),
+        )
+        primed: dict[str, NodeSnapshot] = {}
+        now = time.monotonic()
+        try:
+            while True:
+                try:
+                    batch = await sub.fetch(self.settings.fetch_batch, timeout=1.0)
+                except nats.errors.TimeoutError:
+                    break
+                for msg in batch:
+                    message = self._decode(msg.subject, msg.data)
+                    if isinstance(message, NodeSnapshot):
+                        self.liveness.apply_snapshot(message, now)
+                        primed[message.node] = message
+                if batch and batch[-1].metadata.num_pending == 0:
+                    break
+        finally:
+            try:
+                await sub.unsubscribe()
+            except nats.errors.Error:
+                pass
+        return primed
+
+    def _decode(self, subject: str, data: bytes) -> NodeSnapshot | Heartbeat | None:
+        """The message, or None after logging and counting why it was rejected."""
+        try:
+            kind, node = self.names.node_from_subject(subject)
+            message = decode_agent_message(data)
+            if (kind == "snapshot") != isinstance(message, NodeSnapshot):
+                raise MessageError("malformed", f"a {type(message).__name__} on the {kind} subject")
+            NodeLivenessTable.check_subject(node, message)
+        except MessageError as exc:
+            self.metrics.inc("messages_rejected_total", reason=exc.reason)
+            log.warning("inventory: rejected message on %s (%s): %s", subject, exc.reason, exc)
+            return None
+        return message
+
+    async def _consume(self) -> None:
+        sub = await self.js.pull_subscribe(
+            self.names.snapshot_wildcard, durable=self.names.consumer, stream=self.names.stream,
+            config=js_api.ConsumerConfig(
+                ack_policy=js_api.AckPolicy.EXPLICIT, ack_wait=self.settings.ack_wait,
+                max_ack_pending=100_000, max_deliver=-1,
+            ),
+        )
+        failures = 0
+        while True:
+            try:
+                batch = await sub.fetch(self.settings.fetch_batch, timeout=5.0)
+            except nats.errors.TimeoutError:
+                continue
+            except (nats.errors.Error, nats.js.errors.Error, OSError) as exc:
+                failures += 1
+                log.info("inventory: fetching snapshots failed (%s); retrying", exc)
+                await asyncio.sleep(min(5.0, 0.1 * 2**failures))
+                continue
+            failures = 0
+            now = time.monotonic()
+            for msg in batch:
+                self.metrics.inc("messages_received_total", kind="snapshot")
+                message = self._decode(msg.subject, msg.data)
+                if message is None:
+                    await _ack(msg, term=True)
+                    continue
+                if self.liveness.apply_snapshot(message, now):
+                    self.metrics.inc("snapshots_applied_total")
+                    self._pending_acks[message.node].append(msg)
+                    self._mark_dirty(message.node)
+                else:
+                    await _ack(msg)
+
+    async def _on_heartbeat(self, msg) -> None:
+        self.metrics.inc("messages_received_total", kind="heartbeat")
+        message = self._decode(msg.subject, msg.data)
+        if message is not None and self.liveness.apply_heartbeat(message, time.monotonic()):
+            log.info("inventory: node %s is back; removing the stale taint", message.node)
+            self._mark_dirty(message.node)
+
+    async def _expire_loop(self) -> None:
+        while True:
+            await asyncio.sleep(self.settings.check_interval)
+            for node in self.liveness.expire(time.monotonic(), time.time()):
+                state = self.liveness.liveness(node)
+                log.warning("inventory: node %s missed its heartbeats; its devices are now %s", node, state.value)
+                self.metrics.inc("stale_transitions_total", to=state.value)
+                self._mark_dirty(node)
+
+    # --- Kubernetes ----------------------------------------------------------------------------
+
+    async def _watch_nodes(self) -> None:
+        async for event in watch_objects(self.kube, Node):
+            if event.type == "SYNCED":
+                self._synced["nodes"].set()
+                continue
+            name, uid = event.object.metadata.name, event.object.metadata.uid
+            if event.type == "DELETED":
+                self.nodes.pop(name, None)
+            elif self.nodes.get(name) != uid:
+                self.nodes[name] = uid
+                if self._synced["nodes"].is_set() and name in self.liveness.records:
+                    self._mark_dirty(name)  # its snapshot was waiting for the Node
+
+    async def _watch_slices(self) -> None:
+        async for event in watch_objects(self.kube, ResourceSlice):
+            if event.type == "SYNCED":
+                self._synced["slices"].set()
+                continue
+            key = self.slices.remove(event.object.metadata.name) if event.type == "DELETED" else self.slices.put(event.object)
+            if key is not None:
+                self._feed_dirty.add(key)
+                if event.type == "DELETED" and is_managed(event.object, self.settings.instance) and self._synced["slices"].is_set():
+                    # Someone else deleted one of ours: put it back if the node still has devices.
+                    self._mark_dirty(event.object.spec.node_name)
+
+    def _mark_dirty(self, node: str | None) -> None:
+        if not node:
+            return
+        if node in self._in_flight:
+            self._again.add(node)
+        elif node not in self._queued:
+            self._queued.add(node)
+            self._dirty.put_nowait(node)
+
+    async def _worker(self) -> None:
+        while True:
+            node = await self._dirty.get()
+            self._queued.discard(node)
+            self._in_flight.add(node)
+            acks = self._pending_acks.pop(node, [])
+            try:
+                await self._sync_node(node)
+            except Exception as exc:  # one node's failure must not stop the others
+                self.metrics.inc("sync_failures_total")
+                log.warning("inventory: writing the slices of node %s failed: %s; retrying", node, exc)
+                self._pending_acks[node][:0] = acks
+                acks = []
+                self._in_flight.discard(node)
+                await asyncio.sleep(0.5)
+                self._mark_dirty(node)
+                continue
+            for msg in acks:
+                await _ack(msg)
+            self._in_flight.discard(node)
+            if node in self._again:
+                self._again.discard(node)
+                self._mark_dirty(node)
+
+    async def _sync_node(self, node: str, attempt: int = 0) -> None:
+        desired = self.liveness.desired(node)
+        existing = self.slices.managed_for_node(node)
+        uid = self.nodes.get(node)
+        if uid is None:
+            if desired.drivers and self.liveness.liveness(node) is not Liveness.REMOVED:
+                self.metrics.inc("nodes_without_node_object_total")
+                log.info("inventory: node %s has devices but no Node object yet; waiting for it", node)
+            uid = _owner_uid(existing)
+            if uid is None:
+                return
+        plans = plan_node(
+            NodeRef(node, uid), desired.drivers, existing, taint=desired.taint,
+            last_generations={d: g for (n, d), g in self.generations.items() if n == node},
+            managed_by=self.settings.instance,
+        )
+        for plan in plans:
+            if plan.empty:
+                continue
+            try:
+                await self._execute(plan)
+            except KubeApiError as exc:
+                if (exc.is_conflict or exc.is_already_exists) and attempt < 5:
+                    # Our cache was behind the apiserver: refresh this node's slices and plan again.
+                    await self._refresh_node(node)
+                    await self._sync_node(node, attempt + 1)
+                    return
+                raise
+
+    async def _refresh_node(self, node: str) -> None:
+        items, _ = await self.kube.list(ResourceSlice, field_selector=f"spec.nodeName={node}")
+        present = {s.metadata.name for s in items}
+        for s in self.slices.slices(self.names.node_key(node)):
+            if s.metadata.name not in present:
+                self.slices.remove(s.metadata.name)
+        for s in items:
+            self.slices.put(s)
+
+    async def _execute(self, plan: PoolPlan) -> None:
+        for s in plan.creates:
+            created = await self.kube.create(s)
+            self.metrics.inc("apiserver_writes_total", verb="create")
+            self._feed_dirty.add(self.slices.put(created))
+        for s in plan.updates:
+            updated = await self.kube.update(s)
+            self.metrics.inc("apiserver_writes_total", verb="update")
+            self._feed_dirty.add(self.slices.put(updated))
+        for name in plan.deletes:
+            await self.kube.delete(ResourceSlice, name)
+            self.metrics.inc("apiserver_writes_total", verb="delete")
+            key = self.slices.remove(name)
+            if key:
+                self._feed_dirty.add(key)
+        self.generations[(plan.pool, plan.driver)] = plan.generation
+
+    # --- inventory feed ------------------------------------------------------------------------
+
+    async def _feed_loop(self) -> None:
+        while True:
+            await asyncio.sleep(self.settings.feed_interval)
+            if not self._feed_dirty:
+                continue
+            keys, self._feed_dirty = self._feed_dirty, set()
+            for key in sorted(keys):
+                try:
+                    await self._publish_feed(key)
+                except (nats.errors.Error, nats.js.errors.Error, asyncio.TimeoutError) as exc:
+                    log.info("inventory: feed update for %s failed (%s); retrying", key, exc)
+                    self._feed_dirty.add(key)
+            if self._feed_dirty:
+                await asyncio.sleep(0.5)
+
+    async def _publish_feed(self, key: str) -> None:
+        slices = self.slices.slices(key)
+        node = key[len("node."):] if key.startswith("node.") else None
+        if slices:
+            entry = FeedEntry(schema_version=SCHEMA_VERSION, key=key, node=node,
+                              stale=node is not None and self.liveness.liveness(node) is Liveness.TAINTED, slices=slices)
+            revision = await self.kv.put(key, encode(entry))
+            self._feed_published.add(key)
+            change = FeedChange(schema_version=SCHEMA_VERSION, key=key, kind="put", revision=revision,
+                                device_count=sum(len(s.spec.devices or []) for s in slices))
+        else:
+            try:
+                await self.kv.delete(key)
+            except nats.js.errors.KeyNotFoundError:
+                pass
+            self._feed_published.discard(key)
+            change = FeedChange(schema_version=SCHEMA_VERSION, key=key, kind="delete", revision=0)
+        self.metrics.inc("feed_updates_total", kind=change.kind)
+        await self.connection.publish(self.names.change_subject(key), encode(change))
+
+
+def _owner_uid(slices: list[ResourceSlice]) -> str | None:
+    for s in slices:
+        for ref in s.metadata.owner_references or []:
+            if ref.kind == "Node":
+                return ref.uid
+    return None
+
+
+async def _ack(msg, *, term: bool = False) -> None:
+    try:
+        await (msg.term() if term else msg.ack())
+    except (nats.errors.Error, nats.js.errors.Error) as exc:
+        log.debug("ack failed (it will be redelivered): %s", exc)

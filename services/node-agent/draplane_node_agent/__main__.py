@@ -1,0 +1,121 @@
+"""draplane-node-agent: stream this node's devices (or a thousand simulated nodes') to NATS.
+
+    draplane-node-agent --backend nvml --node "$NODE_NAME"                 # a real node
+    draplane-node-agent --profile dgx-h100 --nodes 1000 --node-prefix sim  # simulated nodes
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import logging
+import os
+import signal
+import sys
+from pathlib import Path
+
+from draplane.messages.inventory import DEFAULT_PREFIX, InventoryNames
+from draplane_node_agent.agent import AgentFleet, SimulatedAgent
+from draplane_node_agent.hardware import driver_devices
+from draplane_node_agent.profile import ProfileError, load_profile, shipped_profiles
+
+
+class ProfileDiscovery:
+    """Discovery from a profile file, re-read when the file changes (so tests can edit hardware)."""
+
+    __slots__ = ("source", "node", "_mtime", "_devices")
+
+    def __init__(self, source: str, node: str):
+        self.source, self.node = source, node
+        self._mtime: float | None = None
+        self._devices = None
+
+    def __call__(self):
+        path = Path(self.source)
+        mtime = path.stat().st_mtime if path.exists() else 0.0
+        if self._devices is None or mtime != self._mtime:
+            self._devices = driver_devices(load_profile(self.source).hardware(self.node))
+            self._mtime = mtime
+        return self._devices
+
+
+def nvml_discovery():
+    from draplane_node_agent import nvml
+
+    return driver_devices(nvml.discover())
+
+
+def simulated_node_names(prefix: str, count: int) -> list[str]:
+    width = max(4, len(str(count - 1)))
+    return [f"{prefix}-{i:0{width}d}" for i in range(count)]
+
+
+def parse_args(argv: list[str] | None) -> argparse.Namespace:
+    parser = argparse.ArgumentParser(prog="draplane-node-agent", description=__doc__.splitlines()[0])
+    parser.add_argument("--nats", default=os.environ.get("DRAPLANE_NATS_URL", "nats://127.0.0.1:4222"))
+    parser.add_argument("--prefix", default=DEFAULT_PREFIX, help="NATS subject prefix (default %(default)s)")
+    parser.add_argument("--backend", choices=["nvml", "profile"], default=None)
+    parser.add_argument("--profile", help=f"profile name ({', '.join(shipped_profiles())}) or YAML path")
+    parser.add_argument("--node", default=os.environ.get("NODE_NAME"), help="node name (one agent)")
+    parser.add_argument("--nodes", type=int, default=0, help="run this many simulated agents in one process")
+    parser.add_argument("--node-prefix", default="sim", help="simulated node names: <prefix>-0000, ...")
+    parser.add_argument("--heartbeat-interval", type=float, default=5.0)
+    parser.add_argument("--rescan-interval", type=float, default=10.0)
+    parser.add_argument("--user", default=os.environ.get("DRAPLANE_NATS_USER"))
+    parser.add_argument("--password", default=os.environ.get("DRAPLANE_NATS_PASSWORD"))
+    parser.add_argument("--print", action="store_true", help="print the discovered devices as JSON and exit")
+    args = parser.parse_args(argv)
+    backend = args.backend or ("profile" if args.profile else "nvml")
+    if backend == "profile" and not args.profile:
+        parser.error("--backend profile needs --profile")
+    if args.nodes and backend != "profile":
+        parser.error("--nodes simulates nodes from a --profile")
+    if not args.nodes and not args.node:
+        parser.error("name the node with --node (or NODE_NAME), or simulate with --nodes N")
+    args.backend = backend
+    return args
+
+
+async def run(args: argparse.Namespace) -> int:
+    nodes = simulated_node_names(args.node_prefix, args.nodes) if args.nodes else [args.node]
+    if args.backend == "profile":
+        agents = [SimulatedAgent(node, ProfileDiscovery(args.profile, node)) for node in nodes]
+    else:
+        agents = [SimulatedAgent(nodes[0], nvml_discovery)]
+    names = InventoryNames(args.prefix)
+    options = {}
+    if args.user:
+        options.update(user=args.user, password=args.password, inbox_prefix=names.agent_inbox_prefix(nodes[0]))
+    fleet = AgentFleet(args.nats, agents, names=names, heartbeat_interval=args.heartbeat_interval,
+                       rescan_interval=args.rescan_interval, connect_options=options)
+    stop = asyncio.Event()
+    loop = asyncio.get_running_loop()
+    for sig in (signal.SIGINT, signal.SIGTERM):
+        loop.add_signal_handler(sig, stop.set)
+    await fleet.start()
+    logging.info("node agents for %d node(s) started against %s", len(agents), args.nats)
+    await stop.wait()
+    await fleet.stop()
+    return 0
+
+
+def main(argv: list[str] | None = None) -> int:
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    args = parse_args(argv)
+    try:
+        if args.print:
+            import msgspec
+
+            discover = ProfileDiscovery(args.profile, args.node or "node") if args.backend == "profile" else nvml_discovery
+            sys.stdout.write(msgspec.json.format(msgspec.json.encode(discover()).decode(), indent=2) + "\n")
+            return 0
+        import uvloop
+
+        return uvloop.run(run(args))
+    except ProfileError as exc:
+        print(f"draplane-node-agent: {exc}", file=sys.stderr)
+        return 2
+
+
+if __name__ == "__main__":
+    sys.exit(main())

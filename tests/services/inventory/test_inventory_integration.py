@@ -1,0 +1,262 @@
+"""The inventory data path on real servers: node agents -> NATS JetStream -> inventory -> kube-apiserver."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import time
+import uuid
+
+import msgspec
+import nats as nats_py
+import pytest
+
+from draplane.api.core import Node
+from draplane.api.meta import ObjectMeta
+from draplane.api.resource import ResourceSlice
+from draplane.messages.inventory import (
+    SCHEMA_VERSION,
+    DriverDevices,
+    Heartbeat,
+    InventoryNames,
+    MAX_MESSAGE_BYTES,
+    NodeSnapshot,
+    decode_feed_entry,
+    encode,
+)
+from draplane_inventory.service import InventoryService, InventorySettings
+from draplane_inventory.slices import STALE_TAINT_KEY
+from draplane_node_agent.agent import AgentFleet, SimulatedAgent
+from draplane_node_agent.hardware import driver_devices
+from draplane_node_agent.profile import load_profile
+
+pytestmark = [pytest.mark.integration, pytest.mark.timeout(180)]
+
+
+async def create_nodes(kube, names: list[str]) -> dict[str, str]:
+    uids = {}
+    for name in names:
+        node = await kube.create(Node(metadata=ObjectMeta(name=name)))
+        uids[name] = node.metadata.uid
+    return uids
+
+
+def profile_agent(profile: str, node: str) -> SimulatedAgent:
+    devices = driver_devices(load_profile(profile).hardware(node))
+    return SimulatedAgent(node, lambda: devices)
+
+
+async def node_slices(kube, node: str) -> list[ResourceSlice]:
+    items, _ = await kube.list(ResourceSlice, field_selector=f"spec.nodeName={node}")
+    return sorted(items, key=lambda s: s.metadata.name)
+
+
+async def eventually(check, timeout: float = 30.0, interval: float = 0.2):
+    deadline = time.monotonic() + timeout
+    while True:
+        try:
+            result = await check()
+            if result:
+                return result
+        except AssertionError:
+            if time.monotonic() > deadline:
+                raise
+        if time.monotonic() > deadline:
+            raise AssertionError(f"condition not met within {timeout}s")
+        await asyncio.sleep(interval)
+
+
+@contextlib.asynccontextmanager
+async def running_inventory(kube, url: str, prefix: str, instance: str, **settings):
+    connection = await nats_py.connect(url, name="inventory-under-test", max_reconnect_attempts=-1, reconnect_time_wait=0.2)
+    service = InventoryService(kube, connection, InventorySettings(prefix=prefix, instance=instance, **settings))
+    await service.start()
+    try:
+        yield service
+    finally:
+        await service.stop()
+        await connection.close()
+
+
+@contextlib.asynccontextmanager
+async def running_fleet(url: str, prefix: str, agents: list[SimulatedAgent], **kw):
+    fleet = AgentFleet(url, agents, names=InventoryNames(prefix), **kw)
+    await fleet.start()
+    try:
+        yield fleet
+    finally:
+        await fleet.stop()
+
+
+def _devices_by_driver(slices: list[ResourceSlice]) -> dict[str, list]:
+    out: dict[str, list] = {}
+    for s in slices:
+        out.setdefault(s.spec.driver, []).extend(s.spec.devices or [])
+    return out
+
+
+def _strip(devices):
+    return [msgspec.structs.replace(d, taints=None) for d in devices]
+
+
+async def test_three_profile_agents_become_valid_slices(kube, control_plane, subject_prefix):
+    suffix = uuid.uuid4().hex[:6]
+    nodes = {f"dgx-{suffix}": "dgx-h100", f"mig-{suffix}": "a100-mig", f"l4-{suffix}": "l4"}
+    uids = await create_nodes(kube, list(nodes))
+    instance = f"inv-{suffix}"
+    async with running_inventory(kube, control_plane.nats_url, subject_prefix, instance) as service, \
+            running_fleet(control_plane.nats_url, subject_prefix, [profile_agent(p, n) for n, p in nodes.items()]) as fleet:
+        await fleet.wait_all_sent()
+
+        async def all_written():
+            for node in nodes:
+                if not await node_slices(kube, node):
+                    return False
+            return True
+
+        await eventually(all_written)
+        await service.wait_idle()
+        for node, profile in nodes.items():
+            slices = await node_slices(kube, node)
+            expected = {d.driver: d for d in driver_devices(load_profile(profile).hardware(node))}
+            got = _devices_by_driver(slices)
+            assert set(got) == set(expected)
+            for driver, entry in expected.items():
+                assert {d.name: d for d in got[driver]} == {d.name: d for d in entry.devices}
+                pool = [s for s in slices if s.spec.driver == driver]
+                assert {s.spec.pool.resource_slice_count for s in pool} == {len(pool)}
+                assert {s.spec.pool.generation for s in pool} == {1}
+                counters = [cs for s in pool for cs in (s.spec.shared_counters or [])]
+                assert counters == entry.counter_sets
+                for s in pool:
+                    assert not (s.spec.shared_counters and s.spec.devices)
+                    assert s.metadata.owner_references[0].uid == uids[node]
+                    assert s.spec.node_name == node and s.spec.pool.name == node
+        mig = await node_slices(kube, f"mig-{suffix}")
+        assert [len(s.spec.devices or []) for s in mig] == [0, 64, 56]
+        # The feed carries the same slices, keyed by node.
+        entry = decode_feed_entry((await service.kv.get(InventoryNames.node_key(f"dgx-{suffix}"))).value)
+        assert entry.schema_version == SCHEMA_VERSION and len(entry.slices) == 2 and not entry.stale
+        # Nothing changes, nothing is written: heartbeats alone make no apiserver writes.
+        writes = service.metrics.total("apiserver_writes_total")
+        assert writes == sum([len(await node_slices(kube, n)) for n in nodes])  # one write per slice
+        fleet.rescan_now()
+        await asyncio.sleep(1.0)
+        await service.wait_idle()
+        assert service.metrics.total("apiserver_writes_total") == writes
+
+
+async def test_profile_change_bumps_generation(kube, control_plane, subject_prefix, tmp_path):
+    node = f"change-{uuid.uuid4().hex[:6]}"
+    await create_nodes(kube, [node])
+    hardware = {"profile": "dgx-h100"}
+    agent = SimulatedAgent(node, lambda: driver_devices(load_profile(hardware["profile"]).hardware(node)))
+    async with running_inventory(kube, control_plane.nats_url, subject_prefix, f"inv-{node}") as service, \
+            running_fleet(control_plane.nats_url, subject_prefix, [agent]) as fleet:
+        await eventually(lambda: _has_generation(kube, node, "gpu.nvidia.com", 1, 8))
+        hardware["profile"] = "mixed"
+        assert fleet.rescan_now() == 1
+        await eventually(lambda: _has_generation(kube, node, "gpu.nvidia.com", 2, 26))
+        slices = await node_slices(kube, node)
+        gpu = [s for s in slices if s.spec.driver == "gpu.nvidia.com"]
+        assert {s.spec.pool.generation for s in gpu} == {2}
+        assert {s.spec.pool.resource_slice_count for s in gpu} == {len(gpu)}
+        net = [s for s in slices if s.spec.driver == "dra.net"]
+        assert len(net[0].spec.devices) == 2 and net[0].spec.pool.generation == 2
+        await service.wait_idle()
+
+
+async def _has_generation(kube, node, driver, generation, devices):
+    pool = [s for s in await node_slices(kube, node) if s.spec.driver == driver]
+    return (
+        pool
+        and {s.spec.pool.generation for s in pool} == {generation}
+        and sum(len(s.spec.devices or []) for s in pool) == devices
+        and len(pool) == pool[0].spec.pool.resource_slice_count
+    )
+
+
+async def test_killed_agent_is_tainted_then_removed(kube, control_plane, subject_prefix):
+    node = f"dies-{uuid.uuid4().hex[:6]}"
+    await create_nodes(kube, [node])
+    async with running_inventory(kube, control_plane.nats_url, subject_prefix, f"inv-{node}",
+                                 taint_after=1.5, remove_after=4.0, check_interval=0.2) as service:
+        async with running_fleet(control_plane.nats_url, subject_prefix, [profile_agent("l4", node)],
+                                 heartbeat_interval=0.3) as fleet:
+            await eventually(lambda: node_slices(kube, node))
+            await asyncio.sleep(2.0)  # heartbeats keep it fresh past the taint period
+            (s,) = await node_slices(kube, node)
+            assert not any(d.taints for d in s.spec.devices)
+        # The fleet is gone: no more heartbeats.
+
+        async def tainted():
+            slices = await node_slices(kube, node)
+            return slices and all(
+                any(t.key == STALE_TAINT_KEY and t.effect == "NoSchedule" for t in d.taints or [])
+                for s in slices for d in s.spec.devices
+            )
+
+        await eventually(tainted, timeout=10)
+        (s,) = await node_slices(kube, node)
+        assert s.spec.pool.generation == 2
+        entry = decode_feed_entry((await service.kv.get(InventoryNames.node_key(node))).value)
+        await eventually(lambda: _feed_stale(service, node))
+
+        async def removed():
+            return not await node_slices(kube, node)
+
+        await eventually(removed, timeout=10)
+        assert service.metrics.get("stale_transitions_total", to="tainted") == 1
+        assert service.metrics.get("stale_transitions_total", to="removed") == 1
+
+        # The agent comes back: its devices come back, untainted, with a generation never used before.
+        async with running_fleet(control_plane.nats_url, subject_prefix, [profile_agent("l4", node)],
+                                 heartbeat_interval=0.3):
+            await eventually(lambda: node_slices(kube, node))
+            (s,) = await node_slices(kube, node)
+            assert not any(d.taints for d in s.spec.devices)
+            assert s.spec.pool.generation == 3
+
+
+async def _feed_stale(service, node):
+    entry = decode_feed_entry((await service.kv.get(InventoryNames.node_key(node))).value)
+    return entry.stale
+
+
+@pytest.mark.parametrize(
+    "case",
+    ["malformed", "oversized", "wrong-version", "wrong-node-snapshot", "wrong-node-heartbeat"],
+)
+async def test_bad_messages_are_rejected_logged_and_counted(kube, control_plane, subject_prefix, nats, caplog, case):
+    node = f"bad-{uuid.uuid4().hex[:6]}"
+    await create_nodes(kube, [node])
+    names = InventoryNames(subject_prefix)
+    good = NodeSnapshot(schema_version=SCHEMA_VERSION, node=node, agent_id="a", sequence=1, sent_at=time.time(),
+                        drivers=driver_devices(load_profile("l4").hardware(node)))
+    js = nats.jetstream()
+    reason = {"malformed": "malformed", "oversized": "oversized", "wrong-version": "version"}.get(case, "node-mismatch")
+    async with running_inventory(kube, control_plane.nats_url, subject_prefix, f"inv-{node}") as service:
+        caplog.set_level(logging.WARNING, logger="draplane_inventory.service")
+        if case == "malformed":
+            await js.publish(names.snapshot_subject(node), b"\x93not-a-snapshot")
+        elif case == "oversized":
+            await js.publish(names.snapshot_subject(node), b"\x00" * (MAX_MESSAGE_BYTES + 10))
+        elif case == "wrong-version":
+            await js.publish(names.snapshot_subject(node), encode(msgspec.structs.replace(good, schema_version=SCHEMA_VERSION + 1)))
+        elif case == "wrong-node-snapshot":
+            await js.publish(names.snapshot_subject(node), encode(msgspec.structs.replace(good, node="someone-else")))
+        else:
+            hb = Heartbeat(schema_version=SCHEMA_VERSION, node="someone-else", agent_id="a", sequence=2, sent_at=time.time(),
+                           snapshot_sequence=1, snapshot_digest="x")
+            await nats.publish(names.heartbeat_subject(node), encode(hb))
+
+        async def counted():
+            return service.metrics.get("messages_rejected_total", reason=reason) == 1
+
+        await eventually(counted, timeout=10)
+        assert any(reason in r.getMessage() and "rejected" in r.getMessage() for r in caplog.records)
+        assert not await node_slices(kube, node)
+        # Still running: a good snapshot after the bad one is written.
+        await js.publish(names.snapshot_subject(node), encode(good))
+        await eventually(lambda: node_slices(kube, node), timeout=10)
