@@ -1,0 +1,333 @@
+"""Kubernetes' CEL extension functions for device selectors, declared twice over.
+
+The apiserver type-checks selectors against declared types (kubernetes.Quantity, kubernetes.Semver)
+and evaluates them with Go implementations. cel-expr-python can type-check against abstract types
+but cannot carry Python objects at run time, so draplane builds two environments from one table:
+
+- the *checking* environment declares every overload with Kubernetes' types and no implementation;
+  it gives compile-time errors the apiserver would give;
+- the *runtime* environment declares the same names over the runtime representation (values.py:
+  Quantity and Semver as tagged bytes) with Python implementations, and evaluates the expression
+  that the checking environment accepted.
+
+Functions whose Quantity and Semver overloads share a name (isGreaterThan, isLessThan, compareTo)
+get one runtime overload that dispatches on the tag, as the Go runtime dispatches on the value.
+"""
+
+from __future__ import annotations
+
+import math
+from fractions import Fraction
+
+from cel_expr_python import cel
+
+from draplane.api.quantity import Quantity, QuantityError, parse_quantity
+
+from .errors import CELFunctionError
+from .semver import SemverError, parse_semver, parse_semver_normalized
+from .values import cel_type_name, decode_quantity, decode_semver, encode_quantity, encode_semver
+
+T = cel.Type
+QUANTITY = T.AbstractType("kubernetes.Quantity")
+SEMVER = T.AbstractType("kubernetes.Semver")
+
+_INT64_MIN, _INT64_MAX = -(2**63), 2**63 - 1
+
+# Kubernetes' base environment for stored expressions (k8s.io/apiserver/pkg/cel/environment,
+# v1.37): strings v2, sets, lists v3, two-variable comprehensions, optional types; the DRA
+# compiler adds cel.bind. cel-cpp names these extensions in its environment configuration.
+_EXTENSIONS_YAML = """
+extensions:
+  - name: "strings"
+    version: 2
+  - name: "sets"
+  - name: "lists"
+  - name: "two-var-comprehensions"
+  - name: "optional"
+  - name: "bindings"
+"""
+
+
+def _no_such_overload(*args: object) -> CELFunctionError:
+    return CELFunctionError("no such overload: " + ", ".join(cel_type_name(a) for a in args))
+
+
+def _as_bytes(value: object) -> bytes | None:
+    # The C++ runtime hands bytes to Python as bytearray.
+    if isinstance(value, bytearray):
+        return bytes(value)
+    return value if isinstance(value, bytes) else None
+
+
+def _quantity(value: object) -> Quantity:
+    encoded = _as_bytes(value)
+    quantity = decode_quantity(encoded) if encoded is not None else None
+    if quantity is None:
+        raise _no_such_overload(value)
+    return quantity
+
+
+# --- quantity library (k8s.io/apiserver/pkg/cel/library/quantity.go) ----------------------------
+
+
+def _string_to_quantity(text: str) -> bytes:
+    try:
+        return encode_quantity(parse_quantity(text))
+    except QuantityError as err:
+        raise CELFunctionError(str(err)) from None
+
+
+def _is_quantity(text: str) -> bool:
+    try:
+        parse_quantity(text)
+    except QuantityError:
+        return False
+    return True
+
+
+def _quantity_sign(value: bytes) -> int:
+    return _quantity(value).sign()
+
+
+def _fits_int64(value: Fraction) -> bool:
+    return value.denominator == 1 and _INT64_MIN <= value.numerator <= _INT64_MAX
+
+
+def _quantity_is_integer(value: bytes) -> bool:
+    return _fits_int64(_quantity(value).value)
+
+
+def _quantity_as_integer(value: bytes) -> int:
+    amount = _quantity(value).value
+    if not _fits_int64(amount):
+        raise CELFunctionError("cannot convert value to integer")
+    return amount.numerator
+
+
+def _quantity_as_float(value: bytes) -> float:
+    amount = _quantity(value).value
+    try:
+        return amount.numerator / amount.denominator
+    except OverflowError:
+        return math.copysign(math.inf, amount)
+
+
+def _quantity_add(left: bytes, right: bytes | int) -> bytes:
+    other = Fraction(right) if isinstance(right, int) and not isinstance(right, bool) else _quantity(right).value
+    return encode_quantity(Quantity(_quantity(left).value + other))
+
+
+def _quantity_sub(left: bytes, right: bytes | int) -> bytes:
+    other = Fraction(right) if isinstance(right, int) and not isinstance(right, bool) else _quantity(right).value
+    return encode_quantity(Quantity(_quantity(left).value - other))
+
+
+# --- semver library (k8s.io/apiserver/pkg/cel/library/semverlib.go) -----------------------------
+
+
+def _string_to_semver(text: str, normalize: bool = False) -> bytes:
+    try:
+        version = parse_semver_normalized(text) if normalize else parse_semver(text)
+    except SemverError as err:
+        raise CELFunctionError(str(err)) from None
+    return encode_semver(version)
+
+
+def _is_semver(text: str, normalize: bool = False) -> bool:
+    try:
+        parse_semver_normalized(text) if normalize else parse_semver(text)
+    except SemverError:
+        return False
+    return True
+
+
+def _semver(value: object):
+    encoded = _as_bytes(value)
+    version = decode_semver(encoded) if encoded is not None else None
+    if version is None:
+        raise _no_such_overload(value)
+    return version
+
+
+# --- shared by both: ordering ---------------------------------------------------------------------
+
+
+def _compare(left: object, right: object) -> int:
+    left, right = _as_bytes(left) or left, _as_bytes(right) or right
+    if isinstance(left, bytes) and isinstance(right, bytes):
+        lq, rq = decode_quantity(left), decode_quantity(right)
+        if lq is not None and rq is not None:
+            return (lq.value > rq.value) - (lq.value < rq.value)
+        ls, rs = decode_semver(left), decode_semver(right)
+        if ls is not None and rs is not None:
+            return ls.compare(rs)
+    raise _no_such_overload(left, right)
+
+
+def _is_greater_than(left: object, right: object) -> bool:
+    return _compare(left, right) == 1
+
+
+def _is_less_than(left: object, right: object) -> bool:
+    return _compare(left, right) == -1
+
+
+# --- the declarations -------------------------------------------------------------------------------
+
+
+def _checking_functions() -> list[cel.FunctionDecl]:
+    """Kubernetes' overloads with Kubernetes' types; no implementations (never evaluated)."""
+
+    def overload(overload_id: str, result: cel.Type, params: list[cel.Type], member: bool = False) -> cel.Overload:
+        return cel.Overload(overload_id, return_type=result, parameters=params, is_member=member)
+
+    S, B, I, D = T.STRING, T.BOOL, T.INT, T.DOUBLE
+    Q, V = QUANTITY, SEMVER
+    return [
+        cel.FunctionDecl("quantity", [overload("string_to_quantity", Q, [S])]),
+        cel.FunctionDecl("isQuantity", [overload("is_quantity_string", B, [S])]),
+        cel.FunctionDecl("sign", [overload("quantity_sign", I, [Q])]),
+        cel.FunctionDecl("asApproximateFloat", [overload("quantity_get_float", D, [Q], True)]),
+        cel.FunctionDecl("asInteger", [overload("quantity_get_int", I, [Q], True)]),
+        cel.FunctionDecl("isInteger", [overload("quantity_is_integer", B, [Q], True)]),
+        cel.FunctionDecl(
+            "add",
+            [overload("quantity_add", Q, [Q, Q], True), overload("quantity_add_int", Q, [Q, I], True)],
+        ),
+        cel.FunctionDecl(
+            "sub",
+            [overload("quantity_sub", Q, [Q, Q], True), overload("quantity_sub_int", Q, [Q, I], True)],
+        ),
+        cel.FunctionDecl(
+            "isGreaterThan",
+            [overload("quantity_is_greater_than", B, [Q, Q], True), overload("semver_is_greater_than", B, [V, V], True)],
+        ),
+        cel.FunctionDecl(
+            "isLessThan",
+            [overload("quantity_is_less_than", B, [Q, Q], True), overload("semver_is_less_than", B, [V, V], True)],
+        ),
+        cel.FunctionDecl(
+            "compareTo",
+            [overload("quantity_compare_to", I, [Q, Q], True), overload("semver_compare_to", I, [V, V], True)],
+        ),
+        cel.FunctionDecl(
+            "semver",
+            [overload("string_to_semver", V, [S]), overload("string_bool_to_semver", V, [S, B])],
+        ),
+        cel.FunctionDecl(
+            "isSemver",
+            [overload("is_semver_string", B, [S]), overload("is_semver_string_bool", B, [S, B])],
+        ),
+        cel.FunctionDecl("major", [overload("semver_major", I, [V], True)]),
+        cel.FunctionDecl("minor", [overload("semver_minor", I, [V], True)]),
+        cel.FunctionDecl("patch", [overload("semver_patch", I, [V], True)]),
+        *_ordering_with_cross_type_numerics(),
+    ]
+
+
+def _ordering_with_cross_type_numerics() -> list[cel.FunctionDecl]:
+    """<, <=, >, >= as the apiserver declares them, with cel.CrossTypeNumericComparisons(true).
+
+    cel-cpp's checker has no switch for cross-type numeric comparisons, so the checking
+    environment drops the standard ordering operators (see _CHECKING_STDLIB_YAML) and declares
+    them again with the mixed int/uint/double overloads added. The C++ runtime already compares
+    mixed numerics, so the runtime environment keeps its standard operators.
+    """
+    same_type = {
+        "bool": T.BOOL, "int64": T.INT, "uint64": T.UINT, "double": T.DOUBLE, "string": T.STRING,
+        "bytes": T.BYTES, "timestamp": T.TIMESTAMP, "duration": T.DURATION,
+    }
+    numeric = {"int64": T.INT, "uint64": T.UINT, "double": T.DOUBLE}
+    decls = []
+    for operator, name in _ORDERING_OPERATORS.items():
+        overloads = [
+            cel.Overload(f"{name}_{suffix}", return_type=T.BOOL, parameters=[cel_type, cel_type])
+            for suffix, cel_type in same_type.items()
+        ]
+        overloads += [
+            cel.Overload(f"{name}_{left}_{right}", return_type=T.BOOL, parameters=[lt, rt])
+            for left, lt in numeric.items()
+            for right, rt in numeric.items()
+            if left != right
+        ]
+        decls.append(cel.FunctionDecl(operator, overloads))
+    return decls
+
+
+_ORDERING_OPERATORS = {"_<_": "less", "_<=_": "less_equals", "_>_": "greater", "_>=_": "greater_equals"}
+_CHECKING_STDLIB_YAML = "stdlib:\n  exclude_functions:\n" + "".join(
+    f'    - name: "{operator}"\n' for operator in _ORDERING_OPERATORS
+)
+
+
+def _runtime_functions() -> list[cel.FunctionDecl]:
+    """The same names over the runtime representation, with implementations."""
+
+    def overload(overload_id: str, result: cel.Type, params: list[cel.Type], impl, member: bool = False) -> cel.Overload:
+        return cel.Overload(overload_id, return_type=result, parameters=params, is_member=member, impl=impl)
+
+    S, B, I, D, X = T.STRING, T.BOOL, T.INT, T.DOUBLE, T.BYTES
+    return [
+        cel.FunctionDecl("quantity", [overload("string_to_quantity", X, [S], _string_to_quantity)]),
+        cel.FunctionDecl("isQuantity", [overload("is_quantity_string", B, [S], _is_quantity)]),
+        cel.FunctionDecl("sign", [overload("quantity_sign", I, [X], _quantity_sign)]),
+        cel.FunctionDecl("asApproximateFloat", [overload("quantity_get_float", D, [X], _quantity_as_float, True)]),
+        cel.FunctionDecl("asInteger", [overload("quantity_get_int", I, [X], _quantity_as_integer, True)]),
+        cel.FunctionDecl("isInteger", [overload("quantity_is_integer", B, [X], _quantity_is_integer, True)]),
+        cel.FunctionDecl(
+            "add",
+            [
+                overload("quantity_add", X, [X, X], _quantity_add, True),
+                overload("quantity_add_int", X, [X, I], _quantity_add, True),
+            ],
+        ),
+        cel.FunctionDecl(
+            "sub",
+            [
+                overload("quantity_sub", X, [X, X], _quantity_sub, True),
+                overload("quantity_sub_int", X, [X, I], _quantity_sub, True),
+            ],
+        ),
+        cel.FunctionDecl("isGreaterThan", [overload("bytes_is_greater_than", B, [X, X], _is_greater_than, True)]),
+        cel.FunctionDecl("isLessThan", [overload("bytes_is_less_than", B, [X, X], _is_less_than, True)]),
+        cel.FunctionDecl("compareTo", [overload("bytes_compare_to", I, [X, X], _compare, True)]),
+        cel.FunctionDecl(
+            "semver",
+            [
+                overload("string_to_semver", X, [S], _string_to_semver),
+                overload("string_bool_to_semver", X, [S, B], _string_to_semver),
+            ],
+        ),
+        cel.FunctionDecl(
+            "isSemver",
+            [
+                overload("is_semver_string", B, [S], _is_semver),
+                overload("is_semver_string_bool", B, [S, B], _is_semver),
+            ],
+        ),
+        cel.FunctionDecl("major", [overload("semver_major", I, [X], lambda v: _semver(v).major, True)]),
+        cel.FunctionDecl("minor", [overload("semver_minor", I, [X], lambda v: _semver(v).minor, True)]),
+        cel.FunctionDecl("patch", [overload("semver_patch", I, [X], lambda v: _semver(v).patch, True)]),
+    ]
+
+
+# The device variable, as the checker sees it. cel-expr-python has no object types without
+# protobuf descriptors, so the four fields are declared as qualified identifiers; the checker
+# resolves `device.capacity` to the declared map type exactly as it would resolve a field.
+DEVICE_FIELDS = {
+    "driver": T.STRING,
+    "attributes": T.Map(T.STRING, T.Map(T.STRING, T.DYN)),
+    "capacity": T.Map(T.STRING, T.Map(T.STRING, QUANTITY)),
+    "allowMultipleAllocations": T.BOOL,
+}
+
+
+def new_checking_env() -> cel.Env:
+    config = cel.NewEnvConfigFromYaml(_EXTENSIONS_YAML + _CHECKING_STDLIB_YAML)
+    variables = {f"device.{name}": cel_type for name, cel_type in DEVICE_FIELDS.items()}
+    return cel.NewEnv(config=config, variables=variables, functions=_checking_functions())
+
+
+def new_runtime_env() -> cel.Env:
+    config = cel.NewEnvConfigFromYaml(_EXTENSIONS_YAML)
+    return cel.NewEnv(config=config, variables={"device": T.DYN}, functions=_runtime_functions())

@@ -1,0 +1,212 @@
+"""Compiling and evaluating device selectors, with Kubernetes' checks and messages.
+
+compile_selector() does what the apiserver's DRA CEL compiler does: length limit, parse, type check
+against the device declaration and the Kubernetes libraries, result type bool (or the attribute's
+unknown type), cost limit. A compiled program is cached per expression string.
+"""
+
+from __future__ import annotations
+
+import re
+import threading
+from functools import lru_cache
+
+from cel_expr_python import cel
+
+from .device import CELDevice
+from .errors import CELCompileError, CELRuntimeError
+from .library import DEVICE_FIELDS, new_checking_env, new_runtime_env
+from .values import cel_type_name
+
+# k8s.io/api/resource/v1: CELSelectorExpressionMaxLength and CELSelectorExpressionMaxCost.
+MAX_EXPRESSION_LENGTH = 10 * 1024
+MAX_SELECTOR_COST = 1_000_000
+
+_envs_lock = threading.Lock()
+_envs: tuple[cel.Env, cel.Env] | None = None
+
+
+def _environments() -> tuple[cel.Env, cel.Env]:
+    global _envs
+    with _envs_lock:
+        if _envs is None:
+            _envs = (new_checking_env(), new_runtime_env())
+        return _envs
+
+
+# `has(device.driver)` is always true in Kubernetes (the fields are required). The checker sees the
+# fields as qualified identifiers, and cel-cpp types has() of a qualified identifier as the field's
+# type instead of bool; the checking pass therefore reads it as `true`, padded to the same length so
+# that columns in error messages stay those of the user's text.
+_HAS_DEVICE_FIELD = re.compile(r"\bhas\s*\(\s*device\s*\.\s*(" + "|".join(DEVICE_FIELDS) + r")\s*\)")
+
+
+def _for_checking(expression: str) -> str:
+    return _HAS_DEVICE_FIELD.sub(lambda m: "true".ljust(len(m.group(0))), expression)
+
+
+class DeviceSelectorProgram:
+    """A compiled selector. matches() evaluates it for one device."""
+
+    __slots__ = ("expression", "_program", "_env")
+
+    def __init__(self, expression: str, program: cel.Expression, env: cel.Env):
+        self.expression = expression
+        self._program = program
+        self._env = env
+
+    def __repr__(self) -> str:
+        return f"DeviceSelectorProgram({self.expression!r})"
+
+    def matches(self, device: CELDevice) -> bool:
+        if device.invalid:
+            raise CELRuntimeError(self.expression, device.invalid)
+        result = self._program.eval(data={"device": device.cel_value()})
+        value = result.value()
+        if value is True or value is False:
+            return value
+        if result.type() == cel.Type.ERROR:
+            raise CELRuntimeError(self.expression, runtime_message(str(value)))
+        # An attribute lookup type-checks as the unknown type; Kubernetes fails at evaluation when
+        # the value turns out not to be a bool.
+        type_name = cel_type_name(value)
+        go_name = {"kubernetes.Semver": "Semver", "kubernetes.Quantity": "Quantity"}.get(type_name, type_name)
+        raise CELRuntimeError(
+            self.expression,
+            f"CEL result of type {type_name} could not be converted to bool: "
+            f"type conversion error from '{go_name}' to 'bool'",
+        )
+
+
+@lru_cache(maxsize=4096)
+def compile_selector(expression: str) -> DeviceSelectorProgram:
+    """Compile once per expression string; raise CELCompileError with the apiserver's reason."""
+    if not isinstance(expression, str):
+        raise CELCompileError(str(expression), f"expression must be a string, got {type(expression).__name__}")
+    if len(expression) > MAX_EXPRESSION_LENGTH:
+        raise CELCompileError(
+            expression,
+            f"must be no more than {MAX_EXPRESSION_LENGTH} bytes long (the expression has {len(expression)})",
+        )
+    checking_env, runtime_env = _environments()
+    try:
+        checked = checking_env.compile(_for_checking(expression))
+    except RuntimeError as err:
+        raise CELCompileError(expression, "compilation failed: " + compile_message(str(err), expression)) from None
+    result_type = checked.return_type()
+    if result_type != cel.Type.BOOL and result_type != cel.Type.DYN:
+        raise CELCompileError(
+            expression, f"must evaluate to bool or the unknown type, not {go_type_name(result_type.name())}"
+        )
+    try:
+        program = runtime_env.compile(expression, disable_check=True)
+    except RuntimeError as err:  # the checker accepted it, so this is draplane's fault
+        raise CELCompileError(expression, "internal error preparing the expression: " + str(err)) from None
+    return DeviceSelectorProgram(expression, program, runtime_env)
+
+
+# --- messages -------------------------------------------------------------------------------------
+
+_STATUS_PREFIX = re.compile(r"^[A-Z_]+: ")
+_STATUS_SUFFIX = re.compile(r"\s*\[[A-Z_]+\]$")
+_OVERLOAD = re.compile(r"found no matching overload for '([^']+)' applied to '\((.*)\)'")
+_LOCATION = re.compile(r"<input>:(\d+):(\d+): ")
+_UNDECLARED_DEVICE_FIELD = re.compile(r"undeclared reference to 'device\.([A-Za-z0-9_]+)' \(in container ''\)")
+
+
+def compile_message(raw: str, expression: str) -> str:
+    """cel-cpp's checker text in cel-go's wording, which is what the apiserver prints."""
+    text = _STATUS_SUFFIX.sub("", _STATUS_PREFIX.sub("", raw.strip()))
+    lines = text.split("\n")
+    out: list[str] = []
+    for line in lines:
+        location = _LOCATION.search(line)
+        overload = _OVERLOAD.search(line)
+        if location and overload:
+            column = int(location.group(2)) - 1
+            line = line[: overload.start()] + _overload_text(
+                overload.group(1), overload.group(2), _is_member_call(expression, column, overload.group(1))
+            ) + line[overload.end():]
+        line = _UNDECLARED_DEVICE_FIELD.sub(lambda m: f"undefined field '{m.group(1)}'", line)
+        out.append(_go_types_in(line) if line.startswith("ERROR") else line)
+    return "\n".join(out)
+
+
+def _split_types(text: str) -> list[str]:
+    parts, depth, current = [], 0, ""
+    for ch in text:
+        if ch in "(<":
+            depth += 1
+        elif ch in ")>":
+            depth -= 1
+        if ch == "," and depth == 0:
+            parts.append(current.strip())
+            current = ""
+        else:
+            current += ch
+    if current.strip():
+        parts.append(current.strip())
+    return parts
+
+
+def _overload_text(function: str, args: str, member: bool) -> str:
+    types = _split_types(args)
+    if member and types:
+        signature = f"{types[0]}.({', '.join(types[1:])})"
+    else:
+        signature = f"({', '.join(types)})"
+    return f"found no matching overload for '{function}' applied to '{signature}'"
+
+
+def _is_member_call(expression: str, column: int, function: str) -> bool:
+    """The checker points at the call's '('; a member call has `.function` right before it."""
+    if function.startswith("_"):  # operators are never member calls
+        return False
+    text = expression.split("\n")[0]
+    end = min(column, len(text))
+    while end > 0 and text[end - 1].isspace():
+        end -= 1
+    start = end
+    while start > 0 and (text[start - 1].isalnum() or text[start - 1] == "_"):
+        start -= 1
+    if text[start:end] != function.rsplit(".", 1)[-1]:
+        return False
+    while start > 0 and text[start - 1].isspace():
+        start -= 1
+    return start > 0 and text[start - 1] == "."
+
+
+_CPP_TYPE_WORDS = {
+    "BOOL": "bool", "INT": "int", "UINT": "uint", "DOUBLE": "double", "STRING": "string",
+    "BYTES": "bytes", "DYN": "dyn", "NULL_TYPE": "null_type", "TIMESTAMP": "google.protobuf.Timestamp",
+    "DURATION": "google.protobuf.Duration", "TYPE": "type", "ERROR": "*error*",
+}
+
+
+def go_type_name(cpp_name: str) -> str:
+    """`MAP<STRING, kubernetes.Quantity>` → `map(string, kubernetes.Quantity)`, as cel-go prints types."""
+    text = re.sub(r"\b(MAP|LIST|OPTIONAL_TYPE|optional_type)<", lambda m: m.group(1).lower() + "(", cpp_name)
+    text = text.replace(">", ")")
+    return re.sub(r"\b[A-Z_]+\b", lambda m: _CPP_TYPE_WORDS.get(m.group(0), m.group(0)), text)
+
+
+def _go_types_in(line: str) -> str:
+    return line
+
+
+_KEY_NOT_FOUND = re.compile(r'Key not found in map\s*:\s*"?(.*?)"?$')
+_NO_OVERLOAD = re.compile(r"No matching overloads found")
+
+
+def runtime_message(raw: str) -> str:
+    """cel-cpp's evaluation errors in cel-go's words, with Kubernetes' hint for missing keys."""
+    text = _STATUS_PREFIX.sub("", raw.strip())
+    key = _KEY_NOT_FOUND.search(text)
+    if key:
+        return (
+            f"no such key: {key.group(1)}. consider using CEL optional chaining (.? followed by orValue()) "
+            "or guarding the check with has() for optional fields"
+        )
+    if _NO_OVERLOAD.search(text):
+        return "no such overload"
+    return text
