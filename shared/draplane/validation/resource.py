@@ -1,0 +1,883 @@
+"""The semantic rules of pkg/apis/resource/validation for DeviceClass, ResourceClaim(+Template) and
+ResourceSlice, applied after defaulting, to objects that already passed the schema check.
+
+Each check names the field path the apiserver would name. Messages say what is wrong in words a
+user can act on, and most carry a concrete fix.
+"""
+
+from __future__ import annotations
+
+import json
+import uuid
+from fractions import Fraction
+from typing import Any
+
+import yaml
+
+from draplane.api.quantity import parse_quantity
+from draplane.validation import limits, names
+from draplane.validation.meta import check_node_selector, check_object_meta
+from draplane.validation.problem import UNKNOWN_FIELD, Findings
+from draplane.validation.schema import EXACT_FIELDS
+from draplane.validation.selectors import check_expression
+
+ALLOCATION_MODES = ("All", "ExactCount")
+TOLERATION_OPERATORS = ("Equal", "Exists")
+TAINT_EFFECTS = ("NoExecute", "NoSchedule", "None")
+CONFIG_SOURCES = ("FromClaim", "FromClass")
+
+Domains = dict[str, list[str]]
+
+
+# --- generic list checks -------------------------------------------------------------------------
+
+
+def _too_many(items: list[Any] | None, limit: int, path: str, what: str, findings: Findings, fix: str | None = None) -> bool:
+    """Like the apiserver, an oversized list is reported once and its entries are not looked at."""
+    if items is not None and len(items) > limit:
+        findings.too_many(path, len(items), limit, what, fix)
+        return True
+    return False
+
+
+def _duplicates(keys: list[Any], path: str, what: str, findings: Findings) -> None:
+    seen: dict[Any, int] = {}
+    for index, key in enumerate(keys):
+        if key is None:
+            continue
+        if key in seen:
+            findings.duplicate(f"{path}[{index}]", key, f"{what} {key!r} is already used by {path}[{seen[key]}]; "
+                               f"{what}s must be unique", fix=f"rename one of them, e.g. {key}-{index}")
+        else:
+            seen[key] = index
+
+
+# --- DeviceClass ---------------------------------------------------------------------------------
+
+
+def check_device_class(obj: dict[str, Any], findings: Findings, domains: Domains) -> None:
+    check_object_meta(obj.get("metadata"), findings, names.dns1123_subdomain, names.to_dns_subdomain, namespaced=False)
+    spec = obj.get("spec") or {}
+    selectors = spec.get("selectors")
+    if not _too_many(selectors, limits.SELECTORS_MAX, "spec.selectors", "selectors", findings,
+                     fix="combine selectors with && in fewer expressions"):
+        for index, selector in enumerate(selectors or []):
+            _check_selector(selector, f"spec.selectors[{index}]", findings, domains)
+    config = spec.get("config")
+    if not _too_many(config, limits.CONFIG_MAX, "spec.config", "config entries", findings):
+        for index, entry in enumerate(config or []):
+            _check_device_configuration(entry or {}, f"spec.config[{index}]", findings)
+    extended = spec.get("extendedResourceName")
+    if extended is not None and not names.is_extended_resource_name(extended):
+        findings.invalid("spec.extendedResourceName", extended,
+                         "must be an extended resource name: 'domain/name' outside kubernetes.io, such as "
+                         "'example.com/gpu'")
+
+
+def _check_selector(selector: Any, path: str, findings: Findings, domains: Domains) -> None:
+    cel = (selector or {}).get("cel")
+    if cel is None:
+        findings.required(f"{path}.cel", "a selector must have a cel expression",
+                          fix='cel:\n  expression: device.driver == "gpu.nvidia.com"')
+        return
+    check_expression(cel.get("expression") or "", f"{path}.cel.expression", findings, domains)
+
+
+def _check_device_configuration(entry: dict[str, Any], path: str, findings: Findings) -> None:
+    opaque = entry.get("opaque")
+    if opaque is None:
+        findings.required(f"{path}.opaque", "a config entry must carry opaque driver parameters",
+                          fix="opaque:\n  driver: <driver name>\n  parameters: {...}")
+        return
+    _check_driver(opaque.get("driver") or "", f"{path}.opaque.driver", findings)
+    parameters = opaque.get("parameters")
+    param_path = f"{path}.opaque.parameters"
+    if parameters is None:
+        findings.required(param_path, "opaque config needs parameters (a JSON object for the driver)",
+                          fix="parameters: {apiVersion: <driver api>, kind: <kind>}")
+    elif not isinstance(parameters, dict):
+        findings.invalid(param_path, "<value omitted>", "must be a JSON object (a YAML mapping)")
+    else:
+        size = len(json.dumps(parameters, separators=(",", ":")).encode())
+        if size > limits.OPAQUE_PARAMETERS_MAX_BYTES:
+            findings.too_long(param_path, size, limits.OPAQUE_PARAMETERS_MAX_BYTES, "the parameters as JSON")
+
+
+def _check_driver(driver: str, path: str, findings: Findings) -> None:
+    if not driver:
+        findings.required(path, "the driver name is required", fix="driver: gpu.nvidia.com")
+        return
+    for message in names.driver_name(driver):
+        findings.invalid(path, driver, message, fix=f"driver: {names.to_dns_subdomain(driver)[:names.DRIVER_NAME_MAX]}")
+
+
+# --- ResourceClaim / ResourceClaimTemplate -------------------------------------------------------
+
+
+def check_resource_claim(obj: dict[str, Any], raw: dict[str, Any], findings: Findings, domains: Domains) -> None:
+    check_object_meta(obj.get("metadata"), findings, names.dns1123_subdomain, names.to_dns_subdomain, namespaced=True)
+    spec = obj.get("spec") or {}
+    raw_spec = raw.get("spec") if isinstance(raw.get("spec"), dict) else {}
+    request_names = check_device_claim(spec.get("devices") or {}, _raw_devices(raw_spec), "spec.devices", findings, domains)
+    status = obj.get("status")
+    if status:
+        _check_claim_status(status, request_names, findings)
+
+
+def check_resource_claim_template(obj: dict[str, Any], raw: dict[str, Any], findings: Findings, domains: Domains) -> None:
+    check_object_meta(obj.get("metadata"), findings, names.dns1123_subdomain, names.to_dns_subdomain, namespaced=True)
+    spec = obj.get("spec") or {}
+    template_meta = spec.get("metadata") or {}
+    for key in template_meta:
+        if key not in ("labels", "annotations"):
+            findings.forbidden(f"spec.metadata.{key}", "a template's metadata may only carry labels and annotations; "
+                               "the claim's name and namespace come from the pod", fix=f"remove spec.metadata.{key}")
+    if template_meta.get("labels") or template_meta.get("annotations"):
+        sub = {"labels": template_meta.get("labels"), "annotations": template_meta.get("annotations"), "name": "x"}
+        check_object_meta(sub, findings, names.dns1123_subdomain, names.to_dns_subdomain, namespaced=True,
+                          path="spec.metadata")
+    raw_spec = raw.get("spec") if isinstance(raw.get("spec"), dict) else {}
+    raw_inner = raw_spec.get("spec") if isinstance(raw_spec.get("spec"), dict) else {}
+    check_device_claim(((spec.get("spec") or {}).get("devices")) or {}, _raw_devices(raw_inner), "spec.spec.devices",
+                       findings, domains)
+
+
+def _raw_devices(raw_spec: dict[str, Any]) -> dict[str, Any]:
+    devices = raw_spec.get("devices")
+    return devices if isinstance(devices, dict) else {}
+
+
+RequestNames = dict[str, set[str] | None]
+
+
+def check_device_claim(devices: dict[str, Any], raw_devices: dict[str, Any], path: str, findings: Findings,
+                       domains: Domains) -> RequestNames:
+    requests = devices.get("requests")
+    raw_requests = raw_devices.get("requests") if isinstance(raw_devices.get("requests"), list) else []
+    request_names = _gather_request_names(requests or [])
+    constraint_attributes = _constraint_attributes(devices.get("constraints") or [])
+    if not _too_many(requests, limits.REQUESTS_MAX, f"{path}.requests", "requests", findings,
+                     fix="split the claim into several ResourceClaims, or ask for more devices per request with count"):
+        for index, request in enumerate(requests or []):
+            raw_request = raw_requests[index] if index < len(raw_requests) and isinstance(raw_requests[index], dict) else {}
+            _check_request(request or {}, raw_request, f"{path}.requests[{index}]", findings, domains,
+                           constraint_attributes)
+        _duplicates([(r or {}).get("name") for r in requests or []], f"{path}.requests", "request name", findings)
+    constraints = devices.get("constraints")
+    if not _too_many(constraints, limits.CONSTRAINTS_MAX, f"{path}.constraints", "constraints", findings):
+        for index, constraint in enumerate(constraints or []):
+            _check_constraint(constraint or {}, f"{path}.constraints[{index}]", request_names, findings)
+    config = devices.get("config")
+    if not _too_many(config, limits.CONFIG_MAX, f"{path}.config", "config entries", findings):
+        for index, entry in enumerate(config or []):
+            entry = entry or {}
+            entry_path = f"{path}.config[{index}]"
+            _check_request_refs(entry.get("requests"), f"{entry_path}.requests", request_names, findings)
+            _check_device_configuration(entry, entry_path, findings)
+    return request_names
+
+
+def _gather_request_names(requests: list[Any]) -> RequestNames:
+    gathered: RequestNames = {}
+    for request in requests:
+        request = request or {}
+        subrequests = request.get("firstAvailable")
+        name = request.get("name") or ""
+        gathered[name] = {(s or {}).get("name") or "" for s in subrequests} if subrequests else None
+    return gathered
+
+
+def _constraint_attributes(constraints: list[Any]) -> dict[str, set[str]]:
+    by_request: dict[str, set[str]] = {}
+    for constraint in constraints:
+        constraint = constraint or {}
+        attribute = constraint.get("matchAttribute") or constraint.get("distinctAttribute")
+        if not attribute:
+            continue
+        for target in constraint.get("requests") or [""]:
+            by_request.setdefault(target, set()).add(attribute)
+    return by_request
+
+
+def _v1beta1_fields(raw_request: dict[str, Any]) -> list[str]:
+    return [key for key in raw_request if key in EXACT_FIELDS]
+
+
+def _exactly_snippet(raw_request: dict[str, Any], moved: list[str]) -> str:
+    exactly = dict(raw_request.get("exactly") or {}) if isinstance(raw_request.get("exactly"), dict) else {}
+    for key in moved:
+        exactly[key] = raw_request[key]
+    request = {"name": raw_request.get("name", "<name>"), "exactly": exactly}
+    text = yaml.safe_dump([request], sort_keys=False, default_flow_style=False).rstrip("\n")
+    return "requests:\n" + text
+
+
+def _check_request(request: dict[str, Any], raw_request: dict[str, Any], path: str, findings: Findings,
+                   domains: Domains, constraint_attributes: dict[str, set[str]]) -> None:
+    name = request.get("name") or ""
+    _check_request_name(name, f"{path}.name", findings)
+    moved = _v1beta1_fields(raw_request)
+    has_exactly = request.get("exactly") is not None
+    has_first = bool(request.get("firstAvailable"))
+    if moved:
+        fields = " and ".join(", ".join(moved).rsplit(", ", 1)) if len(moved) > 1 else moved[0]
+        paths = ", ".join(f"{path}.{key}" for key in moved)
+        verb = "sit" if len(moved) > 1 else "sits"
+        findings.add(
+            path, UNKNOWN_FIELD,
+            f"{fields} {verb} directly under the request: that is the v1beta1 shape. In resource.k8s.io/v1 "
+            f"they belong under `exactly:` (or under each `firstAvailable` entry), so {paths} are unknown "
+            f"fields: the apiserver rejects them, or drops them and then finds neither `exactly` nor "
+            f"`firstAvailable`",
+            fix="move them under exactly:\n" + _exactly_snippet(raw_request, moved),
+        )
+    if not has_exactly and not has_first:
+        if not moved:  # already explained above, with the fix
+            findings.required(path, "a request needs either `exactly` (a fixed set of devices) or `firstAvailable` "
+                              "(alternatives in order of preference)",
+                              fix="exactly:\n  deviceClassName: <class>\n  count: 1")
+        return
+    if has_exactly and has_first:
+        findings.invalid(path, None, "a request sets both `exactly` and `firstAvailable`; exactly one is allowed",
+                         fix="keep one of them; alternatives go into firstAvailable, a single choice into exactly")
+        return
+    if has_exactly:
+        _check_exact(request["exactly"], f"{path}.exactly", findings, domains, name, constraint_attributes,
+                     admin_access_allowed=True)
+        return
+    subrequests = request["firstAvailable"]
+    if _too_many(subrequests, limits.FIRST_AVAILABLE_MAX, f"{path}.firstAvailable", "subrequests", findings,
+                 fix="keep the most preferred alternatives"):
+        return
+    for index, sub in enumerate(subrequests):
+        sub = sub or {}
+        sub_path = f"{path}.firstAvailable[{index}]"
+        _check_request_name(sub.get("name") or "", f"{sub_path}.name", findings)
+        _check_exact(sub, sub_path, findings, domains, f"{name}/{sub.get('name') or ''}", constraint_attributes,
+                     admin_access_allowed=False)
+    _duplicates([(s or {}).get("name") for s in subrequests], f"{path}.firstAvailable", "subrequest name", findings)
+
+
+def _check_request_name(name: str, path: str, findings: Findings) -> None:
+    if not name:
+        findings.required(path, "requests are referenced by name (from containers, constraints and config)",
+                          fix="name: gpu")
+        return
+    for message in names.dns1123_label(name):
+        findings.invalid(path, name, message, fix=f"name: {names.to_dns_label(name)}")
+
+
+def _check_exact(request: dict[str, Any], path: str, findings: Findings, domains: Domains, request_name: str,
+                 constraint_attributes: dict[str, set[str]], *, admin_access_allowed: bool) -> None:
+    class_name = request.get("deviceClassName") or ""
+    if not class_name:
+        findings.required(f"{path}.deviceClassName", "every request names the DeviceClass it draws devices from",
+                          fix="deviceClassName: <name of a DeviceClass>")
+    else:
+        for message in names.dns1123_subdomain(class_name):
+            findings.invalid(f"{path}.deviceClassName", class_name, message,
+                             fix=f"deviceClassName: {names.to_dns_subdomain(class_name)}")
+    selectors = request.get("selectors")
+    if not _too_many(selectors, limits.SELECTORS_MAX, f"{path}.selectors", "selectors", findings,
+                     fix="combine selectors with && in fewer expressions"):
+        for index, selector in enumerate(selectors or []):
+            _check_selector(selector, f"{path}.selectors[{index}]", findings, domains)
+    # Defaulting, as SetDefaults_ExactDeviceRequest: ExactCount, and a count of 1 when unset (or 0).
+    mode = request.get("allocationMode") or "ExactCount"
+    count = request.get("count") or 0
+    if mode == "ExactCount" and count == 0:
+        count = 1
+    if mode == "All":
+        if count != 0:
+            findings.invalid(f"{path}.count", count, "allocationMode All takes every matching device, so count must "
+                             "not be set", fix="remove count, or use allocationMode: ExactCount")
+    elif mode == "ExactCount":
+        if count <= 0:
+            findings.invalid(f"{path}.count", count, "must be greater than zero", fix="count: 1")
+    else:
+        findings.unsupported(f"{path}.allocationMode", mode, ALLOCATION_MODES,
+                             fix="allocationMode: ExactCount (with count), or All")
+    if request.get("adminAccess") is not None and not admin_access_allowed:
+        findings.forbidden(f"{path}.adminAccess", "adminAccess is only allowed under exactly")
+    tolerations = request.get("tolerations")
+    if not _too_many(tolerations, limits.TOLERATIONS_MAX, f"{path}.tolerations", "tolerations", findings):
+        for index, toleration in enumerate(tolerations or []):
+            check_toleration(toleration or {}, f"{path}.tolerations[{index}]", findings)
+    capacity_requests = (request.get("capacity") or {}).get("requests") or {}
+    for key in capacity_requests:
+        for message in names.qualified_device_name(key):
+            findings.invalid(f"{path}.capacity.requests", key, f"capacity name {message}")
+    derived = request.get("derivedAttributes")
+    if not _too_many(derived, limits.DERIVED_ATTRIBUTES_MAX, f"{path}.derivedAttributes", "derived attributes", findings):
+        for index, attribute in enumerate(derived or []):
+            _check_derived_attribute(attribute or {}, f"{path}.derivedAttributes[{index}]", request_name,
+                                     constraint_attributes, findings)
+        _duplicates([(a or {}).get("name") for a in derived or []], f"{path}.derivedAttributes", "derived attribute",
+                    findings)
+
+
+def _check_derived_attribute(attribute: dict[str, Any], path: str, request_name: str,
+                             constraint_attributes: dict[str, set[str]], findings: Findings) -> None:
+    name = attribute.get("name") or ""
+    if not name:
+        findings.required(f"{path}.name", "a derived attribute needs a fully qualified name",
+                          fix="name: derived/numaNode")
+    else:
+        for message in names.fully_qualified_device_name(name):
+            findings.invalid(f"{path}.name", name, message)
+        parent = request_name.split("/", 1)[0]
+        used = (name in constraint_attributes.get("", set()) or name in constraint_attributes.get(request_name, set())
+                or name in constraint_attributes.get(parent, set()))
+        if not used:
+            findings.invalid(f"{path}.name", name, "no matchAttribute or distinctAttribute constraint targeting this "
+                             "request uses it", fix=f"add a constraint with matchAttribute: {name}, or remove it")
+    if not attribute.get("expression"):
+        findings.required(f"{path}.expression", "a derived attribute needs a CEL expression")
+    elif len(attribute["expression"]) > limits.CEL_EXPRESSION_MAX_LENGTH:
+        findings.too_long(f"{path}.expression", len(attribute["expression"]), limits.CEL_EXPRESSION_MAX_LENGTH,
+                          "the CEL expression")
+
+
+def check_toleration(toleration: dict[str, Any], path: str, findings: Findings) -> None:
+    key = toleration.get("key") or ""
+    if key:
+        for message in names.label_key(key):
+            findings.invalid(f"{path}.key", key, message)
+    operator = toleration.get("operator") or "Equal"  # +default="Equal"
+    value = toleration.get("value") or ""
+    if operator == "Exists":
+        if value:
+            findings.invalid(f"{path}.value", value, "must be empty for operator Exists, which matches any value",
+                             fix="remove value, or use operator: Equal")
+    elif operator == "Equal":
+        for message in names.label_value(value):
+            findings.invalid(f"{path}.value", value, message)
+    else:
+        findings.unsupported(f"{path}.operator", operator, TOLERATION_OPERATORS)
+    effect = toleration.get("effect") or ""
+    if effect and effect not in TAINT_EFFECTS:
+        fix = "effect: NoSchedule (PreferNoSchedule exists only for node taints)" if effect == "PreferNoSchedule" else None
+        findings.unsupported(f"{path}.effect", effect, TAINT_EFFECTS, fix=fix)
+
+
+def _check_constraint(constraint: dict[str, Any], path: str, request_names: RequestNames, findings: Findings) -> None:
+    _check_request_refs(constraint.get("requests"), f"{path}.requests", request_names, findings)
+    match = constraint.get("matchAttribute")
+    distinct = constraint.get("distinctAttribute")
+    if match is not None and distinct is not None:
+        findings.invalid(path, None, "sets both matchAttribute and distinctAttribute; a constraint has exactly one",
+                         fix="split it into two constraints")
+    elif match is None and distinct is None:
+        findings.required(path, 'a constraint needs exactly one of "matchAttribute" or "distinctAttribute"',
+                          fix="matchAttribute: resource.kubernetes.io/pcieRoot")
+    for key, value in (("matchAttribute", match), ("distinctAttribute", distinct)):
+        if value is None:
+            continue
+        for message in names.fully_qualified_device_name(value):
+            fix = None
+            if "/" not in value:
+                fix = f"{key}: <driver domain>/{value}, e.g. gpu.nvidia.com/{value}"
+            findings.invalid(f"{path}.{key}", value, message, fix=fix)
+
+
+def _check_request_refs(refs: list[Any] | None, path: str, request_names: RequestNames, findings: Findings) -> None:
+    if _too_many(refs, limits.REQUESTS_MAX, path, "request references", findings):
+        return
+    for index, ref in enumerate(refs or []):
+        _check_request_ref(ref or "", f"{path}[{index}]", request_names, findings)
+    _duplicates(list(refs or []), path, "request reference", findings)
+
+
+def _check_request_ref(ref: str, path: str, request_names: RequestNames, findings: Findings) -> None:
+    segments = ref.split("/")
+    if len(segments) > 2:
+        findings.invalid(path, ref, "must name a request, or a request and one of its subrequests as "
+                         "'request/subrequest'")
+        return
+    for segment in segments:
+        for message in names.dns1123_label(segment):
+            findings.invalid(path, ref, message)
+    if not _has_request(request_names, ref):
+        known = sorted(_reference_names(request_names))
+        findings.invalid(path, ref, "names no request of this claim"
+                         + (f" (it has: {', '.join(known)})" if known else ""),
+                         fix=f"use one of: {', '.join(known)}" if known else None)
+
+
+def _reference_names(request_names: RequestNames) -> list[str]:
+    refs = []
+    for name, subrequests in request_names.items():
+        if name:
+            refs.append(name)
+            refs.extend(f"{name}/{sub}" for sub in sorted(subrequests or ()) if sub)
+    return refs
+
+
+def _has_request(request_names: RequestNames, ref: str) -> bool:
+    segments = ref.split("/")
+    if segments[0] not in request_names:
+        return False
+    if len(segments) == 1:
+        return True
+    subrequests = request_names[segments[0]]
+    return subrequests is not None and segments[1] in subrequests
+
+
+def _check_claim_status(status: dict[str, Any], request_names: RequestNames, findings: Findings) -> None:
+    reserved = status.get("reservedFor")
+    if not _too_many(reserved, limits.RESERVED_FOR_MAX, "status.reservedFor", "consumers", findings):
+        for index, ref in enumerate(reserved or []):
+            ref = ref or {}
+            for key in ("resource", "name", "uid"):
+                if not ref.get(key):
+                    findings.required(f"status.reservedFor[{index}].{key}", f"a consumer reference needs its {key}")
+        _duplicates([(r or {}).get("uid") for r in reserved or []], "status.reservedFor", "consumer uid", findings)
+        if reserved and status.get("allocation") is None:
+            findings.forbidden("status.reservedFor", "a claim can only be reserved once it is allocated",
+                               fix="remove reservedFor, or add the allocation")
+    allocation = status.get("allocation")
+    if allocation is None:
+        return
+    devices = allocation.get("devices") or {}
+    results = devices.get("results")
+    if not _too_many(results, limits.RESULTS_MAX, "status.allocation.devices.results", "allocated devices", findings):
+        for index, result in enumerate(results or []):
+            _check_result(result or {}, f"status.allocation.devices.results[{index}]", request_names, findings)
+    config = devices.get("config")
+    if not _too_many(config, limits.ALLOCATION_CONFIG_MAX, "status.allocation.devices.config", "config entries", findings):
+        for index, entry in enumerate(config or []):
+            entry = entry or {}
+            entry_path = f"status.allocation.devices.config[{index}]"
+            source = entry.get("source") or ""
+            if not source:
+                findings.required(f"{entry_path}.source", "allocated config records where it came from",
+                                  fix="source: FromClaim")
+            elif source not in CONFIG_SOURCES:
+                findings.unsupported(f"{entry_path}.source", source, CONFIG_SOURCES)
+            _check_request_refs(entry.get("requests"), f"{entry_path}.requests", request_names, findings)
+            _check_device_configuration(entry, entry_path, findings)
+    if allocation.get("nodeSelector") is not None:
+        check_node_selector(allocation["nodeSelector"], "status.allocation.nodeSelector", findings)
+
+
+def _check_result(result: dict[str, Any], path: str, request_names: RequestNames, findings: Findings) -> None:
+    request = result.get("request") or ""
+    if not request:
+        findings.required(f"{path}.request", "a result names the request it satisfies")
+    else:
+        _check_request_ref(request, f"{path}.request", request_names, findings)
+    _check_driver(result.get("driver") or "", f"{path}.driver", findings)
+    check_pool_name(result.get("pool") or "", f"{path}.pool", findings)
+    device = result.get("device") or ""
+    if not device:
+        findings.required(f"{path}.device", "a result names the allocated device")
+    else:
+        for message in names.dns1123_label(device):
+            findings.invalid(f"{path}.device", device, message)
+    check_binding_conditions(result, path, findings)
+    for index, toleration in enumerate(result.get("tolerations") or []):
+        check_toleration(toleration or {}, f"{path}.tolerations[{index}]", findings)
+    share_id = result.get("shareID")
+    if share_id is not None:
+        check_uid(share_id, f"{path}.shareID", findings)
+
+
+def check_uid(value: str, path: str, findings: Findings) -> None:
+    try:
+        parsed = uuid.UUID(value)
+    except ValueError:
+        findings.invalid(path, value, "must be a UUID such as 123e4567-e89b-12d3-a456-426614174000")
+        return
+    if len(value) != 36 or value != value.lower() or str(parsed) != value:
+        findings.invalid(path, value, "must be a UUID in normalized form: lower-case hex, xxxxxxxx-xxxx-xxxx-xxxx-xxxxxxxxxxxx",
+                         fix=f"{path.rsplit('.', 1)[-1]}: {parsed}")
+
+
+def check_pool_name(pool: str, path: str, findings: Findings) -> None:
+    if not pool:
+        findings.required(path, "the pool name is required (often the node name)")
+        return
+    if len(pool) > limits.POOL_NAME_MAX_LENGTH:
+        findings.too_long(path, len(pool), limits.POOL_NAME_MAX_LENGTH, "the pool name")
+    for part in pool.split("/"):
+        for message in names.dns1123_subdomain(part):
+            findings.invalid(path, pool, f"each '/'-separated part {message}")
+
+
+def check_binding_conditions(owner: dict[str, Any], path: str, findings: Findings) -> None:
+    conditions = owner.get("bindingConditions") or []
+    failures = owner.get("bindingFailureConditions") or []
+    for key, items, limit in (("bindingConditions", conditions, limits.BINDING_CONDITIONS_MAX),
+                              ("bindingFailureConditions", failures, limits.BINDING_FAILURE_CONDITIONS_MAX)):
+        if _too_many(items, limit, f"{path}.{key}", "conditions", findings):
+            continue
+        for index, condition in enumerate(items):
+            for message in names.label_key(condition or ""):
+                findings.invalid(f"{path}.{key}[{index}]", condition, message)
+        _duplicates(list(items), f"{path}.{key}", "condition", findings)
+    for index, condition in enumerate(failures):
+        if condition in conditions:
+            findings.invalid(f"{path}.bindingFailureConditions[{index}]", condition,
+                             "must not also be listed in bindingConditions")
+    if failures and not conditions:
+        findings.invalid(f"{path}.bindingConditions", [], "bindingFailureConditions need bindingConditions too")
+    if conditions and not failures:
+        findings.invalid(f"{path}.bindingFailureConditions", [], "bindingConditions need bindingFailureConditions too")
+
+
+# --- ResourceSlice -------------------------------------------------------------------------------
+
+
+def check_resource_slice(obj: dict[str, Any], raw: dict[str, Any], findings: Findings) -> None:
+    check_object_meta(obj.get("metadata"), findings, names.dns1123_subdomain, names.to_dns_subdomain, namespaced=False)
+    spec = obj.get("spec") or {}
+    _check_driver(spec.get("driver") or "", "spec.driver", findings)
+    pool = spec.get("pool")
+    if pool is None:
+        findings.required("spec.pool", "a slice belongs to a pool",
+                          fix="pool:\n  name: <node name>\n  generation: 1\n  resourceSliceCount: 1")
+    else:
+        check_pool_name(pool.get("name") or "", "spec.pool.name", findings)
+        count = pool.get("resourceSliceCount") or 0
+        if count <= 0:
+            findings.invalid("spec.pool.resourceSliceCount", count, "must be greater than zero: it is the number "
+                             "of slices in the pool at this generation", fix="resourceSliceCount: 1")
+        generation = pool.get("generation") or 0
+        if generation < 0:
+            findings.invalid("spec.pool.generation", generation, "must be zero or more", fix="generation: 0")
+    _check_slice_node_selection(spec, findings)
+    if spec.get("sharedCounters") is not None and spec.get("devices") is not None:
+        findings.invalid("spec", "", "only one of `sharedCounters` or `devices` is allowed in one slice",
+                         fix="publish the counter sets in a slice of their own in the same pool")
+    devices = spec.get("devices")
+    raw_devices = ((raw.get("spec") or {}) if isinstance(raw.get("spec"), dict) else {}).get("devices")
+    raw_devices = raw_devices if isinstance(raw_devices, list) else []
+    advanced = any(_uses_advanced_features(d or {}) for d in devices or [])
+    limit = limits.DEVICES_MAX_WITH_ADVANCED_FEATURES if advanced else limits.DEVICES_MAX
+    why = " (64 because some device uses taints, consumesCounters or list attributes)" if advanced else ""
+    if not _too_many(devices, limit, "spec.devices", f"devices{why}", findings,
+                     fix=f"split the pool into several slices of at most {limit} devices and set "
+                         "pool.resourceSliceCount to the number of slices"):
+        per_device = spec.get("perDeviceNodeSelection") is True
+        for index, device in enumerate(devices or []):
+            raw_device = raw_devices[index] if index < len(raw_devices) and isinstance(raw_devices[index], dict) else {}
+            _check_device(device or {}, raw_device, f"spec.devices[{index}]", per_device, findings)
+        _duplicates([(d or {}).get("name") for d in devices or []], "spec.devices", "device name", findings)
+    counter_sets = spec.get("sharedCounters")
+    if not _too_many(counter_sets, limits.COUNTER_SETS_MAX, "spec.sharedCounters", "counter sets", findings,
+                     fix="spread the counter sets over several slices of the same pool"):
+        for index, counter_set in enumerate(counter_sets or []):
+            counter_set = counter_set or {}
+            set_path = f"spec.sharedCounters[{index}]"
+            _check_counter_set_name(counter_set.get("name") or "", f"{set_path}.name", findings)
+            _check_counters(counter_set.get("counters"), f"{set_path}.counters", limits.COUNTERS_PER_COUNTER_SET_MAX,
+                            findings)
+        _duplicates([(c or {}).get("name") for c in counter_sets or []], "spec.sharedCounters", "counter set name",
+                    findings)
+    partition_attribute = spec.get("partitionTypeAttribute")
+    if partition_attribute is not None:
+        for message in names.fully_qualified_device_name(partition_attribute):
+            findings.invalid("spec.partitionTypeAttribute", partition_attribute, message)
+        if not any((d or {}).get("consumesCounters") for d in devices or []):
+            findings.invalid("spec.partitionTypeAttribute", partition_attribute,
+                             "may only be set on a slice whose devices consume counters")
+    _check_skip_node_operations(spec.get("skipNodeOperations"), "spec.skipNodeOperations", findings)
+
+
+def _check_slice_node_selection(spec: dict[str, Any], findings: Findings) -> None:
+    chosen = []
+    node_name = spec.get("nodeName")
+    if node_name is not None:
+        if node_name:
+            chosen.append("nodeName")
+            for message in names.dns1123_subdomain(node_name):
+                findings.invalid("spec.nodeName", node_name, message)
+        else:
+            findings.invalid("spec.nodeName", node_name, "must be unset or a node name, not empty")
+    selector = spec.get("nodeSelector")
+    if selector is not None:
+        chosen.append("nodeSelector")
+        check_node_selector(selector, "spec.nodeSelector", findings)
+        terms = selector.get("nodeSelectorTerms") or []
+        if len(terms) != 1:
+            findings.invalid("spec.nodeSelector.nodeSelectorTerms", f"{len(terms)} terms",
+                             "a slice's node selector must have exactly one term (so selectors of different "
+                             "slices can be merged)", fix="put all requirements into one term")
+    for key in ("allNodes", "perDeviceNodeSelection"):
+        value = spec.get(key)
+        if value is True:
+            chosen.append(key)
+        elif value is False:
+            findings.invalid(f"spec.{key}", False, "must be unset or true", fix=f"remove {key}: false")
+    if not chosen:
+        findings.required("spec", "exactly one of `nodeName`, `nodeSelector`, `allNodes`, `perDeviceNodeSelection` "
+                          "is required: it says which nodes can use the devices", fix="nodeName: <node name>")
+    elif len(chosen) > 1:
+        findings.invalid("spec", "{" + ", ".join(f"`{c}`" for c in chosen) + "}",
+                         "exactly one of `nodeName`, `nodeSelector`, `allNodes`, `perDeviceNodeSelection` is "
+                         "allowed, but several are set", fix=f"keep only {chosen[0]}")
+
+
+def _uses_advanced_features(device: dict[str, Any]) -> bool:
+    if device.get("taints") or device.get("consumesCounters"):
+        return True
+    return any(
+        any(attribute.get(k) is not None for k in ("ints", "bools", "strings", "versions"))
+        for attribute in (device.get("attributes") or {}).values()
+    )
+
+
+def _check_device(device: dict[str, Any], raw_device: dict[str, Any], path: str, per_device_node_selection: bool,
+                  findings: Findings) -> None:
+    name = device.get("name") or ""
+    if not name:
+        findings.required(f"{path}.name", "every device needs a name, unique in its pool", fix="name: gpu-0")
+    else:
+        for message in names.dns1123_label(name):
+            findings.invalid(f"{path}.name", name, message, fix=f"name: {names.to_dns_label(name)}")
+    if "basic" in raw_device:
+        findings.add(f"{path}.basic", UNKNOWN_FIELD,
+                     "`basic` is the v1beta1 device shape; in resource.k8s.io/v1 its fields (attributes, capacity, "
+                     "...) sit directly in the device",
+                     fix="move the contents of basic: up one level into the device and remove basic:")
+    attributes = device.get("attributes") or {}
+    capacity = device.get("capacity") or {}
+    total = len(attributes) + len(capacity)
+    if total > limits.ATTRIBUTES_AND_CAPACITIES_PER_DEVICE_MAX:
+        findings.invalid(path, total, f"a device may have at most {limits.ATTRIBUTES_AND_CAPACITIES_PER_DEVICE_MAX} "
+                         "attributes and capacities together", fix="drop attributes no selector uses")
+    values = sum(_attribute_value_count(a) for a in attributes.values())
+    if values > limits.ATTRIBUTE_VALUES_PER_DEVICE_MAX:
+        findings.invalid(path, values, f"a device may have at most {limits.ATTRIBUTE_VALUES_PER_DEVICE_MAX} attribute "
+                         "values (list entries counted one by one)")
+    for key, attribute in attributes.items():
+        for message in names.qualified_device_name(key):
+            findings.invalid(f"{path}.attributes", key, f"attribute name {message}",
+                             fix=f"use {names.to_c_identifier(key)!r} or 'domain/{names.to_c_identifier(key)}'")
+        _check_attribute(attribute, f"{path}.attributes[{key}]", findings)
+    multiple = device.get("allowMultipleAllocations") is True
+    for key, entry in capacity.items():
+        for message in names.qualified_device_name(key):
+            findings.invalid(f"{path}.capacity", key, f"capacity name {message}")
+        if "value" not in entry:
+            findings.required(f"{path}.capacity[{key}].value", "a capacity needs a value", fix="value: 80Gi")
+            continue
+        policy = entry.get("requestPolicy")
+        if policy is None:
+            continue
+        if not multiple:
+            findings.forbidden(f"{path}.capacity[{key}].requestPolicy", "requestPolicy needs allowMultipleAllocations: true "
+                               "on the device", fix="set allowMultipleAllocations: true, or remove requestPolicy")
+        else:
+            _check_request_policy(entry["value"], policy, f"{path}.capacity[{key}].requestPolicy", findings)
+    taints = device.get("taints")
+    if not _too_many(taints, limits.TAINTS_PER_DEVICE_MAX, f"{path}.taints", "taints", findings):
+        for index, taint in enumerate(taints or []):
+            check_taint(taint or {}, f"{path}.taints[{index}]", findings)
+    consumptions = device.get("consumesCounters")
+    if not _too_many(consumptions, limits.COUNTER_CONSUMPTIONS_PER_DEVICE_MAX, f"{path}.consumesCounters",
+                     "counter consumptions", findings):
+        for index, consumption in enumerate(consumptions or []):
+            consumption = consumption or {}
+            c_path = f"{path}.consumesCounters[{index}]"
+            _check_counter_set_name(consumption.get("counterSet") or "", f"{c_path}.counterSet", findings)
+            _check_counters(consumption.get("counters"), f"{c_path}.counters",
+                            limits.COUNTERS_PER_COUNTER_CONSUMPTION_MAX, findings)
+            groups = consumption.get("compatibilityGroups")
+            if not _too_many(groups, limits.COMPATIBILITY_GROUPS_MAX, f"{c_path}.compatibilityGroups", "groups", findings):
+                _duplicates(list(groups or []), f"{c_path}.compatibilityGroups", "group", findings)
+        _duplicates([(c or {}).get("counterSet") for c in consumptions or []], f"{path}.consumesCounters",
+                    "counter set", findings)
+    _check_device_node_selection(device, path, per_device_node_selection, findings)
+    check_binding_conditions(device, path, findings)
+
+
+def _attribute_value_count(attribute: dict[str, Any]) -> int:
+    lists = [attribute.get(k) for k in ("ints", "bools", "strings", "versions") if attribute.get(k)]
+    return sum(len(x) for x in lists) if lists else 1
+
+
+def _check_attribute(attribute: dict[str, Any], path: str, findings: Findings) -> None:
+    set_keys = [k for k in ("int", "bool", "string", "version", "ints", "bools", "strings", "versions")
+                if attribute.get(k) is not None]
+    if len(set_keys) != 1:
+        findings.invalid(path, attribute, "exactly one of int, bool, string or version (or a list form) must be set"
+                         + (f"; found {', '.join(set_keys)}" if set_keys else ""),
+                         fix="for example string: \"H100\" or version: \"12.4.0\"")
+    string = attribute.get("string")
+    if string is not None and len(string) > limits.ATTRIBUTE_VALUE_MAX_LENGTH:
+        findings.too_long(f"{path}.string", len(string), limits.ATTRIBUTE_VALUE_MAX_LENGTH, "the string")
+    version = attribute.get("version")
+    if version is not None:
+        _check_version(version, f"{path}.version", findings)
+    for key in ("ints", "bools", "strings", "versions"):
+        items = attribute.get(key)
+        if items is None:
+            continue
+        if not items:
+            findings.invalid(f"{path}.{key}", items, "must not be empty if set")
+        for index, item in enumerate(items):
+            if key == "strings" and item is not None and len(item) > limits.ATTRIBUTE_VALUE_MAX_LENGTH:
+                findings.too_long(f"{path}.strings[{index}]", len(item), limits.ATTRIBUTE_VALUE_MAX_LENGTH, "the string")
+            if key == "versions" and item is not None:
+                _check_version(item, f"{path}.versions[{index}]", findings)
+
+
+def _check_version(version: str, path: str, findings: Findings) -> None:
+    if not names.SEMVER.match(version):
+        fix = None
+        parts = version.lstrip("v").split(".")
+        if all(p.isdigit() for p in parts) and 1 <= len(parts) <= 3:
+            fix = "version: " + ".".join(str(int(p)) for p in (parts + ["0", "0"])[:3])
+        elif version.startswith("v"):
+            fix = f"version: {version[1:]}"
+        findings.invalid(path, version, "must be a semantic version (semver.org 2.0.0) such as 12.4.0", fix=fix)
+    if len(version) > limits.ATTRIBUTE_VALUE_MAX_LENGTH:
+        findings.too_long(path, len(version), limits.ATTRIBUTE_VALUE_MAX_LENGTH, "the version")
+
+
+def _q(text: str) -> Fraction:
+    return parse_quantity(text).value
+
+
+def _check_request_policy(capacity_value: str, policy: dict[str, Any], path: str, findings: Findings) -> None:
+    maximum = _q(capacity_value)
+    valid_values = policy.get("validValues")
+    valid_range = policy.get("validRange")
+    default = policy.get("default")
+    if valid_values and valid_range is not None:
+        findings.forbidden(path, 'exactly one policy can be specified: not both "validValues" and "validRange"')
+        return
+    if valid_values:
+        if default is None:
+            findings.required(f"{path}.default", "required when validValues is set")
+            return
+        values = [_q(v) for v in valid_values]
+        for index in range(len(values) - 1):
+            if values[index] > values[index + 1]:
+                findings.invalid(f"{path}.validValues[{index + 1}]", valid_values[index + 1],
+                                 "validValues must be sorted in ascending order")
+        if _too_many(valid_values, limits.REQUEST_POLICY_VALID_VALUES_MAX, f"{path}.validValues", "valid values", findings):
+            return
+        for index, value in enumerate(values):
+            if value > maximum:
+                findings.invalid(f"{path}.validValues[{index}]", valid_values[index],
+                                 f"is larger than the capacity value {capacity_value}")
+        _duplicates(values, f"{path}.validValues", "valid value", findings)
+        if _q(default) not in values:
+            findings.invalid(f"{path}.validValues", default, "the default must be one of validValues")
+    elif valid_range is not None:
+        if default is None:
+            findings.required(f"{path}.default", "required when validRange is set")
+            return
+        if valid_range.get("min") is None:
+            findings.required(f"{path}.validRange.min", "required when validRange is set")
+            return
+        low, dflt = _q(valid_range["min"]), _q(default)
+        rpath = f"{path}.validRange"
+        if low > maximum:
+            findings.invalid(f"{rpath}.min", valid_range["min"], f"min is larger than the capacity value {capacity_value}")
+        if dflt < low:
+            findings.invalid(f"{rpath}.default", default, f"default is less than min {valid_range['min']}")
+        high = None
+        if valid_range.get("max") is not None:
+            high = _q(valid_range["max"])
+            if low > high:
+                findings.invalid(f"{rpath}.max", valid_range["min"], f"min is larger than max {valid_range['max']}")
+            if high > maximum:
+                findings.invalid(f"{rpath}.max", valid_range["max"], f"max is larger than the capacity value {capacity_value}")
+            if dflt > high:
+                findings.invalid(f"{rpath}.default", default, f"default is more than max {valid_range['max']}")
+        if valid_range.get("step") is not None:
+            step = _q(valid_range["step"])
+            if step <= 0:
+                findings.invalid(f"{rpath}.step", valid_range["step"], "must be greater than zero")
+                return
+            if low + step > maximum:
+                findings.invalid(f"{rpath}.step", valid_range["step"], "one step above min is larger than the capacity value")
+            for value, label in ((dflt, default), (high, valid_range.get("max"))):
+                if value is not None and (value - low) % step != 0:
+                    findings.invalid(f"{rpath}.step", label, f"is not min ({valid_range['min']}) plus a multiple of "
+                                     f"step ({valid_range['step']})")
+
+
+def check_taint(taint: dict[str, Any], path: str, findings: Findings) -> None:
+    key = taint.get("key") or ""
+    if not key:
+        findings.required(f"{path}.key", "a taint needs a key", fix="key: example.com/unhealthy")
+    else:
+        for message in names.label_key(key):
+            findings.invalid(f"{path}.key", key, message)
+    value = taint.get("value") or ""
+    if value:
+        for message in names.label_value(value):
+            findings.invalid(f"{path}.value", value, message)
+    effect = taint.get("effect") or ""
+    if not effect:
+        findings.required(f"{path}.effect", "a taint needs an effect", fix="effect: NoSchedule")
+    elif effect not in TAINT_EFFECTS:
+        fix = "effect: NoSchedule (PreferNoSchedule exists only for node taints)" if effect == "PreferNoSchedule" else None
+        findings.unsupported(f"{path}.effect", effect, TAINT_EFFECTS, fix=fix)
+
+
+def _check_counter_set_name(name: str, path: str, findings: Findings) -> None:
+    if not name:
+        findings.required(path, "a counter set is referenced by name", fix="name: gpu-0-counters")
+        return
+    for message in names.dns1123_label(name):
+        findings.invalid(path, name, message, fix=f"{path.rsplit('.', 1)[-1]}: {names.to_dns_label(name)}")
+
+
+def _check_counters(counters: dict[str, Any] | None, path: str, limit: int, findings: Findings) -> None:
+    if not counters:
+        findings.required(path, "at least one counter is required", fix="counters:\n  memory:\n    value: 80Gi")
+        return
+    if len(counters) > limit:
+        findings.too_many(path, len(counters), limit, "counters")
+        return
+    for key, counter in counters.items():
+        for message in names.dns1123_label(key):
+            findings.invalid(path, key, f"counter name {message}")
+        if counter.get("value") is None:
+            findings.required(f"{path}[{key}].value", "a counter needs a value")
+
+
+def _check_device_node_selection(device: dict[str, Any], path: str, per_device: bool, findings: Findings) -> None:
+    node_name = device.get("nodeName")
+    selector = device.get("nodeSelector")
+    all_nodes = device.get("allNodes")
+    if not per_device:
+        if node_name is not None or selector is not None or all_nodes is not None:
+            findings.invalid(path, None, "`nodeName`, `nodeSelector` and `allNodes` can only be set on a device when "
+                             "the slice sets perDeviceNodeSelection: true",
+                             fix="set perDeviceNodeSelection: true in the slice spec (instead of nodeName/nodeSelector/"
+                                 "allNodes there), or remove them from the device")
+        return
+    chosen = []
+    if node_name is not None:
+        if node_name:
+            chosen.append("nodeName")
+            for message in names.dns1123_subdomain(node_name):
+                findings.invalid(f"{path}.nodeName", node_name, message)
+        else:
+            findings.invalid(f"{path}.nodeName", node_name, "must not be empty")
+    if selector is not None:
+        chosen.append("nodeSelector")
+        check_node_selector(selector, f"{path}.nodeSelector", findings)
+    if all_nodes is True:
+        chosen.append("allNodes")
+    elif all_nodes is False:
+        findings.invalid(f"{path}.allNodes", False, "must be unset or true")
+    if len(chosen) != 1:
+        findings.required(path, "with perDeviceNodeSelection: true every device sets exactly one of `nodeName`, "
+                          "`nodeSelector` or `allNodes`" + (f" (this one sets {', '.join(chosen)})" if chosen else ""),
+                          fix="nodeName: <node name>")
+
+
+def _check_skip_node_operations(operations: list[Any] | None, path: str, findings: Findings) -> None:
+    if not operations:
+        return
+    chosen = set(operations)
+    if "NodePrepareResources" in chosen and not ({"NodeUnprepareResources", "*"} & chosen):
+        findings.invalid(path, operations, "NodePrepareResources cannot be skipped unless NodeUnprepareResources is "
+                         "skipped too", fix="add NodeUnprepareResources")
