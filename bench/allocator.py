@@ -1,0 +1,184 @@
+"""Allocator throughput and memory on one core.
+
+(a) sched_perf_5000x500: the shape of kube-scheduler's DRA benchmark
+    SchedulingWithResourceClaimTemplate/5000pods_500nodes: 500 nodes x 10 devices, 5,000 single-device
+    claims of one class with a CEL selector, allocated one by one (best node, then commit) against the
+    growing in-use set.
+(b) topology_mix_1000x8: 1,000 nodes x 8 GPUs (2 NUMA nodes, 4 PCIe roots), claims for 1, 2, 4 and
+    8 GPUs, some with matchAttribute on resource.kubernetes.io/pcieRoot, some with firstAvailable.
+
+Each case runs in its own process so peak_mb (max RSS) is that case's alone.
+Usage: .venv/bin/python bench/allocator.py [--policy draplane|first-fit] [--case NAME]
+"""
+
+from __future__ import annotations
+
+import argparse
+import random
+import resource
+import subprocess
+import sys
+import time
+
+from draplane.api.meta import ObjectMeta
+from draplane.api.resource import (
+    CELDeviceSelector,
+    Device,
+    DeviceAttribute,
+    DeviceCapacity,
+    DeviceClaim,
+    DeviceClass,
+    DeviceClassSpec,
+    DeviceConstraint,
+    DeviceRequest,
+    DeviceSelector,
+    DeviceSubRequest,
+    ExactDeviceRequest,
+    ResourceClaim,
+    ResourceClaimSpec,
+    ResourcePool,
+    ResourceSlice,
+    ResourceSliceSpec,
+)
+
+
+def _class(name: str, expression: str) -> DeviceClass:
+    return DeviceClass(
+        metadata=ObjectMeta(name=name),
+        spec=DeviceClassSpec(selectors=[DeviceSelector(cel=CELDeviceSelector(expression=expression))]),
+    )
+
+
+def _claim(name: str, requests: list[DeviceRequest], constraints=None) -> ResourceClaim:
+    return ResourceClaim(
+        metadata=ObjectMeta(name=name, namespace="bench"),
+        spec=ResourceClaimSpec(devices=DeviceClaim(requests=requests, constraints=constraints)),
+    )
+
+
+def sched_perf(policy: str) -> tuple[int, float]:
+    from draplane.allocation import Cluster, NodePlacement
+
+    driver = "test-driver.cdi.k8s.io"
+    slices = []
+    for n in range(500):
+        node = f"node-{n:03d}"
+        slices.append(ResourceSlice(
+            metadata=ObjectMeta(name=f"{node}-{driver}"),
+            spec=ResourceSliceSpec(
+                driver=driver, node_name=node,
+                pool=ResourcePool(name=node, generation=1, resource_slice_count=1),
+                devices=[
+                    Device(
+                        name=f"device-{d}",
+                        attributes={"model": DeviceAttribute(string_value="test-model")},
+                        capacity={"memory": DeviceCapacity(value="1Gi")},
+                    )
+                    for d in range(10)
+                ],
+            ),
+        ))
+    classes = [_class("test-class", f'device.driver == "{driver}"')]
+    request = DeviceRequest(
+        name="req-0",
+        exactly=ExactDeviceRequest(
+            device_class_name="test-class",
+            selectors=[DeviceSelector(cel=CELDeviceSelector(expression='device.attributes["test-driver.cdi.k8s.io"].model == "test-model"'))],
+        ),
+    )
+    claims = [_claim(f"claim-{i:04d}", [request]) for i in range(5000)]
+    cluster = Cluster(slices=slices, classes=classes, policy=policy)
+    cluster.ensure_nodes_from_slices()
+    start = time.perf_counter()
+    for claim in claims:
+        placement = cluster.allocate([claim])
+        if not isinstance(placement, NodePlacement):
+            raise SystemExit(f"sched_perf: {claim.metadata.name} not allocated: {placement}")
+        cluster.commit([claim], placement)
+    return len(claims), time.perf_counter() - start
+
+
+def topology_mix(policy: str) -> tuple[int, float]:
+    from draplane.allocation import Cluster, NodePlacement
+
+    driver = "gpu.nvidia.com"
+    slices = []
+    for n in range(1000):
+        node = f"gpu-node-{n:04d}"
+        devices = []
+        for g in range(8):
+            devices.append(Device(
+                name=f"gpu-{g}",
+                attributes={
+                    "type": DeviceAttribute(string_value="gpu"),
+                    "productName": DeviceAttribute(string_value="NVIDIA H100 80GB HBM3"),
+                    "uuid": DeviceAttribute(string_value=f"GPU-{n:04d}-{g}"),
+                    "resource.kubernetes.io/pcieRoot": DeviceAttribute(string_value=f"pci0000:{g // 2:02x}"),
+                    "resource.kubernetes.io/numaNode": DeviceAttribute(int_value=g // 4),
+                },
+                capacity={"memory": DeviceCapacity(value="80Gi")},
+            ))
+        slices.append(ResourceSlice(
+            metadata=ObjectMeta(name=f"{node}-gpu"),
+            spec=ResourceSliceSpec(
+                driver=driver, node_name=node,
+                pool=ResourcePool(name=node, generation=1, resource_slice_count=1), devices=devices,
+            ),
+        ))
+    classes = [
+        _class("gpu.nvidia.com", f'device.driver == "{driver}" && device.attributes["{driver}"].type == "gpu"'),
+        _class("big-gpu.nvidia.com",
+               f'device.driver == "{driver}" && device.capacity["{driver}"].memory.isGreaterThan(quantity("40Gi"))'),
+    ]
+    rng = random.Random(7)
+    claims = []
+    total = 0
+    while total < 6400:
+        size = rng.choices((1, 2, 4, 8), weights=(40, 30, 20, 10))[0]
+        kind = rng.random()
+        name = f"claim-{len(claims):05d}"
+        if kind < 0.3 and size > 1:
+            claims.append(_claim(name, [DeviceRequest(name="gpus", exactly=ExactDeviceRequest(
+                device_class_name="gpu.nvidia.com", count=size))],
+                constraints=[DeviceConstraint(match_attribute="resource.kubernetes.io/pcieRoot")] if size <= 2 else
+                [DeviceConstraint(match_attribute="resource.kubernetes.io/numaNode")] if size == 4 else None))
+        elif kind < 0.5:
+            claims.append(_claim(name, [DeviceRequest(name="gpus", first_available=[
+                DeviceSubRequest(name="big", device_class_name="big-gpu.nvidia.com", count=size),
+                DeviceSubRequest(name="any", device_class_name="gpu.nvidia.com", count=size),
+            ])]))
+        else:
+            claims.append(_claim(name, [DeviceRequest(name="gpus", exactly=ExactDeviceRequest(
+                device_class_name="gpu.nvidia.com", count=size))]))
+        total += size
+    cluster = Cluster(slices=slices, classes=classes, policy=policy)
+    cluster.ensure_nodes_from_slices()
+    start = time.perf_counter()
+    for claim in claims:
+        placement = cluster.allocate([claim])
+        if not isinstance(placement, NodePlacement):
+            raise SystemExit(f"topology_mix: {claim.metadata.name} not allocated: {placement}")
+        cluster.commit([claim], placement)
+    return len(claims), time.perf_counter() - start
+
+
+CASES = {"sched_perf_5000x500": sched_perf, "topology_mix_1000x8": topology_mix}
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--policy", default="draplane")
+    parser.add_argument("--case", choices=sorted(CASES))
+    args = parser.parse_args()
+    if args.case:
+        count, seconds = CASES[args.case](args.policy)
+        peak_mb = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
+        print(f"BENCH name={args.case} claims_per_s={count / seconds:.1f} peak_mb={peak_mb:.1f} "
+              f"seconds={seconds:.2f}", flush=True)
+        return
+    for case in CASES:
+        subprocess.run([sys.executable, __file__, "--case", case, "--policy", args.policy], check=True)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,20 @@
+"""The allocator core: pure resource.k8s.io/v1 allocation, no I/O and no asyncio.
+
+- `Inventory` (ResourceSlices → pools of device records), `AllocatedState` (what is in use),
+- `NodeAllocator.allocate` (claims on one node, all-or-nothing, Kubernetes semantics),
+- `Cluster.allocate` (the best node per the scoring policy, cached per claim shape),
+- `scoring` (the pluggable policies: `first-fit`, `draplane`).
+"""
+
+from draplane.allocation.allocator import NodeAllocator, NodePlacement, SelectorMatcher
+from draplane.allocation.cluster import Cluster, Unallocatable
+from draplane.allocation.errors import AllocationError, NodeFailure, Reason
+from draplane.allocation.inventory import Inventory
+from draplane.allocation.scoring import ScoringPolicy, get_policy, policy_names, register_policy
+from draplane.allocation.state import AllocatedState, claim_key
+
+__all__ = [
+    "AllocatedState", "AllocationError", "Cluster", "Inventory", "NodeAllocator", "NodeFailure", "NodePlacement",
+    "Reason", "ScoringPolicy", "SelectorMatcher", "Unallocatable", "claim_key", "get_policy", "policy_names",
+    "register_policy",
+]

@@ -1,0 +1,393 @@
+"""The device inventory the allocator searches: ResourceSlices turned into pools of device records.
+
+Slices are decoded once into `DeviceRecord`s (attributes fully qualified, quantities parsed), so the
+search never touches strings it has to parse again. The inventory is updated one slice or one pool at
+a time and keeps a version per node, so that a cache of per-node results stays valid until something
+on that node changes.
+
+Pools are gathered per node as Kubernetes does it (`GatherPools`): slices relevant to the node, the
+highest generation wins, a pool missing slices is incomplete, a pool with duplicate device names or
+unknown counter sets is invalid.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from fractions import Fraction
+from typing import Iterable
+
+from draplane.api.core import Node
+from draplane.api.meta import NodeSelector
+from draplane.api.quantity import Quantity, parse_quantity
+from draplane.api.resource import Device, ResourceSlice
+
+DeviceID = tuple[str, str, str]  # (driver, pool, device)
+PoolID = tuple[str, str]  # (driver, pool)
+
+PCIE_ROOT = "resource.kubernetes.io/pcieRoot"
+NUMA_NODE = "resource.kubernetes.io/numaNode"
+
+
+def device_id_text(device_id: DeviceID) -> str:
+    return "/".join(device_id)
+
+
+def _attribute_value(raw) -> tuple[str, object] | None:
+    # (kind, value): kinds compare too, so an int 1 never equals a string "1" (as in Kubernetes).
+    if raw.string_value is not None:
+        return ("string", raw.string_value)
+    if raw.int_value is not None:
+        return ("int", raw.int_value)
+    if raw.bool_value is not None:
+        return ("bool", raw.bool_value)
+    if raw.version_value is not None:
+        return ("version", raw.version_value)
+    return None
+
+
+@dataclass(slots=True)
+class CapacityEntry:
+    value: Quantity
+    default: Quantity | None = None
+    valid_values: list[Quantity] | None = None
+    range_min: Quantity | None = None
+    range_max: Quantity | None = None
+    range_step: Quantity | None = None
+    has_policy: bool = False
+
+
+class DeviceRecord:
+    """One device of one slice, pre-digested for the search. Identity-compared and hashable."""
+
+    __slots__ = (
+        "id", "driver", "pool", "name", "device", "slice_name", "slice_node_name", "slice_node_selector",
+        "per_device_node_selection", "attributes", "capacity", "consumes", "taints", "binding_conditions",
+        "binding_failure_conditions", "binds_to_node", "allow_multiple", "pcie_root", "numa_node",
+        "match_cache", "_cel_device",
+    )
+
+    def __init__(self, slice_: ResourceSlice, device: Device):
+        spec = slice_.spec
+        self.driver = spec.driver
+        self.pool = spec.pool.name
+        self.name = device.name
+        self.id: DeviceID = (spec.driver, spec.pool.name, device.name)
+        self.device = device
+        self.slice_name = slice_.metadata.name or ""
+        self.per_device_node_selection = bool(spec.per_device_node_selection)
+        self.slice_node_name = spec.node_name
+        self.slice_node_selector = spec.node_selector
+        # Fully-qualified attribute names. Unqualified names belong to the driver's domain; a
+        # qualified spelling of the same name wins, as Kubernetes looks it up first.
+        attributes: dict[str, tuple[str, object]] = {}
+        qualified: dict[str, tuple[str, object]] = {}
+        for key, raw in (device.attributes or {}).items():
+            value = _attribute_value(raw)
+            if value is None:
+                continue
+            if "/" in key:
+                qualified[key] = value
+            else:
+                attributes[f"{spec.driver}/{key}"] = value
+                attributes[key] = value
+        attributes.update(qualified)
+        self.attributes = attributes
+        self.capacity: dict[str, CapacityEntry] = {}
+        for key, cap in (device.capacity or {}).items():
+            entry = CapacityEntry(value=parse_quantity(cap.value))
+            policy = cap.request_policy
+            if policy is not None:
+                entry.has_policy = True
+                if policy.default is not None:
+                    entry.default = parse_quantity(policy.default)
+                if policy.valid_values is not None:
+                    entry.valid_values = [parse_quantity(v) for v in policy.valid_values]
+                if policy.valid_range is not None:
+                    entry.range_min = parse_quantity(policy.valid_range.min)
+                    if policy.valid_range.max is not None:
+                        entry.range_max = parse_quantity(policy.valid_range.max)
+                    if policy.valid_range.step is not None:
+                        entry.range_step = parse_quantity(policy.valid_range.step)
+            self.capacity[key] = entry
+        self.consumes: list[tuple[str, dict[str, Fraction]]] = [
+            (c.counter_set, {name: parse_quantity(counter.value).value for name, counter in c.counters.items()})
+            for c in (device.consumes_counters or [])
+        ]
+        self.taints = device.taints or None
+        self.binding_conditions = device.binding_conditions or None
+        self.binding_failure_conditions = device.binding_failure_conditions or None
+        self.binds_to_node = bool(device.binds_to_node)
+        self.allow_multiple = bool(device.allow_multiple_allocations)
+        pcie = attributes.get(PCIE_ROOT)
+        numa = attributes.get(NUMA_NODE)
+        self.pcie_root = pcie[1] if pcie else None
+        self.numa_node = numa[1] if numa else None
+        self.match_cache: dict[str, object] = {}
+        self._cel_device = None
+
+    def attribute(self, name: str) -> tuple[str, object] | None:
+        """Kubernetes' lookupAttribute for a fully-qualified name."""
+        return self.attributes.get(name)
+
+    def __repr__(self) -> str:
+        return f"DeviceRecord({device_id_text(self.id)})"
+
+
+@dataclass(slots=True)
+class SliceEntry:
+    slice: ResourceSlice
+    name: str
+    generation: int
+    slice_count: int
+    node_name: str | None
+    all_nodes: bool
+    node_selector: NodeSelector | None
+    per_device: bool
+    has_counters: bool
+    devices: list[DeviceRecord]
+    counter_sets: dict[str, dict[str, Fraction]]
+
+
+def _slice_entry(slice_: ResourceSlice) -> SliceEntry:
+    spec = slice_.spec
+    devices = [DeviceRecord(slice_, d) for d in (spec.devices or [])]
+    counter_sets = {
+        cs.name: {name: parse_quantity(c.value).value for name, c in cs.counters.items()}
+        for cs in (spec.shared_counters or [])
+    }
+    return SliceEntry(
+        slice=slice_,
+        name=slice_.metadata.name or "",
+        generation=spec.pool.generation,
+        slice_count=spec.pool.resource_slice_count,
+        node_name=spec.node_name or None,
+        all_nodes=bool(spec.all_nodes),
+        node_selector=spec.node_selector,
+        per_device=bool(spec.per_device_node_selection),
+        has_counters=bool(spec.shared_counters),
+        devices=devices,
+        counter_sets=counter_sets,
+    )
+
+
+@dataclass(slots=True)
+class Pool:
+    """A pool as seen from one node."""
+
+    id: PoolID
+    generation: int = 0
+    incomplete: bool = False
+    invalid_reason: str | None = None
+    # Devices from slices that target the node, in slice order (slices sorted by name).
+    devices: list[DeviceRecord] = field(default_factory=list)
+    counter_sets: dict[str, dict[str, Fraction]] = field(default_factory=dict)
+    # Every device of the pool's current generation that consumes counters, on this node or not:
+    # counters are shared across the pool, so devices allocated elsewhere use them up too.
+    counter_consumers: dict[str, list[tuple[str, dict[str, Fraction]]]] = field(default_factory=dict)
+
+    @property
+    def usable(self) -> bool:
+        return not self.incomplete and self.invalid_reason is None
+
+    def describe(self) -> str:
+        return f"{self.id[0]}/{self.id[1]}"
+
+
+def node_selector_matches(selector: NodeSelector, node: Node) -> bool:
+    from draplane.allocation.nodefit import term_matches
+
+    labels = (node.metadata.labels or {}) if node is not None else {}
+    name = (node.metadata.name or "") if node is not None else ""
+    return any(
+        term_matches(term, labels, name, where=f"nodeSelectorTerms[{i}]")
+        for i, term in enumerate(selector.node_selector_terms or [])
+    )
+
+
+def node_matches(node: Node | None, node_name: str | None, all_nodes: bool, selector: NodeSelector | None) -> bool:
+    """Kubernetes' NodeMatches: nodeName, then allNodes, then a node selector."""
+    if node_name:
+        return node is not None and node.metadata.name == node_name
+    if all_nodes:
+        return True
+    if selector is not None:
+        return node is not None and node_selector_matches(selector, node)
+    return False
+
+
+def _slice_targets_node(entry: SliceEntry, node: Node | None) -> bool:
+    if entry.has_counters:
+        return True  # counter sets are needed by every node that uses the pool
+    if entry.node_name or entry.all_nodes or entry.node_selector is not None:
+        return node_matches(node, entry.node_name, entry.all_nodes, entry.node_selector)
+    if entry.per_device:
+        return any(
+            node_matches(node, d.device.node_name, bool(d.device.all_nodes), d.device.node_selector)
+            for d in entry.devices
+        )
+    return False  # some future way of selecting nodes: not ours to guess
+
+
+class Inventory:
+    """All ResourceSlices, indexed by pool and by node, with per-node versions for caching."""
+
+    def __init__(self, slices: Iterable[ResourceSlice] = ()):
+        self._slices: dict[str, SliceEntry] = {}
+        self._pools: dict[PoolID, dict[str, SliceEntry]] = {}
+        self._pools_by_node: dict[str, set[PoolID]] = {}
+        # Pools with at least one slice not bound to one node by nodeName: visible to many nodes.
+        self._shared_pools: dict[PoolID, int] = {}
+        self.version = 0  # bumped when something visible to more than one node changes
+        self._node_versions: dict[str, int] = {}
+        self._pool_cache: dict[str, tuple[tuple, Node, list[Pool]]] = {}
+        for s in slices:
+            self.apply_slice(s)
+
+    # --- updates --------------------------------------------------------------------------------
+
+    def apply_slice(self, slice_: ResourceSlice) -> None:
+        """Add or replace one slice (by name)."""
+        name = slice_.metadata.name
+        if not name:
+            raise ValueError("ResourceSlice without metadata.name cannot be indexed")
+        if name in self._slices:
+            self._remove(name)
+        entry = _slice_entry(slice_)
+        self._slices[name] = entry
+        pool_id = (slice_.spec.driver, slice_.spec.pool.name)
+        self._pools.setdefault(pool_id, {})[name] = entry
+        self._index_add(pool_id, entry)
+        self._touch(pool_id, entry)
+
+    def remove_slice(self, name: str) -> None:
+        if name in self._slices:
+            self._remove(name)
+
+    def replace_pool(self, driver: str, pool: str, slices: Iterable[ResourceSlice]) -> None:
+        """Replace every slice of one pool (what a driver publishes for a node) in one step."""
+        for name in list(self._pools.get((driver, pool), {})):
+            self._remove(name)
+        for s in slices:
+            self.apply_slice(s)
+
+    def _remove(self, name: str) -> None:
+        entry = self._slices.pop(name)
+        pool_id = (entry.slice.spec.driver, entry.slice.spec.pool.name)
+        pool_slices = self._pools[pool_id]
+        del pool_slices[name]
+        if not pool_slices:
+            del self._pools[pool_id]
+        self._touch(pool_id, entry)
+        self._reindex(pool_id)
+
+    def _index_add(self, pool_id: PoolID, entry: SliceEntry) -> None:
+        if entry.node_name and not entry.has_counters:
+            self._pools_by_node.setdefault(entry.node_name, set()).add(pool_id)
+        else:
+            self._shared_pools[pool_id] = self._shared_pools.get(pool_id, 0) + 1
+
+    def _reindex(self, pool_id: PoolID) -> None:
+        self._shared_pools.pop(pool_id, None)
+        for pools in self._pools_by_node.values():
+            pools.discard(pool_id)
+        for entry in self._pools.get(pool_id, {}).values():
+            self._index_add(pool_id, entry)
+
+    def _touch(self, pool_id: PoolID, entry: SliceEntry) -> None:
+        if entry.node_name and not entry.has_counters and pool_id not in self._shared_pools:
+            self._node_versions[entry.node_name] = self._node_versions.get(entry.node_name, 0) + 1
+        else:
+            self.version += 1
+
+    # --- queries --------------------------------------------------------------------------------
+
+    def slices(self) -> list[ResourceSlice]:
+        return [e.slice for e in self._slices.values()]
+
+    def node_names(self) -> set[str]:
+        return {n for n, pools in self._pools_by_node.items() if pools}
+
+    def node_version(self, node_name: str) -> tuple[int, int]:
+        """Changes whenever the pools visible to this node may have changed."""
+        return (self.version, self._node_versions.get(node_name, 0))
+
+    def nodes_of_pool(self, pool_id: PoolID) -> set[str]:
+        return {e.node_name for e in self._pools.get(pool_id, {}).values() if e.node_name}
+
+    def pool_is_node_local(self, pool_id: PoolID) -> bool:
+        return pool_id not in self._shared_pools
+
+    def pools_for_node(self, node: Node) -> list[Pool]:
+        """The pools usable from `node`, sorted by (driver, pool) so the search order is stable."""
+        name = node.metadata.name or ""
+        key = self.node_version(name)
+        cached = self._pool_cache.get(name)
+        if cached is not None and cached[0] == key and cached[1] is node:
+            return cached[2]
+        candidates = set(self._pools_by_node.get(name, ())) | set(self._shared_pools)
+        pools = []
+        for pool_id in sorted(candidates):
+            pool = self._gather_pool(pool_id, node)
+            if pool is not None:
+                pools.append(pool)
+        self._pool_cache[name] = (key, node, pools)
+        return pools
+
+    def _gather_pool(self, pool_id: PoolID, node: Node) -> Pool | None:
+        all_entries = sorted(self._pools.get(pool_id, {}).values(), key=lambda e: e.name)
+        relevant = [e for e in all_entries if _slice_targets_node(e, node)]
+        if not relevant:
+            return None
+        generation = max(e.generation for e in relevant)
+        current = [e for e in relevant if e.generation == generation]
+        expected = current[0].slice_count
+        complete = len(current) == expected
+        every = current
+        if not complete:
+            # Slices filtered out for this node may belong to a newer generation (then this one is
+            # obsolete and ignored) or complete the pool.
+            if any(e.generation > generation for e in all_entries):
+                return None
+            every = [e for e in all_entries if e.generation == generation]
+            complete = len(every) == expected
+        pool = Pool(id=pool_id, generation=generation)
+        if not complete:
+            pool.incomplete = True
+            return pool
+        device_entries = [e for e in current if not e.has_counters]
+        seen: set[str] = set()
+        for e in device_entries:
+            for d in e.devices:
+                if d.name in seen:
+                    pool.invalid_reason = f"duplicate device name {d.name}"
+                    return pool
+                seen.add(d.name)
+        for e in current:
+            if e.has_counters:
+                for set_name, counters in e.counter_sets.items():
+                    if set_name in pool.counter_sets:
+                        pool.invalid_reason = f"duplicate counter set name {set_name}"
+                        return pool
+                    pool.counter_sets[set_name] = counters
+        for e in every:
+            for d in e.devices:
+                for set_name, counters in d.consumes:
+                    known = pool.counter_sets.get(set_name)
+                    if known is None:
+                        pool.invalid_reason = f"counter set {set_name} not found"
+                        return pool
+                    for counter in counters:
+                        if counter not in known:
+                            pool.invalid_reason = f"counter {counter} not found in counter set {set_name}"
+                            return pool
+                if d.consumes:
+                    pool.counter_consumers[d.name] = d.consumes
+        for e in device_entries:
+            if e.per_device:
+                pool.devices.extend(
+                    d for d in e.devices
+                    if node_matches(node, d.device.node_name, bool(d.device.all_nodes), d.device.node_selector)
+                )
+            else:
+                pool.devices.extend(e.devices)
+        return pool

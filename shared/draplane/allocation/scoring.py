@@ -1,0 +1,174 @@
+"""Scoring policies: which of the valid placements to take.
+
+A policy does two things, neither of which can change whether claims fit:
+- `order_candidates` returns a permutation of one request's candidate devices on a node. The search is
+  exhaustive over combinations, so any order finds a solution when one exists; the order decides
+  which one is found first.
+- `score_placement` scores a complete, valid placement on a node; across nodes the lowest wins
+  (ties: node name order).
+
+`first-fit` is Kubernetes: candidates in pool/slice/device order, every node scores the same.
+`draplane` (the default) prefers tight topology and low fragmentation; see `DraplanePolicy`.
+New policies (the trace-tuned fragmentation policy) subclass `ScoringPolicy` and call
+`register_policy`.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from draplane.allocation.allocator import Candidate, NodePlacement, NodeView, RequestPlan
+
+
+class ScoringPolicy:
+    name = "base"
+
+    def order_candidates(self, request: "RequestPlan", candidates: list["Candidate"], view: "NodeView") -> list["Candidate"]:
+        return candidates
+
+    def score_placement(self, placement: "NodePlacement", view: "NodeView") -> float:
+        return 0.0
+
+
+class FirstFitPolicy(ScoringPolicy):
+    """Kubernetes' choice: the first valid placement in device order, on the first node that fits."""
+
+    name = "first-fit"
+
+
+def _group_rank(free: int, needed: int) -> tuple[int, int]:
+    # Groups that can hold the whole request come first, the tightest of them first (best fit keeps
+    # larger groups whole for larger requests); then the largest partial groups.
+    return (0, free) if free >= needed else (1, -free)
+
+
+class DraplanePolicy(ScoringPolicy):
+    """Topology first, then fragmentation.
+
+    Device order on a node:
+    1. a multi-allocatable device that already has shares before one that has none, and a partition
+       of a GPU that is already partitioned before one of an untouched GPU (shared GPUs fill before
+       new ones are split);
+    2. devices of the PCIe root that fits the request most tightly (all of one claim's devices under
+       one root when possible), then of the tightest NUMA node;
+    3. Kubernetes' order.
+
+    Node score (lower is better): 10 per extra PCIe root a claim spans, 5 per extra NUMA node, 1 per
+    newly split shared/partitioned device, plus the fraction of the node's devices left whole and free
+    (prefer filling busy nodes, so that whole nodes stay free for large requests).
+    """
+
+    name = "draplane"
+    TOPOLOGY_WEIGHT = 10.0
+    NUMA_WEIGHT = 5.0
+    SPLIT_WEIGHT = 1.0
+
+    def order_candidates(self, request, candidates, view):
+        if len(candidates) <= 1:
+            return candidates
+        in_use = view.state.in_use
+        free = []
+        busy = []
+        for c in candidates:
+            # Devices in use stay out of the way at the end: the search skips them anyway.
+            (busy if not c.record.allow_multiple and in_use(c.record.id) else free).append(c)
+        if len(free) <= 1:
+            return free + busy
+        needed = max(request.count, 1)
+        root_free: dict[object, int] = {}
+        numa_free: dict[object, int] = {}
+        splittable = False
+        for c in free:
+            r = c.record
+            root_free[r.pcie_root] = root_free.get(r.pcie_root, 0) + 1
+            numa_free[r.numa_node] = numa_free.get(r.numa_node, 0) + 1
+            splittable = splittable or r.allow_multiple or bool(r.consumes)
+        root_rank = {g: (_group_rank(n, needed) if g is not None else (2, 0)) + (str(g),) for g, n in root_free.items()}
+        numa_rank = {g: (_group_rank(n, needed) if g is not None else (2, 0)) + (str(g),) for g, n in numa_free.items()}
+        if splittable:
+            shared_capacity = view.state.shared_capacity
+            touched_sets = self._touched_counter_sets(view)
+
+            def split(r) -> int:
+                if r.allow_multiple and shared_capacity(r.id) is None:
+                    return 1
+                if r.consumes and not any((r.driver, r.pool, s) in touched_sets for s, _ in r.consumes):
+                    return 1
+                return 0
+        else:
+            def split(r) -> int:
+                return 0
+
+        keyed = [
+            (split(c.record), root_rank[c.record.pcie_root], numa_rank[c.record.numa_node], i, c)
+            for i, c in enumerate(free)
+        ]
+        keyed.sort(key=lambda k: k[:4])
+        return [k[4] for k in keyed] + busy
+
+    @staticmethod
+    def _touched_counter_sets(view) -> set[tuple[str, str, str]]:
+        touched = set()
+        for pool in view.pools:
+            if not pool.counter_consumers:
+                continue
+            for device_name, consumes in pool.counter_consumers.items():
+                if view.state.is_allocated((pool.id[0], pool.id[1], device_name)):
+                    for set_name, _ in consumes:
+                        touched.add((pool.id[0], pool.id[1], set_name))
+        return touched
+
+    def score_placement(self, placement, view):
+        state = view.state
+        penalty = 0.0
+        chosen_ids = set()
+        touched_sets = None
+        for chosen in placement.chosen:
+            roots = {c.record.pcie_root for c in chosen if c.record.pcie_root is not None}
+            numas = {c.record.numa_node for c in chosen if c.record.numa_node is not None}
+            penalty += self.TOPOLOGY_WEIGHT * max(len(roots) - 1, 0) + self.NUMA_WEIGHT * max(len(numas) - 1, 0)
+            for c in chosen:
+                r = c.record
+                chosen_ids.add(r.id)
+                if r.allow_multiple and state.shared_capacity(r.id) is None:
+                    penalty += self.SPLIT_WEIGHT
+                if r.consumes:
+                    if touched_sets is None:
+                        touched_sets = self._touched_counter_sets(view)
+                    if not any((r.driver, r.pool, s) in touched_sets for s, _ in r.consumes):
+                        penalty += self.SPLIT_WEIGHT
+        total = 0
+        whole_free = 0
+        for pool in view.pools:
+            if not pool.usable:
+                continue
+            for r in pool.devices:
+                total += 1
+                if r.id in chosen_ids or state.is_allocated(r.id):
+                    continue
+                whole_free += 1
+        return penalty + (whole_free / total if total else 0.0)
+
+
+FIRST_FIT = FirstFitPolicy()
+DRAPLANE = DraplanePolicy()
+DEFAULT_POLICY = "draplane"
+
+_POLICIES: dict[str, ScoringPolicy] = {FIRST_FIT.name: FIRST_FIT, DRAPLANE.name: DRAPLANE}
+
+
+def register_policy(policy: ScoringPolicy) -> None:
+    _POLICIES[policy.name] = policy
+
+
+def get_policy(name: str | None = None) -> ScoringPolicy:
+    name = name or DEFAULT_POLICY
+    try:
+        return _POLICIES[name]
+    except KeyError:
+        raise KeyError(f"unknown scoring policy {name!r} (known: {', '.join(sorted(_POLICIES))})") from None
+
+
+def policy_names() -> list[str]:
+    return sorted(_POLICIES)
