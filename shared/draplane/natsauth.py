@@ -1,0 +1,144 @@
+"""NATS accounts and users for draplane: nkey credentials, and the nats-server auth config.
+
+Every draplane process authenticates to NATS with its own nkey (an Ed25519 key pair): the server
+config holds only public keys, and a private seed never leaves the process, or the node, that
+uses it. The four services share one account (DRAPLANE). Node agents are confined: the agent of
+node N may publish only N's snapshot and heartbeat subjects and read only its own inbox, so a
+compromised node can neither forge another node's inventory nor read anyone's traffic.
+
+The subjects come from `draplane.messages.inventory.InventoryNames`, the one definition of the
+inventory contract; the text comes from the templates in deploy/nats/ (`auth.conf.tmpl`,
+`node-agent-user.conf.tmpl`). Rendering is pure; generating keys uses the OS's random source.
+"""
+
+from __future__ import annotations
+
+import base64
+import binascii
+import dataclasses
+import os
+import re
+import string
+from collections.abc import Mapping
+
+import nkeys
+
+from draplane.messages.inventory import InventoryNames
+
+SERVICES = ("inventory", "allocator", "binder")
+
+# Kubernetes node names are lowercase RFC 1123 subdomains. They may contain dots, which NATS
+# reads as token separators: InventoryNames puts the node last in the subject for that reason.
+_NODE_NAME = re.compile(r"[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*")
+
+
+class AuthConfigError(ValueError):
+    """A key, node name or template that cannot make a valid config. The message names it."""
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class UserKey:
+    """A NATS user nkey. `seed` is the secret; `public_key` goes into the server config."""
+
+    seed: bytes
+    public_key: str
+
+    def __repr__(self) -> str:  # never print a seed by accident
+        return f"UserKey(public_key={self.public_key!r})"
+
+
+def new_user_key() -> UserKey:
+    seed = nkeys.encode_seed(os.urandom(32), nkeys.PREFIX_BYTE_USER)
+    return UserKey(seed=seed, public_key=nkeys.from_seed(bytearray(seed)).public_key.decode())
+
+
+def user_key_from_seed(seed: bytes | str, what: str) -> UserKey:
+    raw = seed.strip().encode() if isinstance(seed, str) else seed.strip()
+    try:
+        pair = nkeys.from_seed(bytearray(raw))
+    except (nkeys.NkeysError, ValueError) as exc:
+        raise AuthConfigError(f"{what}: not an nkey seed ({exc.__class__.__name__})") from None
+    public = pair.public_key.decode()
+    if not public.startswith("U"):
+        raise AuthConfigError(f"{what}: the seed is not a user key (public key starts with {public[:1]!r}, not 'U')")
+    return UserKey(seed=bytes(raw), public_key=public)
+
+
+def check_user_public_key(public_key: str, what: str) -> str:
+    """The key, if it is a well-formed NATS user public key (checksum included)."""
+    if not isinstance(public_key, str) or not public_key.startswith("U") or len(public_key) != 56:
+        raise AuthConfigError(f"{what}: {public_key!r} is not a NATS user public key (56 characters starting with 'U')")
+    try:
+        raw = base64.b32decode(public_key)
+    except (binascii.Error, ValueError):
+        raise AuthConfigError(f"{what}: {public_key!r} is not base32, so not an nkey") from None
+    body, checksum = raw[:-2], raw[-2:]
+    if body[0] != nkeys.PREFIX_BYTE_USER or len(body) != 33 or nkeys.crc16_checksum(body) != checksum:
+        raise AuthConfigError(f"{what}: {public_key!r} fails the nkey checksum (mistyped or truncated?)")
+    return public_key
+
+
+def check_node_name(node: str) -> str:
+    if not isinstance(node, str) or len(node) > 253 or not _NODE_NAME.fullmatch(node):
+        raise AuthConfigError(
+            f"node name {node!r} is not a Kubernetes node name (a lowercase RFC 1123 subdomain, at most 253 characters)"
+        )
+    return node
+
+
+def _substitute(template: str, values: Mapping[str, str], what: str) -> str:
+    try:
+        return string.Template(template).substitute(values)
+    except KeyError as exc:
+        raise AuthConfigError(f"{what}: the template uses ${{{exc.args[0]}}}, which is not one of {sorted(values)}") from None
+    except ValueError as exc:
+        raise AuthConfigError(f"{what}: malformed template: {exc}") from None
+
+
+def render_node_agent_user(template: str, node: str, public_key: str, names: InventoryNames) -> str:
+    check_node_name(node)
+    check_user_public_key(public_key, f"node {node}")
+    values = {
+        "node": node,
+        "nkey": public_key,
+        "snapshot_subject": names.snapshot_subject(node),
+        "heartbeat_subject": names.heartbeat_subject(node),
+        "inbox_prefix": names.agent_inbox_prefix(node),
+    }
+    return _substitute(template, values, "node-agent-user.conf.tmpl")
+
+
+def render_auth_config(
+    auth_template: str,
+    node_user_template: str,
+    *,
+    service_keys: Mapping[str, str],
+    system_key: str,
+    node_keys: Mapping[str, str],
+    names: InventoryNames = InventoryNames(),
+) -> str:
+    """The nats-server `accounts` config: the services' users, and one confined user per node.
+
+    `service_keys` maps each of SERVICES to its public key, `node_keys` node name to public key.
+    """
+    missing = [s for s in SERVICES if s not in service_keys]
+    if missing:
+        raise AuthConfigError(f"no public key for the services {missing}")
+    unknown = sorted(set(service_keys) - set(SERVICES))
+    if unknown:
+        raise AuthConfigError(f"public keys given for unknown services {unknown}; services are {list(SERVICES)}")
+    every_key: dict[str, str] = {}
+    for owner, key in [*((f"service {s}", k) for s, k in service_keys.items()), ("system account", system_key),
+                       *((f"node {n}", k) for n, k in node_keys.items())]:
+        check_user_public_key(key, owner)
+        if key in every_key:
+            # One key for two users would give one of them the other's permissions.
+            raise AuthConfigError(f"{owner} and {every_key[key]} share the public key {key}; each needs its own")
+        every_key[key] = owner
+    node_users = "\n".join(
+        render_node_agent_user(node_user_template, node, node_keys[node], names) for node in sorted(node_keys)
+    )
+    values = {f"{service}_nkey": service_keys[service] for service in SERVICES}
+    values["system_nkey"] = system_key
+    values["node_agent_users"] = node_users.rstrip("\n")
+    return _substitute(auth_template, values, "auth.conf.tmpl")
