@@ -1,0 +1,193 @@
+"""`draplane allocate`: the allocator on YAML/JSON files, offline.
+
+Reads DeviceClass, ResourceSlice, ResourceClaim and Node objects. Claims with `status.allocation`
+are in use; the others are pending and are allocated together, all-or-nothing, on --node or on the
+best node per the scoring policy. Prints the pending claims with `status.allocation` as
+kube-scheduler would write it.
+
+Exit 0: allocated. Exit 1: cannot be allocated (why, per node, on stderr). Exit 2: invalid input or
+an evaluation error (one line on stderr naming the object and the field). Never a traceback.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from pathlib import Path
+from typing import Any
+
+import msgspec
+import yaml
+
+EXIT_ALLOCATED = 0
+EXIT_UNALLOCATABLE = 1
+EXIT_INVALID = 2
+
+INPUT_KINDS = ("DeviceClass", "ResourceSlice", "ResourceClaim", "Node")
+# Read and checked, but not needed to allocate: a directory of manifests usually holds them too.
+IGNORED_KINDS = ("Pod", "ResourceClaimTemplate")
+
+
+class InputError(Exception):
+    """Invalid input: the message is the one line the user sees."""
+
+
+def register(subparsers: argparse._SubParsersAction) -> None:
+    from draplane.allocation.scoring import DEFAULT_POLICY, policy_names
+
+    parser = subparsers.add_parser(
+        "allocate",
+        help="allocate pending ResourceClaims against ResourceSlices, offline",
+        description=__doc__.split("\n\n")[1],
+    )
+    parser.add_argument("files", nargs="+", metavar="FILE", help="YAML or JSON files (multi-document, List accepted)")
+    parser.add_argument("--node", help="allocate on this node only (default: the best node)")
+    parser.add_argument(
+        "--policy", default=DEFAULT_POLICY, choices=policy_names(),
+        help=f"scoring policy among valid placements (default: {DEFAULT_POLICY})",
+    )
+    parser.add_argument("-o", "--output", choices=("yaml", "json"), default="yaml", help="output format (default: yaml)")
+    parser.set_defaults(handler=run)
+
+
+def run(args: argparse.Namespace) -> int:
+    try:
+        return _run(args)
+    except InputError as exc:
+        _error(str(exc))
+        return EXIT_INVALID
+    except Exception as exc:  # a bug must still not print a traceback at the user
+        _error(f"internal error: {type(exc).__name__}: {exc}".replace("\n", " "))
+        return EXIT_INVALID
+
+
+def _error(message: str) -> None:
+    print(f"error: {message}", file=sys.stderr)
+
+
+def _run(args: argparse.Namespace) -> int:
+    from draplane.allocation import AllocationError, Cluster, NodeFailure, NodePlacement, get_policy
+
+    objects = load_inputs(args.files)
+    classes = [o for o in objects if o.kind == "DeviceClass"]
+    slices = [o for o in objects if o.kind == "ResourceSlice"]
+    nodes = [o for o in objects if o.kind == "Node"]
+    claims = [o for o in objects if o.kind == "ResourceClaim"]
+    pending = [c for c in claims if not (c.status and c.status.allocation)]
+    in_use = [c for c in claims if c.status and c.status.allocation]
+    if not pending:
+        raise InputError("no pending ResourceClaim in the input (every claim already has status.allocation)")
+
+    cluster = Cluster(slices=slices, classes=classes, nodes=nodes, policy=get_policy(args.policy))
+    cluster.ensure_nodes_from_slices()
+    for claim in in_use:
+        cluster.add_allocated_claim(claim)
+
+    try:
+        if args.node:
+            if args.node not in cluster.nodes and args.node not in cluster.inventory.node_names():
+                known = ", ".join(sorted(cluster.nodes)) or "none"
+                raise InputError(f"--node {args.node}: no Node object or ResourceSlice names this node (known: {known})")
+            outcome = cluster.allocate_on_node(pending, args.node)
+        else:
+            outcome = cluster.allocate(pending, explain=True)
+    except AllocationError as exc:
+        if exc.fatal:
+            raise InputError(exc.message) from None
+        _error(f"cannot allocate: {exc.message}")
+        return EXIT_UNALLOCATABLE
+
+    if not isinstance(outcome, NodePlacement):
+        names = ", ".join(_name(c) for c in pending)
+        if isinstance(outcome, NodeFailure):
+            _error(f"cannot allocate {names} on node {outcome.node}: {outcome.message}")
+        else:
+            _error(f"cannot allocate {names}: {outcome.message}")
+            for failure in outcome.failures:
+                print(f"  node {failure.node}: {failure.message}", file=sys.stderr)
+        return EXIT_UNALLOCATABLE
+
+    from draplane.api.resource import ResourceClaimStatus
+
+    out = []
+    for claim, allocation in zip(pending, outcome.allocations):
+        status = claim.status or ResourceClaimStatus()
+        status.allocation = allocation
+        claim.status = status
+        out.append(msgspec.to_builtins(claim))
+    document: Any = out[0] if len(out) == 1 else {"apiVersion": "v1", "kind": "List", "items": out}
+    if args.output == "json":
+        print(json.dumps(document, indent=2))
+    else:
+        print(yaml.safe_dump(document, sort_keys=False), end="")
+    print(f"allocated {len(out)} claim(s) on node {outcome.node} (policy {args.policy})", file=sys.stderr)
+    return EXIT_ALLOCATED
+
+
+def _name(obj) -> str:
+    meta = obj.metadata
+    return f"{obj.kind} {meta.namespace + '/' if meta.namespace else ''}{meta.name}"
+
+
+def load_inputs(paths: list[str]) -> list[msgspec.Struct]:
+    """Decode, validate like the apiserver, and reject duplicates. Raises InputError (one line)."""
+    from draplane.api.codec import DecodeError, decode_object, iter_documents
+
+    try:
+        from draplane.validation import validate_object
+    except ImportError:  # pragma: no cover - validation ships with draplane
+        validate_object = None
+
+    objects = []
+    seen: dict[tuple[str, str, str], str] = {}
+    for path in paths:
+        try:
+            text = Path(path).read_text()
+        except OSError as exc:
+            raise InputError(f"{path}: cannot read: {exc.strerror}") from None
+        try:
+            documents = list(iter_documents(text, source=path))
+        except DecodeError as exc:
+            raise InputError(str(exc)) from None
+        if not documents:
+            raise InputError(f"{path}: no Kubernetes objects in the file")
+        for where, raw in documents:
+            if not isinstance(raw, dict) or not raw.get("kind") or not raw.get("apiVersion"):
+                raise InputError(
+                    f"{where}not a Kubernetes object: a document needs apiVersion and kind "
+                    f"(draplane allocate reads {', '.join(INPUT_KINDS)})"
+                )
+            if raw.get("kind") not in INPUT_KINDS + IGNORED_KINDS:
+                raise InputError(
+                    f"{where}{raw.get('kind')} {_raw_name(raw)}: kind {raw.get('kind')!r} is not an input of "
+                    f"draplane allocate (it reads {', '.join(INPUT_KINDS)})"
+                )
+            if validate_object is not None:
+                problems = validate_object(raw, source=path)
+                if problems:
+                    first = problems[0]
+                    more = f" (and {len(problems) - 1} more problem(s); run draplane lint {path})" if len(problems) > 1 else ""
+                    fix = f"; fix: {first.fix.splitlines()[0]}" if first.fix else ""
+                    raise InputError(f"{where}{first}{fix}{more}".replace("\n", " "))
+            try:
+                obj = decode_object(raw, where=where)
+            except DecodeError as exc:
+                raise InputError(str(exc)) from None
+            meta = obj.metadata
+            if not meta.name:
+                raise InputError(f"{where}{raw.get('kind')}: field metadata.name is required")
+            key = (obj.kind, meta.namespace or "", meta.name)
+            if key in seen:
+                raise InputError(
+                    f"{where}{_name(obj)}: field metadata.name: duplicate name, already defined at {seen[key].rstrip(': ')}"
+                )
+            seen[key] = where
+            if obj.kind in INPUT_KINDS:
+                objects.append(obj)
+    return objects
+
+
+def _raw_name(raw: dict) -> str:
+    meta = raw.get("metadata") if isinstance(raw.get("metadata"), dict) else {}
+    return str(meta.get("name") or "<unnamed>")

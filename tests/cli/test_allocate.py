@@ -1,0 +1,267 @@
+"""`draplane allocate`: exit codes, output as kube-scheduler writes it, and one-line errors."""
+
+from __future__ import annotations
+
+import json
+import textwrap
+from pathlib import Path
+
+import pytest
+import yaml
+
+from draplane.cli import main
+
+SEED = Path("/work/shared/examples/seed-vllm")
+if not SEED.exists():
+    SEED = Path(__file__).resolve().parents[3] / "shared" / "examples" / "seed-vllm"
+
+GPU_CLASS = """
+apiVersion: resource.k8s.io/v1
+kind: DeviceClass
+metadata:
+  name: high-memory-gpu
+spec:
+  selectors:
+  - cel:
+      expression: device.capacity["gpu.nvidia.com"].memory.isGreaterThan(quantity("40Gi"))
+"""
+
+SLICES = """
+apiVersion: resource.k8s.io/v1
+kind: ResourceSlice
+metadata:
+  name: node-a-gpu
+spec:
+  driver: gpu.nvidia.com
+  nodeName: node-a
+  pool: {name: node-a, generation: 1, resourceSliceCount: 1}
+  devices:
+  - name: gpu-0
+    attributes:
+      productName: {string: NVIDIA L4}
+      resource.kubernetes.io/pcieRoot: {string: pci0000:00}
+    capacity:
+      memory: {value: 24Gi}
+  - name: gpu-1
+    attributes:
+      productName: {string: NVIDIA H100}
+      resource.kubernetes.io/pcieRoot: {string: pci0000:01}
+    capacity:
+      memory: {value: 80Gi}
+---
+apiVersion: resource.k8s.io/v1
+kind: ResourceSlice
+metadata:
+  name: node-b-gpu
+spec:
+  driver: gpu.nvidia.com
+  nodeName: node-b
+  pool: {name: node-b, generation: 1, resourceSliceCount: 1}
+  devices:
+  - name: gpu-0
+    attributes:
+      productName: {string: NVIDIA A100}
+    capacity:
+      memory: {value: 40Gi}
+"""
+
+CLAIM = """
+apiVersion: resource.k8s.io/v1
+kind: ResourceClaim
+metadata:
+  name: vllm-gpu-claim
+  namespace: default
+spec:
+  devices:
+    requests:
+    - name: gpu
+      exactly:
+        deviceClassName: high-memory-gpu
+        count: 1
+"""
+
+
+def write(tmp_path: Path, name: str, text: str) -> str:
+    path = tmp_path / name
+    path.write_text(textwrap.dedent(text))
+    return str(path)
+
+
+def run(capsys, *args: str) -> tuple[int, str, str]:
+    code = main(["allocate", *args])
+    out, err = capsys.readouterr()
+    assert "Traceback" not in err
+    return code, out, err
+
+
+def inputs(tmp_path: Path, claim: str = CLAIM, cls: str = GPU_CLASS, slices: str = SLICES) -> list[str]:
+    return [write(tmp_path, "class.yaml", cls), write(tmp_path, "slices.yaml", slices), write(tmp_path, "claim.yaml", claim)]
+
+
+def test_allocates_the_corrected_seed_claim(tmp_path, capsys):
+    code, out, err = run(capsys, *inputs(tmp_path))
+    assert code == 0, err
+    claim = yaml.safe_load(out)
+    assert claim["kind"] == "ResourceClaim" and claim["metadata"]["name"] == "vllm-gpu-claim"
+    allocation = claim["status"]["allocation"]
+    assert allocation["devices"]["results"] == [
+        {"request": "gpu", "driver": "gpu.nvidia.com", "pool": "node-a", "device": "gpu-1"}
+    ]
+    assert allocation["nodeSelector"] == {
+        "nodeSelectorTerms": [{"matchFields": [{"key": "metadata.name", "operator": "In", "values": ["node-a"]}]}]
+    }
+
+
+def test_json_output_and_node_flag(tmp_path, capsys):
+    code, out, err = run(capsys, "-o", "json", "--node", "node-b", *inputs(tmp_path))
+    assert code == 1  # node-b's 40Gi GPU is not greater than 40Gi
+    assert "node-b" in err and "high-memory-gpu" in err
+    code, out, _ = run(capsys, "-o", "json", "--node", "node-a", "--policy", "first-fit", *inputs(tmp_path))
+    assert code == 0
+    assert json.loads(out)["status"]["allocation"]["devices"]["results"][0]["device"] == "gpu-1"
+
+
+def test_allocated_claims_are_in_use(tmp_path, capsys):
+    taken = CLAIM.replace("vllm-gpu-claim", "other") + textwrap.dedent("""
+    status:
+      allocation:
+        devices:
+          results:
+          - {request: gpu, driver: gpu.nvidia.com, pool: node-a, device: gpu-1}
+    """)
+    files = inputs(tmp_path) + [write(tmp_path, "taken.yaml", taken)]
+    code, out, err = run(capsys, *files)
+    assert code == 1
+    assert "cannot allocate ResourceClaim default/vllm-gpu-claim" in err
+    assert "node node-a:" in err and "node node-b:" in err
+
+
+def test_pending_claims_all_or_nothing(tmp_path, capsys):
+    second = CLAIM.replace("vllm-gpu-claim", "second")
+    files = inputs(tmp_path) + [write(tmp_path, "second.yaml", second)]
+    code, _, err = run(capsys, *files)
+    assert code == 1, "two claims need two >40Gi GPUs on one node; only one exists"
+    cheap = CLAIM.replace("vllm-gpu-claim", "second").replace("high-memory-gpu", "any-gpu")
+    any_class = GPU_CLASS.replace("high-memory-gpu", "any-gpu").replace(
+        'device.capacity["gpu.nvidia.com"].memory.isGreaterThan(quantity("40Gi"))', 'device.driver == "gpu.nvidia.com"')
+    files = inputs(tmp_path) + [write(tmp_path, "second.yaml", cheap), write(tmp_path, "any.yaml", any_class)]
+    code, out, err = run(capsys, *files)
+    assert code == 0, err
+    doc = yaml.safe_load(out)
+    assert doc["kind"] == "List" and [i["metadata"]["name"] for i in doc["items"]] == ["vllm-gpu-claim", "second"]
+    devices = [i["status"]["allocation"]["devices"]["results"][0]["device"] for i in doc["items"]]
+    assert sorted(devices) == ["gpu-0", "gpu-1"]
+
+
+def one_line(err: str) -> str:
+    lines = [line for line in err.splitlines() if line.strip()]
+    assert len(lines) == 1, err
+    return lines[0]
+
+
+def test_unknown_class(tmp_path, capsys):
+    code, _, err = run(capsys, *inputs(tmp_path, claim=CLAIM.replace("high-memory-gpu", "no-such-class")))
+    assert code == 2
+    line = one_line(err)
+    assert "vllm-gpu-claim" in line and "deviceClassName" in line and "no-such-class" in line
+
+
+def test_cel_syntax_error(tmp_path, capsys):
+    bad = GPU_CLASS.replace('device.capacity["gpu.nvidia.com"].memory.isGreaterThan(quantity("40Gi"))', "device.driver ==")
+    code, _, err = run(capsys, *inputs(tmp_path, cls=bad))
+    assert code == 2
+    line = one_line(err)
+    assert "high-memory-gpu" in line and "spec.selectors[0].cel.expression" in line
+
+
+def test_cel_type_error_of_the_seed(tmp_path, capsys):
+    files = [str(SEED / "deviceclass.yaml"), write(tmp_path, "slices.yaml", SLICES), write(tmp_path, "claim.yaml", CLAIM)]
+    code, _, err = run(capsys, *files)
+    assert code == 2
+    line = one_line(err)
+    assert "high-memory-gpu" in line and "spec.selectors[0].cel.expression" in line
+
+
+def test_seed_claim_v1beta1_shape(tmp_path, capsys):
+    files = [write(tmp_path, "class.yaml", GPU_CLASS), write(tmp_path, "slices.yaml", SLICES), str(SEED / "resourceclaim.yaml")]
+    code, _, err = run(capsys, *files)
+    assert code == 2
+    line = one_line(err)
+    assert "vllm-gpu-claim" in line and "exactly" in line
+
+
+def test_runtime_error_on_some_devices(tmp_path, capsys):
+    # node-b's GPU has no productName... give one device a missing attribute instead
+    slices = SLICES.replace("      productName: {string: NVIDIA A100}\n", "      model: {string: A100}\n")
+    cls = GPU_CLASS.replace('device.capacity["gpu.nvidia.com"].memory.isGreaterThan(quantity("40Gi"))',
+                            'device.attributes["gpu.nvidia.com"].productName.startsWith("NVIDIA H")')
+    code, _, err = run(capsys, *inputs(tmp_path, cls=cls, slices=slices))
+    assert code == 2
+    line = one_line(err)
+    assert "CEL runtime error" in line and "gpu.nvidia.com/node-b/gpu-0" in line and "high-memory-gpu" in line
+
+
+def test_oversize_slice(tmp_path, capsys):
+    devices = "\n".join(f"  - name: d{i}" for i in range(129))
+    big = textwrap.dedent("""
+    apiVersion: resource.k8s.io/v1
+    kind: ResourceSlice
+    metadata:
+      name: big
+    spec:
+      driver: gpu.nvidia.com
+      nodeName: node-a
+      pool: {name: big, generation: 1, resourceSliceCount: 1}
+      devices:
+    """) + devices + "\n"
+    code, _, err = run(capsys, *inputs(tmp_path, slices=big))
+    assert code == 2
+    line = one_line(err)
+    assert "big" in line and "spec.devices" in line
+
+
+def test_oversize_claim(tmp_path, capsys):
+    requests = "".join(f"    - name: r{i}\n      exactly: {{deviceClassName: high-memory-gpu}}\n" for i in range(33))
+    claim = "apiVersion: resource.k8s.io/v1\nkind: ResourceClaim\nmetadata: {name: big, namespace: default}\n" \
+            "spec:\n  devices:\n    requests:\n" + requests
+    code, _, err = run(capsys, *inputs(tmp_path, claim=claim))
+    assert code == 2
+    line = one_line(err)
+    assert "big" in line and "spec.devices.requests" in line
+
+
+def test_duplicate_names(tmp_path, capsys):
+    files = inputs(tmp_path) + [write(tmp_path, "again.yaml", CLAIM)]
+    code, _, err = run(capsys, *files)
+    assert code == 2
+    line = one_line(err)
+    assert "vllm-gpu-claim" in line and "metadata.name" in line and "duplicate" in line
+
+
+@pytest.mark.parametrize("text, expected", [
+    ("just: a mapping\n", "apiVersion and kind"),
+    ("- a\n- list\n", "apiVersion and kind"),
+    ("key: [unclosed\n", "not valid YAML"),
+    ("apiVersion: apps/v1\nkind: Deployment\nmetadata: {name: x}\n", "Deployment"),
+])
+def test_not_kubernetes(tmp_path, capsys, text, expected):
+    files = inputs(tmp_path) + [write(tmp_path, "junk.yaml", text)]
+    code, _, err = run(capsys, *files)
+    assert code == 2
+    assert expected in one_line(err)
+
+
+def test_unknown_node(tmp_path, capsys):
+    code, _, err = run(capsys, "--node", "nowhere", *inputs(tmp_path))
+    assert code == 2 and "nowhere" in one_line(err)
+
+
+def test_missing_file(tmp_path, capsys):
+    code, _, err = run(capsys, str(tmp_path / "missing.yaml"))
+    assert code == 2 and "cannot read" in one_line(err)
+
+
+def test_pods_in_the_input_are_ignored(tmp_path, capsys):
+    code, out, err = run(capsys, *inputs(tmp_path), str(SEED / "pod.yaml"))
+    assert code == 0, err
+    assert yaml.safe_load(out)["kind"] == "ResourceClaim"
