@@ -207,7 +207,8 @@ def test_lint_names_the_fields_an_apiserver_names_and_gives_a_fix(seed_dir):
 def test_lint_names_the_fields_the_recorded_apiserver_named(seed_dir):
     if not APISERVER_MESSAGES.exists():
         pytest.skip("tests/fixtures/apiserver_messages.json is not recorded yet")
-    recorded = json.loads(APISERVER_MESSAGES.read_text())
+    text = APISERVER_MESSAGES.read_text().strip()
+    recorded = json.loads(text) if text else None
     if not recorded:
         pytest.skip("tests/fixtures/apiserver_messages.json is still empty")
     assert_lint_covers(recorded, _seed_problems(seed_dir))

@@ -299,10 +299,10 @@ def _check_exact(request: dict[str, Any], path: str, findings: Findings, domains
                              fix="allocationMode: ExactCount (with count), or All")
     if request.get("adminAccess") is not None and not admin_access_allowed:
         findings.forbidden(f"{path}.adminAccess", "adminAccess is only allowed under exactly")
-    tolerations = request.get("tolerations")
-    if not _too_many(tolerations, limits.TOLERATIONS_MAX, f"{path}.tolerations", "tolerations", findings):
-        for index, toleration in enumerate(tolerations or []):
-            check_toleration(toleration or {}, f"{path}.tolerations[{index}]", findings)
+    # The API documents at most 16 tolerations, but the v1.37 apiserver does not enforce it (checked
+    # against the real one in test_validation_apiserver.py), so neither do we.
+    for index, toleration in enumerate(request.get("tolerations") or []):
+        check_toleration(toleration or {}, f"{path}.tolerations[{index}]", findings)
     capacity_requests = (request.get("capacity") or {}).get("requests") or {}
     for key in capacity_requests:
         for message in names.qualified_device_name(key):
@@ -698,8 +698,10 @@ def _attribute_value_count(attribute: dict[str, Any]) -> int:
 
 
 def _check_attribute(attribute: dict[str, Any], path: str, findings: Findings) -> None:
-    set_keys = [k for k in ("int", "bool", "string", "version", "ints", "bools", "strings", "versions")
-                if attribute.get(k) is not None]
+    # An empty list counts as unset for the union (as the apiserver's declarative check counts it),
+    # and is reported on its own below as well.
+    set_keys = [k for k in ("int", "bool", "string", "version") if attribute.get(k) is not None]
+    set_keys += [k for k in ("ints", "bools", "strings", "versions") if attribute.get(k)]
     if len(set_keys) != 1:
         findings.invalid(path, attribute, "exactly one of int, bool, string or version (or a list form) must be set"
                          + (f"; found {', '.join(set_keys)}" if set_keys else ""),

@@ -104,9 +104,8 @@ def test_tolerations(build):
         (f"{base}[2].value", INVALID), (f"{base}[3].operator", UNSUPPORTED), (f"{base}[4].effect", UNSUPPORTED),
     ]
     assert "NoSchedule" in problems[2].fix
-    too_many = [{"operator": "Exists"}] * 17
-    problems = validate_object(build.claim([build.exact("gpu", tolerations=too_many)]))
-    assert [(p.field, p.reason) for p in problems] == [(base, TOO_MANY)]
+    # Documented as at most 16, but the v1.37 apiserver accepts more (see test_validation_apiserver.py).
+    assert validate_object(build.claim([build.exact("gpu", tolerations=[{"operator": "Exists"}] * 17)])) == []
 
 
 def test_constraints(build):

@@ -107,6 +107,7 @@ def test_attribute_values(build):
         ("spec.devices[0].attributes[long].string", TOO_LONG),
         ("spec.devices[0].attributes[ver].version", INVALID),
         ("spec.devices[0].attributes", INVALID),
+        ("spec.devices[0].attributes[empty]", INVALID),
         ("spec.devices[0].attributes[empty].strings", INVALID),
     ]
     assert problems[3].fix == "version: 12.4.0"
