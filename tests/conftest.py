@@ -20,9 +20,9 @@ from draplane.localenv.controlplane import ControlPlane
 SHARED = Path(os.environ.get("DRAPLANE_SHARED_DIR", Path(__file__).resolve().parents[2] / "shared"))
 
 
-@pytest.fixture(scope="session")
-def event_loop_policy():
-    return uvloop.EventLoopPolicy()
+def pytest_asyncio_loop_factories(config, item):
+    # The services run on uvloop in production, so the tests do too.
+    return {"uvloop": uvloop.new_event_loop}
 
 
 @pytest.fixture(scope="session")

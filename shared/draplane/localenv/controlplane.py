@@ -27,7 +27,7 @@ log = logging.getLogger(__name__)
 # The resource.k8s.io versions served next to v1: older clients and DeviceTaintRules still use them.
 RESOURCE_API_VERSIONS = ("v1beta1", "v1beta2", "v1alpha3")
 
-_FEATURE_GATE_RE = re.compile(r"^\s+(\w+)=true\|false \((ALPHA|BETA) - default=(true|false)\)", re.M)
+_FEATURE_GATE_RE = re.compile(r"^\s+(?:kube:)?(\w+)=true\|false \((ALPHA|BETA) - default=(true|false)\)", re.M)
 
 
 @dataclasses.dataclass(slots=True)
@@ -62,7 +62,7 @@ def dra_feature_gates(apiserver: Path) -> dict[str, bool]:
     Read from the binary's own --help, so the list is right for whatever version is built; a gate
     that the version does not know would make the apiserver refuse to start.
     """
-    cached = binaries.cache_dir() / "feature-gates" / f"{apiserver.name}-{apiserver.stat().st_size}.json"
+    cached = _feature_gate_cache(apiserver)
     if cached.is_file():
         return json.loads(cached.read_text())
     help_text = subprocess.run([str(apiserver), "--help"], capture_output=True, text=True, timeout=60).stdout
@@ -74,6 +74,10 @@ def dra_feature_gates(apiserver: Path) -> dict[str, bool]:
     cached.parent.mkdir(parents=True, exist_ok=True)
     cached.write_text(json.dumps(gates, sort_keys=True))
     return gates
+
+
+def _feature_gate_cache(apiserver: Path) -> Path:
+    return binaries.cache_dir() / "feature-gates" / f"{apiserver.name}-{apiserver.stat().st_size}.json"
 
 
 @dataclasses.dataclass
@@ -135,7 +139,7 @@ class ControlPlane:
                 started.append(_start_etcd(etcd_bin, workdir, ports, startup_timeout))
                 certs = pki.create(workdir / "pki")
                 plane.feature_gates = dra_feature_gates(apiserver_bin)
-                started.append(_start_apiserver(apiserver_bin, workdir, ports, certs, plane, startup_timeout))
+                started.append(_start_apiserver_dropping_unmet_gates(apiserver_bin, workdir, ports, certs, plane, startup_timeout))
                 _write_kubeconfig(plane.kubeconfig, plane.apiserver_url, certs)
             if with_nats:
                 started.append(_start_nats(nats_bin, workdir, ports, startup_timeout))
@@ -192,6 +196,27 @@ def _start_etcd(binary: Path, workdir: Path, ports: Ports, timeout: float) -> Se
     process.start()
     process.wait_ready(lambda: _http_ok(f"{client}/health", expect=b'"health":"true"'), timeout)
     return process
+
+
+_UNMET_DEPENDENCY_RE = re.compile(r"(\w+) is enabled, but depends on features that are disabled")
+
+
+def _start_apiserver_dropping_unmet_gates(
+    binary: Path, workdir: Path, ports: Ports, certs: pki.Pki, plane: ControlPlane, timeout: float
+) -> ServerProcess:
+    """Start kube-apiserver; a DRA gate that needs a non-DRA feature (e.g. GenericWorkload) is
+    switched off and remembered, rather than switching on unrelated features."""
+    for _ in range(len(plane.feature_gates) + 1):
+        try:
+            return _start_apiserver(binary, workdir, ports, certs, plane, timeout)
+        except StartupError as exc:
+            unmet = _UNMET_DEPENDENCY_RE.search(str(exc))
+            if not unmet or unmet.group(1) not in plane.feature_gates:
+                raise
+            log.info("feature gate %s needs non-DRA features; leaving it off", unmet.group(1))
+            del plane.feature_gates[unmet.group(1)]
+            _feature_gate_cache(binary).write_text(json.dumps(plane.feature_gates, sort_keys=True))
+    raise StartupError("kube-apiserver: could not find a set of DRA feature gates it accepts")
 
 
 def _start_apiserver(

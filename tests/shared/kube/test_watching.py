@@ -1,0 +1,104 @@
+import asyncio
+
+import pytest
+
+from draplane.api import resource
+from draplane.api.meta import ObjectMeta
+from draplane.kube import KubeApiError, watch_objects
+
+pytestmark = pytest.mark.integration
+
+
+def _claim(name, namespace):
+    return resource.ResourceClaim(
+        metadata=ObjectMeta(name=name, namespace=namespace),
+        spec=resource.ResourceClaimSpec(devices=resource.DeviceClaim(requests=[
+            resource.DeviceRequest(name="gpu", exactly=resource.ExactDeviceRequest(device_class_name="gpu.example.com"))
+        ])),
+    )
+
+
+async def _next(stream, want_type, timeout=15):
+    async def scan():
+        async for event in stream:
+            if event.type == want_type:
+                return event
+    return await asyncio.wait_for(scan(), timeout)
+
+
+async def test_list_then_watch_sees_add_modify_delete(kube, namespace):
+    await kube.create(_claim("before", namespace))
+    stream = watch_objects(kube, resource.ResourceClaim, namespace)
+    first = await _next(stream, "ADDED")
+    assert first.object.metadata.name == "before"
+    await _next(stream, "SYNCED")
+
+    await kube.create(_claim("after", namespace))
+    added = await _next(stream, "ADDED")
+    assert added.object.metadata.name == "after"
+
+    await kube.patch(resource.ResourceClaim, "after", {"metadata": {"labels": {"x": "y"}}}, namespace)
+    modified = await _next(stream, "MODIFIED")
+    assert modified.object.metadata.labels == {"x": "y"}
+
+    await kube.delete(resource.ResourceClaim, "after", namespace)
+    deleted = await _next(stream, "DELETED")
+    assert deleted.object.metadata.name == "after"
+    await stream.aclose()
+
+
+EXPIRED = (
+    b'{"type":"ERROR","object":{"kind":"Status","apiVersion":"v1","metadata":{},"status":"Failure",'
+    b'"message":"too old resource version: 5 (17)","reason":"Expired","code":410}}'
+)
+
+
+async def test_expired_resource_version_goes_back_to_a_fresh_list(kube, namespace, monkeypatch):
+    """The apiserver ends a watch whose version was compacted with an ERROR event carrying 410;
+    the watcher must list again, and report what changed meanwhile."""
+    await kube.create(_claim("one", namespace))
+    await kube.create(_claim("doomed", namespace))
+    real_stream = kube.stream_lines
+    lists = []
+    real_list = kube.list
+
+    async def counting_list(*args, **kwargs):
+        lists.append(1)
+        return await real_list(*args, **kwargs)
+
+    async def first_watch_expires(path, *, query, timeout):
+        if len(lists) == 1:
+            # While "we" were disconnected: one claim created, one deleted. Then 410.
+            await kube.create(_claim("two", namespace))
+            await kube.delete(resource.ResourceClaim, "doomed", namespace)
+            yield EXPIRED
+            return
+        async for line in real_stream(path, query=query, timeout=timeout):
+            yield line
+
+    monkeypatch.setattr(kube, "list", counting_list)
+    monkeypatch.setattr(kube, "stream_lines", first_watch_expires)
+    stream = watch_objects(kube, resource.ResourceClaim, namespace)
+    await _next(stream, "SYNCED")
+    events = []
+    async def until_second_sync():
+        async for event in stream:
+            if event.type == "SYNCED":
+                return
+            events.append((event.type, event.object.metadata.name))
+    await asyncio.wait_for(until_second_sync(), 15)
+    assert len(lists) == 2
+    assert ("ADDED", "two") in events and ("DELETED", "doomed") in events
+    assert ("ADDED", "one") not in events  # unchanged objects are not reported again
+    await stream.aclose()
+
+
+async def test_not_found_and_conflict_are_typed(kube, namespace):
+    with pytest.raises(KubeApiError) as missing:
+        await kube.get(resource.ResourceClaim, "nope", namespace)
+    assert missing.value.is_not_found
+    created = await kube.create(_claim("c", namespace))
+    await kube.patch(resource.ResourceClaim, "c", {"metadata": {"labels": {"bump": "1"}}}, namespace)
+    with pytest.raises(KubeApiError) as conflict:
+        await kube.update(created)  # stale resourceVersion
+    assert conflict.value.is_conflict

@@ -1,0 +1,57 @@
+"""Bad setup gets a clear message, not a traceback."""
+
+import os
+from pathlib import Path
+
+import pytest
+
+from draplane.localenv import binaries
+
+
+def test_missing_go_toolchain_says_what_to_install(monkeypatch, tmp_path):
+    monkeypatch.setenv("DRAPLANE_CACHE", str(tmp_path))
+    monkeypatch.setenv("PATH", str(tmp_path / "empty"))
+    monkeypatch.delenv("GO", raising=False)
+    with pytest.raises(binaries.BinaryError, match=r"Go toolchain is not installed.*Go >= 1.26"):
+        binaries.build(binaries.NATS_SERVER, progress=lambda _: None)
+
+
+def test_failed_build_reports_the_go_error_and_log(monkeypatch, tmp_path):
+    monkeypatch.setenv("DRAPLANE_CACHE", str(tmp_path))
+    fake_go = tmp_path / "go"
+    fake_go.write_text("#!/bin/sh\necho 'go: module example.com/x: not found' >&2\nexit 1\n")
+    fake_go.chmod(0o755)
+    monkeypatch.setenv("GO", str(fake_go))
+    with pytest.raises(binaries.BinaryError) as caught:
+        binaries.build(binaries.NATS_SERVER, progress=lambda _: None)
+    message = str(caught.value)
+    assert "building nats-server failed at `go mod tidy`" in message
+    assert "module example.com/x: not found" in message
+    assert "build-nats-server" in message  # the full log's path
+    assert not binaries.NATS_SERVER.cache_path.exists()
+
+
+def test_env_override_must_name_an_executable(monkeypatch, tmp_path):
+    monkeypatch.setenv("DRAPLANE_ETCD", str(tmp_path / "nope"))
+    with pytest.raises(binaries.BinaryError, match="DRAPLANE_ETCD=.*does not name an executable"):
+        binaries.find(binaries.ETCD)
+
+
+def test_env_override_is_used(monkeypatch, tmp_path):
+    fake = tmp_path / "etcd"
+    fake.write_text("#!/bin/sh\n")
+    fake.chmod(0o755)
+    monkeypatch.setenv("DRAPLANE_ETCD", str(fake))
+    assert binaries.find(binaries.ETCD) == fake
+
+
+def test_missing_binary_names_the_command_that_builds_it(monkeypatch, tmp_path):
+    monkeypatch.setenv("DRAPLANE_CACHE", str(tmp_path))
+    monkeypatch.delenv("DRAPLANE_KUBE_APISERVER", raising=False)
+    with pytest.raises(binaries.BinaryError, match=r"kube-apiserver v1\.37\.\d+ is not built yet.*make servers"):
+        binaries.require(binaries.KUBE_APISERVER)
+
+
+def test_cache_is_outside_the_repo():
+    repo = Path(__file__).resolve().parents[3]
+    assert repo not in binaries.cache_dir().resolve().parents

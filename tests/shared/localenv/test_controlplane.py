@@ -1,0 +1,76 @@
+import os
+import signal
+import socket
+import time
+
+import pytest
+
+from draplane.localenv import binaries
+from draplane.localenv.controlplane import ControlPlane, Ports
+from draplane.localenv.processes import ServerProcess, StartupError
+
+
+def _nats_available() -> bool:
+    try:
+        return binaries.find(binaries.NATS_SERVER) is not None
+    except binaries.BinaryError:
+        return False
+
+
+needs_nats = pytest.mark.skipif(not _nats_available(), reason="nats-server not built (make servers)")
+
+
+@needs_nats
+def test_port_in_use_is_named(tmp_path):
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        port = taken.getsockname()[1]
+        with pytest.raises(StartupError, match=rf"nats-server: port {port} on 127.0.0.1 is already in use"):
+            ControlPlane.start(tmp_path, ports=Ports(nats=port), with_kubernetes=False)
+
+
+def test_server_that_dies_at_start_shows_its_log(tmp_path):
+    process = ServerProcess("fake-server", ["/bin/sh", "-c", "echo 'flag provided but not defined: -bogus'; exit 3"], tmp_path / "fake.log")
+    process.start()
+    with pytest.raises(StartupError) as caught:
+        process.wait_ready(lambda: False, timeout=10)
+    assert "fake-server exited with code 3 while starting" in str(caught.value)
+    assert "flag provided but not defined: -bogus" in str(caught.value)
+
+
+def test_missing_executable_is_a_startup_error(tmp_path):
+    process = ServerProcess("ghost", [str(tmp_path / "no-such-binary")], tmp_path / "ghost.log")
+    with pytest.raises(StartupError, match="ghost: cannot execute"):
+        process.start()
+
+
+def test_a_server_ignoring_sigterm_is_killed(tmp_path):
+    process = ServerProcess("stubborn", ["/bin/sh", "-c", "trap '' TERM; while true; do sleep 0.1; done"], tmp_path / "s.log")
+    process.start()
+    time.sleep(0.2)
+    started = time.monotonic()
+    process.stop(timeout=1)
+    assert not process.alive()
+    assert time.monotonic() - started < 5
+
+
+@needs_nats
+def test_stop_leaves_no_process(tmp_path):
+    plane = ControlPlane.start(tmp_path, with_kubernetes=False)
+    pid = plane.process("nats-server").pid
+    plane.stop()
+    with pytest.raises(ProcessLookupError):
+        os.kill(pid, 0)
+
+
+@pytest.mark.integration
+def test_control_plane_serves_dra_v1_with_gates(control_plane):
+    import json
+    import urllib.request
+
+    with urllib.request.urlopen(f"{control_plane.apiserver_url}/apis/resource.k8s.io/v1", context=control_plane.ssl_context()) as r:
+        resources = {res["name"] for res in json.load(r)["resources"]}
+    assert {"deviceclasses", "resourceslices", "resourceclaims", "resourceclaims/status", "resourceclaimtemplates"} <= resources
+    assert control_plane.feature_gates, "no DRA feature gates were found in kube-apiserver --help"
+    assert control_plane.kubeconfig.is_file()
