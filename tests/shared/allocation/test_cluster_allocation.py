@@ -1,0 +1,197 @@
+"""Across nodes: the scoring policies, the per-shape cache, and incremental updates."""
+
+from __future__ import annotations
+
+import pytest
+
+from allocation_builders import (
+    CLASS_A,
+    DRIVER_A,
+    allocated,
+    claim,
+    device,
+    device_class,
+    node,
+    request,
+    slice_,
+)
+from draplane.allocation import (
+    AllocationError,
+    Cluster,
+    NodePlacement,
+    Reason,
+    ScoringPolicy,
+    Unallocatable,
+    get_policy,
+    register_policy,
+)
+from draplane.allocation.state import AllocatedState
+from draplane.api.resource import AllocationResult, DeviceAllocationResult, DeviceRequestAllocationResult
+
+A = DRIVER_A
+ROOT = "resource.kubernetes.io/pcieRoot"
+NUMA = "resource.kubernetes.io/numaNode"
+
+
+def gpu_node(name: str, n: int = 4, roots=None) -> object:
+    roots = roots or [f"pci{i // 2}" for i in range(n)]
+    return slice_(f"{name}-slice", name, name, A, *[device(f"gpu-{i}", {ROOT: roots[i], NUMA: i // 2}) for i in range(n)])
+
+
+def cluster(*slices, policy="draplane", nodes=()) -> Cluster:
+    c = Cluster(slices=slices, classes=[device_class(CLASS_A, A)], nodes=nodes, policy=policy)
+    c.ensure_nodes_from_slices()
+    return c
+
+
+def take(c: Cluster, name: str, count: int = 1, **kw) -> NodePlacement:
+    cl = claim(name, request("gpu", CLASS_A, count))
+    placement = c.allocate([cl], **kw)
+    assert isinstance(placement, NodePlacement), placement
+    c.commit([cl], placement)
+    return placement
+
+
+def devices_of(p: NodePlacement) -> list[str]:
+    return [r.device for r in p.allocations[0].devices.results]
+
+
+def test_first_fit_takes_first_node_and_first_devices():
+    c = cluster(gpu_node("node-b"), gpu_node("node-a"), policy="first-fit")
+    p = take(c, "c0", 2)
+    assert p.node == "node-a" and devices_of(p) == ["gpu-0", "gpu-1"]
+
+
+def test_draplane_keeps_a_claim_under_one_pcie_root():
+    # gpu-0 and gpu-1 sit on different roots: first-fit splits the claim, draplane does not.
+    roots = ["pciA", "pciB", "pciB", "pciA"]
+    ff = take(cluster(gpu_node("node-a", roots=roots), policy="first-fit"), "c0", 2)
+    dp = take(cluster(gpu_node("node-a", roots=roots)), "c0", 2)
+    assert devices_of(ff) == ["gpu-0", "gpu-1"]
+    assert sorted(devices_of(dp)) in (["gpu-0", "gpu-3"], ["gpu-1", "gpu-2"])
+
+
+def test_draplane_fills_partially_used_root_before_a_whole_one():
+    c = cluster(gpu_node("node-a"))
+    first = take(c, "c0", 1)
+    second = take(c, "c1", 1)
+    roots = {d: f"pci{int(d[-1]) // 2}" for d in devices_of(first) + devices_of(second)}
+    assert len(set(roots.values())) == 1, "the second single GPU should share the first one's root"
+
+
+def test_draplane_packs_busy_node_and_keeps_whole_nodes_free():
+    c = cluster(gpu_node("node-a"), gpu_node("node-b"))
+    c.add_allocated_claim(allocated("busy", (A, "node-b", "gpu-0")))
+    assert take(c, "c0", 1).node == "node-b"
+    ff = cluster(gpu_node("node-a"), gpu_node("node-b"), policy="first-fit")
+    ff.add_allocated_claim(allocated("busy", (A, "node-b", "gpu-0")))
+    assert take(ff, "c0", 1).node == "node-a"
+
+
+def test_draplane_fills_shared_devices_before_splitting_new_ones():
+    s = slice_("s", "node-a", "node-a", A, device("gpu-0", capacity={"memory": "8Gi"}, multi=True),
+               device("gpu-1", capacity={"memory": "8Gi"}, multi=True))
+    c = cluster(s)
+    c.add_allocated_claim(allocated("other", (A, "node-a", "gpu-1", "share-x", {"memory": "2Gi"})))
+    cl = claim("c0", request("gpu", CLASS_A, capacity={"memory": "2Gi"}))
+    p = c.allocate([cl])
+    assert devices_of(p) == ["gpu-1"]
+    ff = cluster(s, policy="first-fit")
+    ff.add_allocated_claim(allocated("other", (A, "node-a", "gpu-1", "share-x", {"memory": "2Gi"})))
+    assert devices_of(ff.allocate([cl])) == ["gpu-0"]
+
+
+def test_commit_invalidates_only_the_node_and_never_gives_a_device_twice():
+    c = cluster(gpu_node("node-a"), gpu_node("node-b"))
+    taken = set()
+    for i in range(8):
+        p = take(c, f"c{i}")
+        taken.add((p.node, devices_of(p)[0]))
+    assert len(taken) == 8
+    out = c.allocate([claim("c9", request("gpu", CLASS_A))], explain=True)
+    assert isinstance(out, Unallocatable)
+    assert {f.node for f in out.failures} == {"node-a", "node-b"}
+    assert all(f.reason is Reason.IN_USE for f in out.failures)
+
+
+def test_release_frees_devices():
+    c = cluster(gpu_node("node-a", n=1))
+    take(c, "c0")
+    assert isinstance(c.allocate([claim("c1", request("gpu", CLASS_A))]), Unallocatable)
+    c.release_claim("default/c0")
+    assert isinstance(c.allocate([claim("c1", request("gpu", CLASS_A))]), NodePlacement)
+
+
+def test_new_slice_makes_a_node_feasible():
+    c = cluster(gpu_node("node-a", n=1))
+    take(c, "c0")
+    assert isinstance(c.allocate([claim("c1", request("gpu", CLASS_A))]), Unallocatable)
+    c.apply_slice(gpu_node("node-b", n=1))
+    c.ensure_nodes_from_slices()
+    assert c.allocate([claim("c1", request("gpu", CLASS_A))]).node == "node-b"
+    c.remove_slice("node-b-slice")
+    assert isinstance(c.allocate([claim("c1", request("gpu", CLASS_A))]), Unallocatable)
+
+
+def test_node_filter_is_applied_at_pick_time():
+    c = cluster(gpu_node("node-a"), gpu_node("node-b"), policy="first-fit")
+    p = c.allocate([claim("c0", request("gpu", CLASS_A))], node_filter=lambda n: n.metadata.name != "node-a")
+    assert p.node == "node-b"
+    out = c.allocate([claim("c0", request("gpu", CLASS_A))], node_filter=lambda n: False, explain=True)
+    assert isinstance(out, Unallocatable) and all(f.reason is Reason.NODE_FILTERED for f in out.failures)
+
+
+def test_node_labels_select_network_attached_devices():
+    from allocation_builders import label_selector
+
+    s = slice_("net", None, "net", A, device("nic-0"), node_selector=label_selector("zone", "z1"))
+    c = cluster(s, nodes=[node("node-a", zone="z0"), node("node-b", zone="z1")])
+    p = c.allocate([claim("c0", request("gpu", CLASS_A))])
+    assert p.node == "node-b"
+    assert p.allocations[0].node_selector == label_selector("zone", "z1")
+
+
+def test_fatal_errors_raise_across_nodes():
+    c = cluster(gpu_node("node-a"))
+    with pytest.raises(AllocationError) as err:
+        c.allocate([claim("c0", request("gpu", "missing"))])
+    assert err.value.reason is Reason.UNKNOWN_CLASS
+
+
+def test_claims_together_on_one_node():
+    c = cluster(gpu_node("node-a", n=2), gpu_node("node-b", n=2), policy="first-fit")
+    c.add_allocated_claim(allocated("busy", (A, "node-a", "gpu-0")))
+    claims = [claim(f"c{i}", request("gpu", CLASS_A)) for i in range(2)]
+    p = c.allocate(claims)
+    assert p.node == "node-b" and len(p.allocations) == 2
+
+
+def test_custom_policy_through_registry():
+    class LastNode(ScoringPolicy):
+        name = "last-node"
+
+        def score_placement(self, placement, view):
+            return -ord(placement.node[-1])
+
+    register_policy(LastNode())
+    c = cluster(gpu_node("node-a"), gpu_node("node-b"), policy="last-node")
+    assert take(c, "c0").node == "node-b"
+    with pytest.raises(KeyError, match="unknown scoring policy"):
+        get_policy("nope")
+
+
+def test_allocated_state_add_remove():
+    state = AllocatedState()
+    result = AllocationResult(devices=DeviceAllocationResult(results=[
+        DeviceRequestAllocationResult(request="r", driver=A, pool="p", device="d0"),
+        DeviceRequestAllocationResult(request="r", driver=A, pool="p", device="d1", share_id="s", consumed_capacity={"m": "1Gi"}),
+        DeviceRequestAllocationResult(request="r", driver=A, pool="p", device="d2", admin_access=True),
+    ]))
+    state.add_claim("ns/c", result)
+    assert state.in_use((A, "p", "d0")) and not state.in_use((A, "p", "d1")) and not state.in_use((A, "p", "d2"))
+    assert state.shared_capacity((A, "p", "d1")) == {"m": 1 << 30}
+    assert state.is_allocated((A, "p", "d1"))
+    version = state.pool_version((A, "p"))
+    state.remove_claim("ns/c")
+    assert not state.in_use((A, "p", "d0")) and state.shared_capacity((A, "p", "d1")) is None
+    assert state.pool_version((A, "p")) > version
