@@ -21,7 +21,9 @@ import re
 import string
 from collections.abc import Mapping
 
+import msgspec
 import nkeys
+import yaml
 
 from draplane.messages.inventory import InventoryNames
 
@@ -142,3 +144,80 @@ def render_auth_config(
     values["system_nkey"] = system_key
     values["node_agent_users"] = node_users.rstrip("\n")
     return _substitute(auth_template, values, "auth.conf.tmpl")
+
+
+# --- the keys file: every public key the cluster's NATS accepts -----------------------------------
+
+
+class KeyRegistry(msgspec.Struct, forbid_unknown_fields=True, omit_defaults=True):
+    """Public keys only (safe to commit or keep in a ConfigMap): what `render_auth_config` needs.
+
+    Kept as YAML, e.g. deploy/nats/keys.yaml, and updated by `draplane nats-auth issue`.
+    """
+
+    services: dict[str, str] = msgspec.field(default_factory=dict)
+    system: str | None = None
+    nodes: dict[str, str] = msgspec.field(default_factory=dict)
+
+
+def load_registry(text: str, source: str) -> KeyRegistry:
+    try:
+        raw = yaml.safe_load(text) or {}
+        registry = msgspec.convert(raw, KeyRegistry)
+    except (yaml.YAMLError, msgspec.ValidationError) as exc:
+        raise AuthConfigError(f"{source}: not a NATS key registry: {exc}") from None
+    for service, key in registry.services.items():
+        if service not in SERVICES:
+            raise AuthConfigError(f"{source}: services.{service}: unknown service; services are {list(SERVICES)}")
+        check_user_public_key(key, f"{source}: services.{service}")
+    if registry.system is not None:
+        check_user_public_key(registry.system, f"{source}: system")
+    for node, key in registry.nodes.items():
+        check_node_name(node)
+        check_user_public_key(key, f"{source}: nodes.{node}")
+    return registry
+
+
+def dump_registry(registry: KeyRegistry) -> str:
+    return yaml.safe_dump(msgspec.to_builtins(registry), sort_keys=True)
+
+
+def with_key(registry: KeyRegistry, role: str, name: str | None, public_key: str, *, replace: bool) -> KeyRegistry:
+    """A copy of `registry` with `public_key` recorded for the role (service NAME, node NAME, system).
+
+    Replacing an existing key is rotation: the old seed stops working at the next config reload,
+    so it must be asked for explicitly.
+    """
+    who = f"{role} {name}" if role != "system" else "system account"
+    check_user_public_key(public_key, who)
+    services, nodes, system = dict(registry.services), dict(registry.nodes), registry.system
+    if role == "service":
+        if name not in SERVICES:
+            raise AuthConfigError(f"unknown service {name!r}; services are {list(SERVICES)}")
+        existing, services[name] = services.get(name), public_key
+    elif role == "node":
+        check_node_name(name)
+        existing, nodes[name] = nodes.get(name), public_key
+    elif role == "system":
+        existing, system = system, public_key
+    else:
+        raise AuthConfigError(f"unknown role {role!r}; roles are service, node, system")
+    if existing is not None and not replace:
+        raise AuthConfigError(f"{who} already has the key {existing}; pass --rotate to replace it")
+    return KeyRegistry(services=services, system=system, nodes=nodes)
+
+
+def without_node(registry: KeyRegistry, node: str) -> KeyRegistry:
+    if node not in registry.nodes:
+        raise AuthConfigError(f"node {node!r} has no key in the registry; nodes with keys: {sorted(registry.nodes)}")
+    return KeyRegistry(services=dict(registry.services), system=registry.system,
+                       nodes={n: k for n, k in registry.nodes.items() if n != node})
+
+
+def render_registry(registry: KeyRegistry, auth_template: str, node_user_template: str, names: InventoryNames) -> str:
+    if registry.system is None:
+        raise AuthConfigError("the registry has no system account key; issue one with `draplane nats-auth issue system`")
+    return render_auth_config(
+        auth_template, node_user_template, service_keys=registry.services, system_key=registry.system,
+        node_keys=registry.nodes, names=names,
+    )

@@ -272,3 +272,22 @@ def test_directory_without_kustomization_is_refused(tmp_path: Path):
 )
 def test_image_name_drops_tag_and_digest_but_not_registry_port(image, name):
     assert manifests.image_name(image) == name
+
+
+# --- the container image ------------------------------------------------------------------------
+
+
+def test_dockerfile_copies_every_package_root_and_checks_every_entry_point(objects):
+    dockerfile = (DEPLOY / "Dockerfile").read_text()
+    pyproject = tomllib.loads((REPO / "pyproject.toml").read_text())
+    copied = [line.split()[1] for line in dockerfile.splitlines() if line.startswith("COPY ") and "--from" not in line]
+    for root in pyproject["tool"]["setuptools"]["packages"]["find"]["where"]:
+        assert any(root == c.rstrip("/") or root.startswith(c) for c in copied), f"Dockerfile does not copy {root}"
+    checked = re.search(r"for command in ([^;]+);", dockerfile).group(1).split()
+    assert set(checked) == set(pyproject["project"]["scripts"])
+    # The image's user is the one the workloads run as.
+    user = re.search(r"^USER (\d+):(\d+)$", dockerfile, re.M)
+    for obj in workloads(objects):
+        if obj["metadata"]["name"] != "draplane-nats":
+            context = manifests.pod_spec(obj)["securityContext"]
+            assert (str(context["runAsUser"]), str(context["runAsGroup"])) == user.groups(), object_id(obj)

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import subprocess
 import urllib.request
 from pathlib import Path
 
@@ -202,3 +203,28 @@ async def test_node_agent_cannot_publish_or_read_as_another_node(nats_server, ke
     finally:
         for client in (agent_a, agent_b, inventory):
             await client.close()
+
+
+@pytest.mark.integration
+def test_shipped_nats_conf_with_rendered_auth_passes_nats_server_config_check(tmp_path: Path, keys):
+    """The ConfigMap's nats.conf, including the rendered auth.conf, as nats-server itself reads it."""
+    from draplane import manifests
+
+    binary = binaries.require(binaries.NATS_SERVER)
+    (config_map,) = [o for o in manifests.render(TEMPLATES.parent) if o["kind"] == "ConfigMap" and o["metadata"]["name"] == "draplane-nats-config"]
+    (tmp_path / "nats.conf").write_text(config_map["data"]["nats.conf"])
+    (tmp_path / "auth").mkdir()
+    (tmp_path / "auth" / "auth.conf").write_text(_render(keys))
+
+    def check() -> subprocess.CompletedProcess:
+        return subprocess.run(
+            [str(binary), "-t", "-c", "nats.conf"], cwd=tmp_path, capture_output=True, text=True, timeout=30,
+            env={"POD_NAME": "draplane-nats-0", "PATH": "/usr/bin:/bin"},
+        )
+
+    result = check()
+    assert result.returncode == 0, result.stdout + result.stderr
+    assert "is valid" in result.stdout + result.stderr
+    # The same check refuses a broken include, so the pass above means something.
+    (tmp_path / "auth" / "auth.conf").write_text(_render(keys).replace("users: [", "users: [[", 1))
+    assert check().returncode != 0
