@@ -96,6 +96,8 @@ class SelectorMatcher:
         key = (expression, cel_device)
         result = self._results.get(key)
         if result is None:
+            if len(self._results) > 1_000_000:
+                self._results.clear()  # a bound, not an LRU: results are cheap to recompute
             try:
                 result = bool(self.compile(expression).matches(cel_device))
             except self._cel.CELRuntimeError as exc:
@@ -781,6 +783,8 @@ class NodeAllocator:
         cached = self._plans.get(key)
         if cached is None:
             cached = plan_claim(claim, self.classes, self.matcher)
+            if len(self._plans) > 4096:
+                self._plans.clear()
             self._plans[key] = cached
         if cached.claim is not claim:
             cached = ClaimPlan(claim, cached.requests, cached.has_subrequests, cached.constraints, cached.min_devices)

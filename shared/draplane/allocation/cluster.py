@@ -125,12 +125,21 @@ class Cluster:
 
     def remove_slice(self, name: str) -> None:
         before = self.inventory.version
-        node = None
-        for s in self.inventory.slices():
-            if s.metadata.name == name:
-                node = s.spec.node_name
+        node = self.inventory.slice_node(name)
         self.inventory.remove_slice(name)
         self._after_inventory_change(before, node)
+
+    def replace_pool(self, driver: str, pool: str, slices: Sequence[ResourceSlice]) -> None:
+        """Everything one driver publishes for one pool (typically one node), in one step."""
+        before = self.inventory.version
+        nodes = {self.inventory.slice_node(n) for n in self.inventory.pool_slice_names(driver, pool)}
+        nodes |= {s.spec.node_name for s in slices}
+        self.inventory.replace_pool(driver, pool, slices)
+        if self.inventory.version != before or None in nodes:
+            self._epoch += 1
+        else:
+            for n in nodes:
+                self._node_changed(n)
 
     def _after_inventory_change(self, version_before: int, node_name: str | None) -> None:
         if self.inventory.version != version_before or not node_name:
@@ -208,6 +217,8 @@ class Cluster:
     def _refresh(self, shape, claims, policy, plans) -> _ShapeIndex:
         index = self._shapes.get(shape)
         if index is None or index.epoch != self._epoch:
+            if len(self._shapes) > 1024:
+                self._shapes.clear()
             index = _ShapeIndex(self._epoch)
             self._shapes[shape] = index
             dirty = list(self.nodes)

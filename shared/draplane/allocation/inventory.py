@@ -281,7 +281,10 @@ class Inventory:
         self._reindex(pool_id)
 
     def _index_add(self, pool_id: PoolID, entry: SliceEntry) -> None:
-        if entry.node_name and not entry.has_counters:
+        # A counter-set slice is relevant to every node in Kubernetes, but one bound to a node by
+        # nodeName only matters where that pool's devices are: keeping it node-local lets a commit
+        # on a partitioned GPU invalidate one node rather than every node.
+        if entry.node_name:
             self._pools_by_node.setdefault(entry.node_name, set()).add(pool_id)
         else:
             self._shared_pools[pool_id] = self._shared_pools.get(pool_id, 0) + 1
@@ -294,12 +297,19 @@ class Inventory:
             self._index_add(pool_id, entry)
 
     def _touch(self, pool_id: PoolID, entry: SliceEntry) -> None:
-        if entry.node_name and not entry.has_counters and pool_id not in self._shared_pools:
+        if entry.node_name and pool_id not in self._shared_pools:
             self._node_versions[entry.node_name] = self._node_versions.get(entry.node_name, 0) + 1
         else:
             self.version += 1
 
     # --- queries --------------------------------------------------------------------------------
+
+    def slice_node(self, name: str) -> str | None:
+        entry = self._slices.get(name)
+        return entry.node_name if entry else None
+
+    def pool_slice_names(self, driver: str, pool: str) -> list[str]:
+        return list(self._pools.get((driver, pool), {}))
 
     def slices(self) -> list[ResourceSlice]:
         return [e.slice for e in self._slices.values()]

@@ -195,3 +195,38 @@ def test_allocated_state_add_remove():
     state.remove_claim("ns/c")
     assert not state.in_use((A, "p", "d0")) and state.shared_capacity((A, "p", "d1")) is None
     assert state.pool_version((A, "p")) > version
+
+
+def test_replace_pool_updates_one_node():
+    c = cluster(gpu_node("node-a", n=1), gpu_node("node-b", n=1), policy="first-fit")
+    assert take(c, "c0").node == "node-a"
+    c.replace_pool(A, "node-a", [gpu_node("node-a", n=2)])
+    p = c.allocate([claim("c1", request("gpu", CLASS_A))])
+    assert (p.node, devices_of(p)) == ("node-a", ["gpu-1"])
+    c.replace_pool(A, "node-a", [])
+    assert c.allocate([claim("c1", request("gpu", CLASS_A))]).node == "node-b"
+
+
+def mig_node(name: str) -> list:
+    counters = {f"gpu-{g}": {"memory": "40Gi"} for g in range(2)}
+    migs = [device(f"gpu-{g}-mig-{m}", {"type": "mig"}, consumes={f"gpu-{g}": {"memory": "10Gi"}}) for g in range(2) for m in range(4)]
+    return [slice_(f"{name}-counters", name, name, A, count=2, counters=counters),
+            slice_(f"{name}-migs", name, name, A, *migs, count=2)]
+
+
+def test_draplane_partitions_an_already_partitioned_gpu_first():
+    c = cluster(*mig_node("node-a"))
+    c.add_allocated_claim(allocated("other", (A, "node-a", "gpu-1-mig-0")))
+    assert devices_of(take(c, "c0")) == ["gpu-1-mig-1"]
+    ff = cluster(*mig_node("node-a"), policy="first-fit")
+    ff.add_allocated_claim(allocated("other", (A, "node-a", "gpu-1-mig-0")))
+    assert devices_of(take(ff, "c0")) == ["gpu-0-mig-0"]
+
+
+def test_partitioned_gpu_commit_invalidates_only_its_node():
+    c = cluster(*mig_node("node-a"), *mig_node("node-b"))
+    epoch = c._epoch
+    for i in range(16):
+        take(c, f"c{i}")
+    assert c._epoch == epoch, "node-local counter pools must not force a cluster-wide rebuild"
+    assert isinstance(c.allocate([claim("c16", request("gpu", CLASS_A))]), Unallocatable)
