@@ -40,7 +40,7 @@ def check_object_meta(meta: dict[str, Any] | None, findings: Findings, name_rule
         for message in names.label_key(key):
             findings.invalid(f"{path}.labels", key, f"label key {message}")
         for message in names.label_value(value):
-            findings.invalid(f"{path}.labels[{key}]", value, f"label value {message}")
+            findings.invalid(f"{path}.labels", value, f"label value of {key!r} {message}")
     annotations = meta.get("annotations") or {}
     size = 0
     for key, value in annotations.items():
@@ -98,14 +98,8 @@ def _check_requirement(requirement: dict[str, Any], path: str, findings: Finding
     elif operator in ("Exists", "DoesNotExist"):
         if values:
             findings.forbidden(f"{path}.values", f"operator {operator} takes no values", fix="remove values")
-    else:  # Gt, Lt
-        if len(values) != 1:
-            findings.required(f"{path}.values", f"operator {operator} takes exactly one integer value")
-        else:
-            try:
-                int(values[0])
-            except ValueError:
-                findings.invalid(f"{path}.values[0]", values[0], f"operator {operator} compares integers")
+    elif len(values) != 1:  # Gt, Lt; the apiserver does not check that the value is an integer
+        findings.required(f"{path}.values", f"operator {operator} takes exactly one (integer) value")
     if not field_selector:
         for v, value in enumerate(values):
             for message in names.label_value(value or ""):

@@ -303,10 +303,8 @@ def _check_exact(request: dict[str, Any], path: str, findings: Findings, domains
     # against the real one in test_validation_apiserver.py), so neither do we.
     for index, toleration in enumerate(request.get("tolerations") or []):
         check_toleration(toleration or {}, f"{path}.tolerations[{index}]", findings)
-    capacity_requests = (request.get("capacity") or {}).get("requests") or {}
-    for key in capacity_requests:
-        for message in names.qualified_device_name(key):
-            findings.invalid(f"{path}.capacity.requests", key, f"capacity name {message}")
+    # capacity.requests keys are not checked by the v1.37 apiserver (a key no device has simply
+    # matches nothing), so they are not checked here either.
     derived = request.get("derivedAttributes")
     if not _too_many(derived, limits.DERIVED_ATTRIBUTES_MAX, f"{path}.derivedAttributes", "derived attributes", findings):
         for index, attribute in enumerate(derived or []):
@@ -364,13 +362,12 @@ def _check_constraint(constraint: dict[str, Any], path: str, request_names: Requ
     _check_request_refs(constraint.get("requests"), f"{path}.requests", request_names, findings)
     match = constraint.get("matchAttribute")
     distinct = constraint.get("distinctAttribute")
-    if match is not None and distinct is not None:
-        findings.invalid(path, None, "sets both matchAttribute and distinctAttribute; a constraint has exactly one",
-                         fix="split it into two constraints")
-    elif match is None and distinct is None:
+    # Both set is documented as invalid but accepted by the v1.37 apiserver (which then only checks
+    # matchAttribute); parity wins, so only "neither" is reported.
+    if match is None and distinct is None:
         findings.required(path, 'a constraint needs exactly one of "matchAttribute" or "distinctAttribute"',
                           fix="matchAttribute: resource.kubernetes.io/pcieRoot")
-    for key, value in (("matchAttribute", match), ("distinctAttribute", distinct)):
+    for key, value in (("matchAttribute", match), ("distinctAttribute", distinct if match is None else None)):
         if value is None:
             continue
         for message in names.fully_qualified_device_name(value):

@@ -115,7 +115,7 @@ def test_constraints(build):
         {"matchAttribute": "pcieRoot"},
         {"requests": ["gpu"]},
         {"requests": ["gpu/a/b"], "distinctAttribute": "gpu.nvidia.com/uuid"},
-        {"matchAttribute": "x.io/a", "distinctAttribute": "x.io/b"},
+        {"matchAttribute": "x.io/a", "distinctAttribute": "x.io/b"},  # accepted by the apiserver
     ]
     problems = validate_object(build.claim(requests, constraints=constraints))
     assert [(p.field, p.reason) for p in problems] == [
@@ -123,7 +123,6 @@ def test_constraints(build):
         ("spec.devices.constraints[1].matchAttribute", INVALID),
         ("spec.devices.constraints[2]", REQUIRED),
         ("spec.devices.constraints[3].requests[0]", INVALID),
-        ("spec.devices.constraints[4]", INVALID),
     ]
     assert "gpu, nic" in problems[0].message
     assert problems[1].fix.startswith("matchAttribute: <driver domain>/pcieRoot")
@@ -203,5 +202,8 @@ def test_allocated_status_is_checked(build):
 def test_capacity_request_names(build):
     ok = build.exact("gpu", capacity={"requests": {"memory": "10Gi", "gpu.nvidia.com/cores": 4}})
     assert validate_object(build.claim([ok])) == []
-    bad = build.exact("gpu", capacity={"requests": {"bad-name": "10Gi"}})
-    assert build.fields(validate_object(build.claim([bad]))) == ["spec.devices.requests[0].exactly.capacity.requests"]
+    # Not checked by the v1.37 apiserver either: such a request simply matches no device.
+    odd = build.exact("gpu", capacity={"requests": {"bad-name": "10Gi"}})
+    assert validate_object(build.claim([odd])) == []
+    bad = build.exact("gpu", capacity={"requests": {"memory": "ten"}})
+    assert build.fields(validate_object(build.claim([bad]))) == ["spec.devices.requests[0].exactly.capacity.requests[memory]"]
