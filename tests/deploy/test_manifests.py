@@ -82,7 +82,12 @@ def test_draplane_services_probe_healthz_and_readyz_and_request_resources(object
             assert readiness["httpGet"]["path"] == "/readyz", object_id(obj)
             port_names = {p["name"] for p in container["ports"]}
             assert liveness["httpGet"]["port"] in port_names and readiness["httpGet"]["port"] in port_names
-            assert container_args(obj)["http-port"] == str(container["ports"][0]["containerPort"])
+            args = container_args(obj)
+            if "port" in args or "listen" in args:  # the node agent has no HTTP flag yet
+                served = args.get("port") or args["listen"].rsplit(":", 1)[1]
+                assert served == str(container["ports"][0]["containerPort"]), object_id(obj)
+            if "listen" in args:  # kubelet probes the pod IP, so loopback-only would always fail
+                assert args["listen"].startswith("0.0.0.0:"), object_id(obj)
 
 
 def test_containers_run_unprivileged(objects):
@@ -177,8 +182,44 @@ def test_nats_clients_point_at_the_nats_service(objects):
     for obj in workloads(objects):
         if obj["metadata"]["name"] == "draplane-nats":
             continue
-        host = re.fullmatch(r"nats://([a-z0-9-]+):4222", container_args(obj)["nats-url"]).group(1)
+        host = re.fullmatch(r"nats://([a-z0-9-]+):4222", container_args(obj)["nats"]).group(1)
         assert host in services, object_id(obj)
+        (container,) = manifests.pod_spec(obj)["containers"]
+        seed = {e["name"]: e.get("value") for e in container["env"]}["DRAPLANE_NATS_NKEY_SEED"]
+        mounts = [m["mountPath"] for m in container["volumeMounts"]]
+        assert str(Path(seed).parent) in mounts, f"{object_id(obj)}: {seed} is not on a mounted volume"
+
+
+# Service modules, by the command that runs them. Their argument parsers are the real contract;
+# a flag here that the service does not know would crash-loop the pod.
+ENTRY_MODULES = {
+    "draplane-inventory": "draplane_inventory.__main__",
+    "draplane-allocator": "draplane_allocator.__main__",
+    "draplane-binder": "draplane_binder.__main__",
+    "draplane-node-agent": "draplane_node_agent.__main__",
+}
+
+
+@pytest.mark.parametrize("command", sorted(ENTRY_MODULES))
+def test_workload_args_are_accepted_by_the_services_own_parser(objects, command):
+    import importlib
+
+    try:
+        module = importlib.import_module(ENTRY_MODULES[command])
+    except ModuleNotFoundError as exc:
+        if exc.name != ENTRY_MODULES[command]:
+            raise
+        pytest.skip(f"{ENTRY_MODULES[command]} is not written yet")
+    (workload,) = [o for o in workloads(objects) if manifests.pod_spec(o)["containers"][0].get("command") == [command]]
+    (container,) = manifests.pod_spec(workload)["containers"]
+    # What the kubelet substitutes for $(VAR): stand-ins of the right shape.
+    stand_ins = {"DRAPLANE_SHARD_INDEX": "1", "NODE_NAME": "gpu-node-1"}
+    argv = [re.sub(r"\$\((\w+)\)", lambda m: stand_ins[m.group(1)], arg) for arg in container["args"]]
+    parse = module.build_parser().parse_args if hasattr(module, "build_parser") else module.parse_args
+    try:
+        parse(argv)
+    except SystemExit as exc:
+        pytest.fail(f"{object_id(workload)}: {command} refuses its args {argv} (exit {exc.code}); see stderr")
 
 
 # --- the renderer itself ------------------------------------------------------------------------
