@@ -35,7 +35,8 @@ def workloads(objects):
 
 def container_args(obj) -> dict[str, str]:
     (container,) = manifests.pod_spec(obj)["containers"]
-    return dict(arg.removeprefix("--").split("=", 1) for arg in container.get("args", []) if arg.startswith("--"))
+    flags = [arg.removeprefix("--") for arg in container.get("args", []) if arg.startswith("--")]
+    return dict(flag.split("=", 1) if "=" in flag else (flag, "") for flag in flags)
 
 
 def test_every_service_has_its_workload_kind(objects):
