@@ -127,17 +127,18 @@ def render(directory: Path, *, namespace: str | None = None) -> list[dict[str, A
 
 
 def set_namespace(obj: dict[str, Any], namespace: str) -> None:
-    """Move a namespaced object, and the ServiceAccounts its bindings name, to `namespace`.
+    """Move a namespaced object to `namespace`, as Kustomize's `namespace:` field does.
 
-    Kustomize rewrites binding subjects too: a ClusterRoleBinding that still named the old
-    namespace would grant the role to a ServiceAccount that does not exist.
+    Like Kustomize (its NamespaceTransformer in the default `defaultOnly` mode), binding subjects
+    get the namespace only when they are named `default`; other subjects keep theirs. So an
+    overlay that changes the namespace must also patch the bindings' ServiceAccount subjects.
     """
     kind = obj["kind"]
     if kind not in CLUSTER_SCOPED_KINDS:
         obj["metadata"]["namespace"] = namespace
     if kind in ("RoleBinding", "ClusterRoleBinding"):
         for subject in obj.get("subjects") or []:
-            if subject.get("kind") == "ServiceAccount":
+            if subject.get("name") == "default":
                 subject["namespace"] = namespace
 
 

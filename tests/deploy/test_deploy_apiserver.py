@@ -62,6 +62,9 @@ def _rbac_objects(namespace: str) -> list[dict]:
             obj["metadata"]["name"] += f"-{namespace}"
             if obj["kind"] == "ClusterRoleBinding":
                 obj["roleRef"]["name"] += f"-{namespace}"
+                # What an overlay moving draplane to another namespace patches too (see README).
+                for subject in obj["subjects"]:
+                    subject["namespace"] = namespace
         if obj["kind"] in ("ServiceAccount", "ClusterRole", "ClusterRoleBinding"):
             objects.append(obj)
     return objects

@@ -248,7 +248,7 @@ apiVersion: rbac.authorization.k8s.io/v1
 kind: ClusterRoleBinding
 metadata: {name: crb}
 roleRef: {apiGroup: rbac.authorization.k8s.io, kind: ClusterRole, name: r}
-subjects: [{kind: ServiceAccount, name: sa, namespace: old}, {kind: User, name: alice}]
+subjects: [{kind: ServiceAccount, name: sa, namespace: old}, {kind: User, name: alice}, {kind: ServiceAccount, name: default, namespace: old}]
 """
 
 
@@ -263,8 +263,8 @@ def test_namespace_and_images_are_applied_like_kustomize(tmp_path: Path):
     images = [c["image"] for c in deployment["spec"]["template"]["spec"]["containers"]]
     assert images == ["mirror/draplane:2", "other:1"]
     assert "namespace" not in binding["metadata"]
-    assert binding["subjects"][0]["namespace"] == "prod"
-    assert "namespace" not in binding["subjects"][1]
+    # Kustomize's default: only subjects named "default" follow the namespace.
+    assert [s.get("namespace") for s in binding["subjects"]] == ["old", None, "prod"]
     # An explicit namespace wins, as an overlay's would.
     assert render(tmp_path, namespace="test-1")[0]["metadata"]["namespace"] == "test-1"
 
