@@ -80,8 +80,6 @@ def validate_object(raw: Any, *, source: str | None = None, domains: dict[str, l
             check_resource_claim_template(clean, raw, findings, domains or {})
         else:
             check_resource_slice(clean, raw, findings)
-        if "metadata" not in raw:
-            findings.required("metadata", "every object needs metadata with a name", fix="metadata:\n  name: <name>")
         return findings.problems
     if kind in CORE_KINDS and api_version == "v1":
         if kind == "Pod":

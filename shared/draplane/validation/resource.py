@@ -492,7 +492,8 @@ def check_uid(value: str, path: str, findings: Findings) -> None:
 
 def check_pool_name(pool: str, path: str, findings: Findings) -> None:
     if not pool:
-        findings.required(path, "the pool name is required (often the node name)")
+        findings.required(path, "the pool name is required (often the node name)",
+                          fix="pool:\n  name: <node name>\n  generation: 1\n  resourceSliceCount: 1")
         return
     if len(pool) > limits.POOL_NAME_MAX_LENGTH:
         findings.too_long(path, len(pool), limits.POOL_NAME_MAX_LENGTH, "the pool name")
@@ -506,12 +507,13 @@ def check_binding_conditions(owner: dict[str, Any], path: str, findings: Finding
     failures = owner.get("bindingFailureConditions") or []
     for key, items, limit in (("bindingConditions", conditions, limits.BINDING_CONDITIONS_MAX),
                               ("bindingFailureConditions", failures, limits.BINDING_FAILURE_CONDITIONS_MAX)):
-        if _too_many(items, limit, f"{path}.{key}", "conditions", findings):
-            continue
-        for index, condition in enumerate(items):
-            for message in names.label_key(condition or ""):
-                findings.invalid(f"{path}.{key}[{index}]", condition, message)
-        _duplicates(list(items), f"{path}.{key}", "condition", findings)
+        if not _too_many(items, limit, f"{path}.{key}", "conditions", findings):
+            for index, condition in enumerate(items):
+                for message in names.label_key(condition or ""):
+                    findings.invalid(f"{path}.{key}[{index}]", condition, message)
+    # Unlike most lists, the apiserver checks these for duplicates and overlap even when too long.
+    _duplicates(list(conditions), f"{path}.bindingConditions", "condition", findings)
+    _duplicates(list(failures), f"{path}.bindingFailureConditions", "condition", findings)
     for index, condition in enumerate(failures):
         if condition in conditions:
             findings.invalid(f"{path}.bindingFailureConditions[{index}]", condition,
@@ -529,19 +531,16 @@ def check_resource_slice(obj: dict[str, Any], raw: dict[str, Any], findings: Fin
     check_object_meta(obj.get("metadata"), findings, names.dns1123_subdomain, names.to_dns_subdomain, namespaced=False)
     spec = obj.get("spec") or {}
     _check_driver(spec.get("driver") or "", "spec.driver", findings)
-    pool = spec.get("pool")
-    if pool is None:
-        findings.required("spec.pool", "a slice belongs to a pool",
-                          fix="pool:\n  name: <node name>\n  generation: 1\n  resourceSliceCount: 1")
-    else:
-        check_pool_name(pool.get("name") or "", "spec.pool.name", findings)
-        count = pool.get("resourceSliceCount") or 0
-        if count <= 0:
-            findings.invalid("spec.pool.resourceSliceCount", count, "must be greater than zero: it is the number "
-                             "of slices in the pool at this generation", fix="resourceSliceCount: 1")
-        generation = pool.get("generation") or 0
-        if generation < 0:
-            findings.invalid("spec.pool.generation", generation, "must be zero or more", fix="generation: 0")
+    # A missing pool is an empty one to the apiserver, which then reports its name and count.
+    pool = spec.get("pool") or {}
+    check_pool_name(pool.get("name") or "", "spec.pool.name", findings)
+    count = pool.get("resourceSliceCount") or 0
+    if count <= 0:
+        findings.invalid("spec.pool.resourceSliceCount", count, "must be greater than zero: it is the number "
+                         "of slices in the pool at this generation", fix="resourceSliceCount: 1")
+    generation = pool.get("generation") or 0
+    if generation < 0:
+        findings.invalid("spec.pool.generation", generation, "must be zero or more", fix="generation: 0")
     _check_slice_node_selection(spec, findings)
     if spec.get("sharedCounters") is not None and spec.get("devices") is not None:
         findings.invalid("spec", "", "only one of `sharedCounters` or `devices` is allowed in one slice",
@@ -787,17 +786,54 @@ def _check_request_policy(capacity_value: str, policy: dict[str, Any], path: str
                 findings.invalid(f"{rpath}.max", valid_range["max"], f"max is larger than the capacity value {capacity_value}")
             if dflt > high:
                 findings.invalid(f"{rpath}.default", default, f"default is more than max {valid_range['max']}")
-        if valid_range.get("step") is not None:
-            step = _q(valid_range["step"])
-            if step <= 0:
-                findings.invalid(f"{rpath}.step", valid_range["step"], "must be greater than zero")
-                return
-            if low + step > maximum:
-                findings.invalid(f"{rpath}.step", valid_range["step"], "one step above min is larger than the capacity value")
-            for value, label in ((dflt, default), (high, valid_range.get("max"))):
-                if value is not None and (value - low) % step != 0:
-                    findings.invalid(f"{rpath}.step", label, f"is not min ({valid_range['min']}) plus a multiple of "
-                                     f"step ({valid_range['step']})")
+        _check_range_step(valid_range, default, maximum, rpath, findings)
+
+
+_MAX_INT64 = 2**63 - 1
+
+
+def _check_range_step(valid_range: dict[str, Any], default: str, maximum: Fraction, path: str,
+                      findings: Findings) -> None:
+    """The step checks of a validRange, in the apiserver's order (DRAFractionalCapacityRange on).
+
+    Values with a fraction are compared in milli-units and must be representable as such; whole
+    values must fit an int64 and not be negative. Either kind of unsafe value stops the step checks.
+    """
+    named = {"default": default, "min": valid_range.get("min"), "max": valid_range.get("max"),
+             "step": valid_range.get("step")}
+    values = {key: _q(text) for key, text in named.items() if text is not None}
+    use_milli = any(v.denominator != 1 for v in values.values())
+    if use_milli:
+        unsafe = False
+        for key, value in values.items():
+            if (value * 1000).denominator != 1:
+                findings.invalid(f"{path}.{key}", named[key], "cannot be represented in milli-units (at most 3 decimals)")
+                unsafe = True
+        if unsafe:
+            return
+    if "step" not in values:
+        return
+    step, low = values["step"], values["min"]
+    if step <= 0:
+        findings.invalid(f"{path}.step", named["step"], "must be greater than zero")
+        return
+    if low + step > maximum:
+        findings.invalid(f"{path}.step", named["step"], "one step above min is larger than the capacity value")
+    if not use_milli:
+        unsafe = False
+        for key, value in values.items():
+            if value < 0:
+                findings.invalid(f"{path}.{key}", named[key], "must be greater than or equal to 0")
+                unsafe = True
+            elif value > _MAX_INT64:
+                findings.invalid(f"{path}.{key}", named[key], f"must not be larger than {_MAX_INT64}")
+                unsafe = True
+        if unsafe:
+            return
+    for key in ("default", "max"):
+        if key in values and (values[key] - low) % step != 0:
+            findings.invalid(f"{path}.step", named[key], f"is not min ({named['min']}) plus a multiple of step "
+                             f"({named['step']})", fix=f"{key}: {named['min']} plus a multiple of {named['step']}")
 
 
 def check_taint(taint: dict[str, Any], path: str, findings: Findings) -> None:

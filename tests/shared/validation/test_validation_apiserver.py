@@ -192,9 +192,18 @@ def _without_none(value):
     return value
 
 
-async def _send(kube, raw, validation: str):
+_PLURALS = {"DeviceClass": "deviceclasses", "ResourceSlice": "resourceslices", "ResourceClaim": "resourceclaims",
+            "ResourceClaimTemplate": "resourceclaimtemplates"}
+
+
+async def _send(kube, raw, validation: str, namespace: str | None = None):
     query = {"dryRun": "All", "fieldValidation": validation}
-    return await kube.request("POST", raw_collection_path(raw), body=raw, query=query)
+    if namespace is None:
+        path = raw_collection_path(raw)
+    else:  # the object's own metadata may be broken on purpose, so the URL does not come from it
+        scope = f"/namespaces/{namespace}" if raw["kind"] in ("ResourceClaim", "ResourceClaimTemplate") else ""
+        path = f"/apis/resource.k8s.io/v1{scope}/{_PLURALS[raw['kind']]}"
+    return await kube.request("POST", path, body=raw, query=query)
 
 
 def _apiserver_fields(error: KubeApiError) -> set[str]:
@@ -223,7 +232,15 @@ def _validated_fields(raw, problems) -> set[str]:
     return fields
 
 
+_MAP_KEY = re.compile(r"\[([^\]]*[^\d\]][^\]]*)\]")
+
+
 def _unknown_fields(problems) -> set[str]:
+    """As the strict decoder names them: map keys as `.key`, not the validator's `[key]`."""
+    return {_MAP_KEY.sub(r".\1", field) for field in _unknown_field_paths(problems)}
+
+
+def _unknown_field_paths(problems) -> set[str]:
     fields = set()
     for p in problems:
         if p.reason != UNKNOWN_FIELD:

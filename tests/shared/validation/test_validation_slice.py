@@ -72,8 +72,9 @@ def test_pool(build):
     spec["spec"]["pool"] = {"name": "Node_1", "generation": -1, "resourceSliceCount": 0}
     problems = validate_object(spec)
     assert [p.field for p in problems] == ["spec.pool.name", "spec.pool.resourceSliceCount", "spec.pool.generation"]
-    del spec["spec"]["pool"]
-    assert [(p.field, p.reason) for p in validate_object(spec)] == [("spec.pool", REQUIRED)]
+    del spec["spec"]["pool"]  # reported like the apiserver does: as an empty pool
+    assert [(p.field, p.reason) for p in validate_object(spec)] == [
+        ("spec.pool.name", REQUIRED), ("spec.pool.resourceSliceCount", INVALID)]
 
 
 def test_driver_name(build):

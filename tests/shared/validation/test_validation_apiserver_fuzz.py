@@ -1,0 +1,146 @@
+"""Randomised parity with the real kube-apiserver: valid objects are mutated (fields removed, values
+swapped for awkward ones, list entries duplicated, unknown fields added) and sent with dryRun=All.
+draplane must take the same decision and name the same fields. Deterministic: fixed seeds.
+"""
+
+from __future__ import annotations
+
+import copy
+import os
+import random
+from typing import Any
+
+import pytest
+
+from draplane.kube import KubeApiError
+from draplane.validation import validate_object
+from draplane.validation.problem import WRONG_TYPE
+from test_validation_apiserver import _apiserver_fields, _send, _unknown_fields, _validated_fields
+
+pytestmark = pytest.mark.integration
+
+# More rounds or another seed for a longer hunt: DRAPLANE_FUZZ_ROUNDS=5000 DRAPLANE_FUZZ_SEED=7
+ROUNDS = int(os.environ.get("DRAPLANE_FUZZ_ROUNDS", "400"))
+SEED = int(os.environ.get("DRAPLANE_FUZZ_SEED", "20260601"))
+
+AWKWARD = [
+    "", "Bad_Name", "-x", "x" * 70, "a/b/c", "gpu.nvidia.com/", "gpu.nvidia.com/memory", "memory", "0abc",
+    "All", "ExactCount", "Exists", "Equal", "NoSchedule", "NoExecute", "None", "PreferNoSchedule", "In",
+    "1.2.3", "v1", "80Gi", "-1", "1e3", "10 Gi", 'device.driver == "x"', "device.driver", "true",
+    -1, 0, 1, 33, 2**40, True, False, None, [], {}, ["x"], {"a": 1}, 1.5,
+]
+
+
+def base_objects(build, namespace: str) -> list[dict[str, Any]]:
+    claim = build.claim([
+        build.exact("gpu", count=2, selectors=[{"cel": {"expression": 'device.driver == "gpu.nvidia.com"'}}],
+                    tolerations=[{"key": "example.com/unhealthy", "operator": "Exists", "effect": "NoSchedule"}]),
+        {"name": "nic", "firstAvailable": [{"name": "fast", "deviceClassName": "nic", "count": 1},
+                                           {"name": "any", "deviceClassName": "nic", "allocationMode": "All"}]},
+    ], constraints=[{"requests": ["gpu", "nic/fast"], "matchAttribute": "resource.kubernetes.io/pcieRoot"}],
+        config=[{"requests": ["gpu"], "opaque": {"driver": "gpu.nvidia.com", "parameters": {"a": 1}}}])
+    claim["metadata"]["namespace"] = namespace
+    slice_ = build.slice([
+        build.device("gpu-0", taints=[{"key": "example.com/t", "value": "v", "effect": "NoSchedule"}],
+                     bindingConditions=["Ready"], bindingFailureConditions=["Failed"]),
+        {"name": "gpu-1", "allowMultipleAllocations": True, "attributes": {"v": {"version": "1.2.3"}},
+         "capacity": {"memory": {"value": "80Gi", "requestPolicy": {
+             "default": "8Gi", "validRange": {"min": "4Gi", "max": "64Gi", "step": "4Gi"}}}}},
+    ])
+    counters = build.slice(None, sharedCounters=[{"name": "gpu-0", "counters": {"memory": {"value": "80Gi"}}}])
+    counters["metadata"]["name"] = "node-1-counters"
+    per_device = build.slice([build.device("mig-0", nodeName="node-1", consumesCounters=[
+        {"counterSet": "gpu-0", "counters": {"memory": {"value": "10Gi"}}}])], nodeName=None,
+        perDeviceNodeSelection=True)
+    selector_slice = build.slice(nodeName=None, nodeSelector={"nodeSelectorTerms": [
+        {"matchExpressions": [{"key": "zone", "operator": "In", "values": ["a"]}]}]})
+    device_class = build.device_class('device.capacity["gpu.nvidia.com"].memory.isGreaterThan(quantity("40Gi"))',
+                                      config=[{"opaque": {"driver": "gpu.nvidia.com", "parameters": {"a": 1}}}])
+    return [claim, slice_, counters, per_device, selector_slice, device_class]
+
+
+def _nodes(value: Any, path: tuple = ()) -> list[tuple]:
+    """Paths of every node below the top level, skipping apiVersion/kind/metadata.namespace."""
+    found = []
+    if isinstance(value, dict):
+        for key, child in value.items():
+            if not path and key in ("apiVersion", "kind"):
+                continue
+            if path == ("metadata",) and key == "namespace":
+                continue
+            found.append(path + (key,))
+            found.extend(_nodes(child, path + (key,)))
+    elif isinstance(value, list):
+        for index, child in enumerate(value):
+            found.append(path + (index,))
+            found.extend(_nodes(child, path + (index,)))
+    return found
+
+
+def _parent(obj: Any, path: tuple) -> Any:
+    for step in path[:-1]:
+        obj = obj[step]
+    return obj
+
+
+def mutate(obj: dict[str, Any], rng: random.Random) -> list[str]:
+    done = []
+    for _ in range(rng.randint(1, 3)):
+        nodes = _nodes(obj)
+        if not nodes:
+            break
+        path = rng.choice(nodes)
+        parent = _parent(obj, path)
+        key = path[-1]
+        operation = rng.choice(("delete", "replace", "replace", "replace", "duplicate", "unknown", "grow"))
+        if operation == "delete":
+            del parent[key]
+        elif operation == "replace":
+            parent[key] = copy.deepcopy(rng.choice(AWKWARD))
+        elif operation == "duplicate" and isinstance(parent, list):
+            parent.append(copy.deepcopy(parent[key]))
+        elif operation == "grow" and isinstance(parent, list):
+            parent.extend(copy.deepcopy(parent[key]) for _ in range(rng.choice((7, 31, 64, 128))))
+        elif operation == "unknown" and isinstance(parent[key], dict):
+            parent[key][rng.choice(("extra", "deviceClassName", "count", "basic", "Name"))] = "x"
+        else:
+            continue
+        done.append(f"{operation} {'.'.join(map(str, path))}")
+    return done
+
+
+async def test_mutated_objects_get_the_apiserver_verdict(build, kube, namespace):
+    rng = random.Random(SEED)
+    bases = base_objects(build, namespace)
+    for base in bases:  # the starting points themselves are valid
+        assert validate_object(base) == [], base
+    mismatches = []
+    for round_ in range(ROUNDS):
+        obj = copy.deepcopy(rng.choice(bases))
+        operations = mutate(obj, rng)
+        mine = validate_object(obj)
+        try:
+            await _send(kube, obj, "Ignore", namespace)
+            verdict, fields = "accepted", set()
+        except KubeApiError as error:
+            verdict = "undecodable" if error.status == 400 else "invalid"
+            fields = _apiserver_fields(error) if error.status == 422 else set()
+            if error.status not in (400, 422):
+                raise
+        my_types = any(p.reason == WRONG_TYPE for p in mine)
+        if verdict == "undecodable" or my_types:
+            agree = verdict == "undecodable" and my_types
+        else:
+            agree = _validated_fields(obj, mine) == fields
+            if agree:
+                try:
+                    await _send(kube, obj, "Strict", namespace)
+                    agree = not _unknown_fields(mine)
+                except KubeApiError as error:
+                    theirs = _apiserver_fields(error) if error.status == 400 else set()
+                    # The strict decoder stops listing after 100 unknown fields.
+                    agree = theirs <= _unknown_fields(mine) if len(theirs) == 100 else theirs == _unknown_fields(mine)
+        if not agree:
+            mismatches.append(f"round {round_} {obj['kind']} {operations}: apiserver {verdict} "
+                              f"{sorted(fields)[:8]}; draplane {[str(p)[:200] for p in mine[:8]]}")
+    assert not mismatches, "\n".join(mismatches[:15]) + f"\n({len(mismatches)} of {ROUNDS} rounds disagree)"
