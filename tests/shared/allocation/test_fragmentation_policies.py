@@ -1,0 +1,161 @@
+import random
+
+import numpy as np
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from draplane.allocation.fragmentation import (
+    BestFit,
+    DraplaneFragmentation,
+    FirstFit,
+    FirstNode,
+    FragmentationGradientDescent,
+    NodeState,
+    PodShape,
+    expected_fragmentation,
+    fits,
+    packing_waste_table,
+    typical_shapes,
+)
+from draplane.simulation.engine import Replay, build_arrays
+
+WORKLOAD = [
+    PodShape(4000, 8192, 1, 1000), PodShape(4000, 8192, 1, 1000), PodShape(2000, 4096, 1, 500),
+    PodShape(2000, 4096, 1, 500), PodShape(6000, 16384, 1, 300), PodShape(8000, 16384, 2, 1000),
+    PodShape(16000, 32768, 0, 0), PodShape(1000, 2048, 1, 700),
+]
+
+
+def policies():
+    return [
+        FirstFit(), FirstNode(), BestFit(),
+        FragmentationGradientDescent(typical_shapes(WORKLOAD)),
+        DraplaneFragmentation.for_workload(WORKLOAD),
+    ]
+
+
+gpu_free = st.sampled_from([0, 100, 200, 300, 500, 700, 1000])
+states = st.builds(
+    lambda cpu, mem, gpus, model: NodeState(model, cpu, mem, tuple(gpus)),
+    st.integers(0, 32000), st.integers(0, 65536), st.lists(gpu_free, min_size=0, max_size=8), st.sampled_from(["T4", "G2"]),
+)
+shapes = st.builds(
+    PodShape,
+    st.integers(0, 16000), st.integers(0, 32768), st.sampled_from([0, 1, 2, 4, 8]), st.sampled_from([0, 200, 300, 500, 1000]),
+    st.sampled_from([(), ("T4",), ("G2", "T4")]),
+).filter(lambda s: (s.num_gpu == 0) == (s.gpu_milli == 0) and (s.num_gpu <= 1 or s.gpu_milli == 1000))
+
+
+@settings(max_examples=400, deadline=None)
+@given(states, shapes)
+def test_scoring_never_changes_feasibility_on_a_node(state, shape):
+    """Every policy places the pod exactly when it fits, on GPUs that have room for it."""
+    feasible = fits(state, shape)
+    for policy in policies():
+        placement = policy.place(state, shape)
+        assert (placement is not None) == feasible, policy.name
+        if placement is None:
+            continue
+        assert len(placement.gpus) == shape.num_gpu and len(set(placement.gpus)) == shape.num_gpu
+        assert all(state.gpus[i] >= shape.gpu_milli for i in placement.gpus), policy.name
+
+
+def test_engine_candidates_are_the_same_for_every_policy():
+    rng = random.Random(7)
+    names = [f"n{i}" for i in range(30)]
+    models = [rng.choice(["T4", "G2"]) for _ in names]
+    cpu = [rng.choice([8000, 32000, 96000]) for _ in names]
+    mem = [rng.choice([16384, 65536]) for _ in names]
+    counts = [rng.choice([1, 2, 4, 8]) for _ in names]
+    replays = [Replay(build_arrays(names, models, cpu, mem, counts), p) for p in policies()]
+    for _ in range(200):
+        shape = rng.choice(WORKLOAD)
+        sets = [set(r._candidates(shape).tolist()) for r in replays]
+        # Same history is not kept across policies, so compare each against its own node states.
+        for replay, candidates in zip(replays, sets):
+            expected = {i for i in range(len(names)) if fits(replay.state(i), shape)}
+            assert candidates == expected
+        for replay in replays:
+            replay.offer(shape)
+
+
+@pytest.mark.parametrize("policy_name", ["fgd", "draplane", "best-fit"])
+def test_cached_vectorised_choice_equals_scoring_every_node(policy_name):
+    """The simulator's shortcut (shared scores per equivalent state, array maths) picks the node and
+    GPUs that scoring every node one by one with `place` picks."""
+    from draplane.simulation.experiment import make_policy
+
+    rng = random.Random(11)
+    names = [f"n{i}" for i in range(40)]
+    models = [rng.choice(["T4", "G2"]) for _ in names]
+    cpu = [rng.choice([16000, 32000, 96000]) for _ in names]
+    mem = [rng.choice([32768, 131072]) for _ in names]
+    counts = [rng.choice([1, 2, 4, 8]) for _ in names]
+    arrivals = [rng.choice(WORKLOAD) for _ in range(300)]
+    policy, cpu_thr, mem_thr = make_policy(policy_name, arrivals)
+    replay = Replay(build_arrays(names, models, cpu, mem, counts), policy, cpu_thresholds=cpu_thr, memory_thresholds=mem_thr)
+    for shape in arrivals:
+        best = None
+        for i in range(len(names)):
+            placement = policy.place(replay.state(i), shape)
+            if placement is not None and (best is None or placement.score > best[0]):
+                best = (placement.score, i, placement.gpus)
+        outcome = replay.offer(shape)
+        if best is None:
+            assert outcome.node is None
+            continue
+        assert outcome.node == best[1]
+        # Equal GPUs are interchangeable: compare what the choice leaves, not the index.
+        assert sorted(replay.state(best[1]).gpus) == sorted(
+            [f - (shape.gpu_milli if j in best[2] else 0) for j, f in enumerate(
+                [g + (shape.gpu_milli if j in outcome.gpus else 0) for j, g in enumerate(replay.state(best[1]).gpus)])]
+        )
+
+
+def run_small_cluster(policy):
+    # Two identical nodes with two GPUs each. Two half-GPU pods arrive, then two 2-GPU pods.
+    names, models = ["a", "b"], ["T4", "T4"]
+    replay = Replay(build_arrays(names, models, [32000, 32000], [65536, 65536], [2, 2]), policy)
+    half = PodShape(1000, 1024, 1, 500)
+    pair = PodShape(1000, 1024, 2, 1000)
+    return [replay.offer(s) for s in (half, half, pair, pair)], replay
+
+
+def test_draplane_avoids_the_fragmentation_first_fit_causes():
+    workload = [PodShape(1000, 1024, 1, 500)] * 2 + [PodShape(1000, 1024, 2, 1000)] * 2
+    kube, kube_replay = run_small_cluster(FirstFit())
+    # kube-scheduler's LeastAllocated spreads the halves, one per node: each node has a broken GPU,
+    # and neither 2-GPU pod fits anywhere.
+    assert [o.node for o in kube] == [0, 1, None, None]
+    assert sorted(kube_replay.state(0).gpus) == [500, 1000] == sorted(kube_replay.state(1).gpus)
+
+    ours, ours_replay = run_small_cluster(DraplaneFragmentation.for_workload(workload))
+    # draplane stacks both halves on one GPU, which keeps node b whole for a 2-GPU pod.
+    assert [o.node for o in ours[:2]] == [0, 0] and ours[0].gpus == ours[1].gpus
+    assert ours[2].node == 1 and ours[3].node is None
+    assert sum(ours_replay.a.gpu_total) == 1000 < sum(kube_replay.a.gpu_total) == 3000
+
+
+def test_draplane_sends_cpu_heavy_pods_to_cpu_rich_nodes():
+    workload = [PodShape(12000, 1024, 1, 1000)] * 8
+    policy = DraplaneFragmentation.for_workload(workload)
+    # Node 0 has exactly the CPU its GPUs need; node 1 has four times that. A CPU-only pod on node 0
+    # would strand a GPU there, on node 1 it strands nothing.
+    replay = Replay(build_arrays(["lean", "rich"], ["G2", "T4"], [24000, 96000], [65536, 65536], [2, 2]), policy)
+    assert replay.offer(PodShape(12000, 1024, 0, 0)).node == 1
+
+
+def test_packing_waste_table():
+    waste = packing_waste_table([300, 500])
+    assert waste[1000] == 0 and waste[800] == 0 and waste[600] == 0
+    assert waste[299] == 299 and waste[350] == 50 and waste[1] == 1 and waste[0] == 0
+
+
+def test_fgd_fragmentation_measure():
+    profile = typical_shapes([PodShape(1000, 0, 1, 500), PodShape(1000, 0, 1, 1000)])
+    # A 300-milli remainder is lost to both shapes; an empty node loses nothing.
+    assert expected_fragmentation(NodeState("T4", 8000, 0, (300, 1000)), profile) == 300
+    assert expected_fragmentation(NodeState("T4", 8000, 0, (1000, 1000)), profile) == 0
+    # Without CPU every free GPU is a fragment.
+    assert expected_fragmentation(NodeState("T4", 500, 0, (1000, 1000)), profile) == 2000
