@@ -17,6 +17,7 @@ get one runtime overload that dispatches on the tag, as the Go runtime dispatche
 from __future__ import annotations
 
 import math
+import re
 from fractions import Fraction
 
 from cel_expr_python import cel
@@ -48,8 +49,8 @@ extensions:
 """
 
 
-def _no_such_overload(*args: object) -> CELFunctionError:
-    return CELFunctionError("no such overload: " + ", ".join(cel_type_name(a) for a in args))
+def _no_such_overload(function: str, *args: object) -> CELFunctionError:
+    return CELFunctionError(f"no such overload: {function}(" + ", ".join(cel_type_name(a) for a in args) + ")")
 
 
 def _as_bytes(value: object) -> bytes | None:
@@ -59,11 +60,11 @@ def _as_bytes(value: object) -> bytes | None:
     return value if isinstance(value, bytes) else None
 
 
-def _quantity(value: object) -> Quantity:
+def _quantity(value: object, function: str = "quantity", *others: object) -> Quantity:
     encoded = _as_bytes(value)
     quantity = decode_quantity(encoded) if encoded is not None else None
     if quantity is None:
-        raise _no_such_overload(value)
+        raise _no_such_overload(function, value, *others)
     return quantity
 
 
@@ -73,8 +74,11 @@ def _quantity(value: object) -> Quantity:
 def _string_to_quantity(text: str) -> bytes:
     try:
         return encode_quantity(parse_quantity(text))
-    except QuantityError as err:
-        raise CELFunctionError(str(err)) from None
+    except QuantityError:
+        # resource.ErrFormatWrong, word for word.
+        raise CELFunctionError(
+            "quantities must match the regular expression '^([+-]?[0-9.]+)([eEinumkKMGTP]*[-+]?[0-9]*)$'"
+        ) from None
 
 
 def _is_quantity(text: str) -> bool:
@@ -86,7 +90,7 @@ def _is_quantity(text: str) -> bool:
 
 
 def _quantity_sign(value: bytes) -> int:
-    return _quantity(value).sign()
+    return _quantity(value, "sign").sign()
 
 
 def _fits_int64(value: Fraction) -> bool:
@@ -94,18 +98,18 @@ def _fits_int64(value: Fraction) -> bool:
 
 
 def _quantity_is_integer(value: bytes) -> bool:
-    return _fits_int64(_quantity(value).value)
+    return _fits_int64(_quantity(value, "isInteger").value)
 
 
 def _quantity_as_integer(value: bytes) -> int:
-    amount = _quantity(value).value
+    amount = _quantity(value, "asInteger").value
     if not _fits_int64(amount):
         raise CELFunctionError("cannot convert value to integer")
     return amount.numerator
 
 
 def _quantity_as_float(value: bytes) -> float:
-    amount = _quantity(value).value
+    amount = _quantity(value, "asApproximateFloat").value
     try:
         return amount.numerator / amount.denominator
     except OverflowError:
@@ -113,13 +117,15 @@ def _quantity_as_float(value: bytes) -> float:
 
 
 def _quantity_add(left: bytes, right: bytes | int) -> bytes:
-    other = Fraction(right) if isinstance(right, int) and not isinstance(right, bool) else _quantity(right).value
-    return encode_quantity(Quantity(_quantity(left).value + other))
+    base = _quantity(left, "add", right).value
+    other = Fraction(right) if isinstance(right, int) and not isinstance(right, bool) else _quantity(right, "add", left).value
+    return encode_quantity(Quantity(base + other))
 
 
 def _quantity_sub(left: bytes, right: bytes | int) -> bytes:
-    other = Fraction(right) if isinstance(right, int) and not isinstance(right, bool) else _quantity(right).value
-    return encode_quantity(Quantity(_quantity(left).value - other))
+    base = _quantity(left, "sub", right).value
+    other = Fraction(right) if isinstance(right, int) and not isinstance(right, bool) else _quantity(right, "sub", left).value
+    return encode_quantity(Quantity(base - other))
 
 
 # --- semver library (k8s.io/apiserver/pkg/cel/library/semverlib.go) -----------------------------
@@ -141,35 +147,84 @@ def _is_semver(text: str, normalize: bool = False) -> bool:
     return True
 
 
-def _semver(value: object):
+def _semver(value: object, function: str):
     encoded = _as_bytes(value)
     version = decode_semver(encoded) if encoded is not None else None
     if version is None:
-        raise _no_such_overload(value)
+        raise _no_such_overload(function, value)
     return version
 
 
 # --- shared by both: ordering ---------------------------------------------------------------------
 
 
-def _compare(left: object, right: object) -> int:
-    left, right = _as_bytes(left) or left, _as_bytes(right) or right
-    if isinstance(left, bytes) and isinstance(right, bytes):
-        lq, rq = decode_quantity(left), decode_quantity(right)
+def _compare(left: object, right: object, function: str = "compareTo") -> int:
+    left_bytes, right_bytes = _as_bytes(left), _as_bytes(right)
+    if left_bytes is not None and right_bytes is not None:
+        lq, rq = decode_quantity(left_bytes), decode_quantity(right_bytes)
         if lq is not None and rq is not None:
             return (lq.value > rq.value) - (lq.value < rq.value)
-        ls, rs = decode_semver(left), decode_semver(right)
+        ls, rs = decode_semver(left_bytes), decode_semver(right_bytes)
         if ls is not None and rs is not None:
             return ls.compare(rs)
-    raise _no_such_overload(left, right)
+    raise _no_such_overload(function, left, right)
 
 
 def _is_greater_than(left: object, right: object) -> bool:
-    return _compare(left, right) == 1
+    return _compare(left, right, "isGreaterThan") == 1
 
 
 def _is_less_than(left: object, right: object) -> bool:
-    return _compare(left, right) == -1
+    return _compare(left, right, "isLessThan") == -1
+
+
+# --- Kubernetes' lists and regex libraries (library/lists.go, library/regex.go) ---------------------
+
+
+def _cel_equal(left: object, right: object) -> bool:
+    # Python says True == 1; CEL keeps bool apart from numbers.
+    return (type(left) is bool) == (type(right) is bool) and left == right
+
+
+def _list_is_sorted(values: list) -> bool:
+    return all(not (values[i] > values[i + 1]) for i in range(len(values) - 1))
+
+
+def _list_sum(values: list):
+    total = 0.0 if values and isinstance(values[0], float) else 0
+    for value in values:
+        total += value
+    return total
+
+
+def _list_extreme(name: str, prefer):
+    def pick(values: list):
+        if not values:
+            raise CELFunctionError(f"{name} called on empty list")
+        result = values[0]
+        for value in values[1:]:
+            if prefer(value, result):
+                result = value
+        return result
+
+    return pick
+
+
+def _compile_regex(pattern: str):
+    try:
+        return re.compile(pattern)
+    except re.error as err:
+        raise CELFunctionError(f"Illegal regex: {err}") from None
+
+
+def _string_find(text: str, pattern: str) -> str:
+    match = _compile_regex(pattern).search(text)
+    return match.group(0) if match else ""
+
+
+def _string_find_all(text: str, pattern: str, limit: int = -1) -> list[str]:
+    found = [m.group(0) for m in _compile_regex(pattern).finditer(text)]
+    return found if limit < 0 else found[:limit]
 
 
 # --- the declarations -------------------------------------------------------------------------------
@@ -222,6 +277,39 @@ def _checking_functions() -> list[cel.FunctionDecl]:
         cel.FunctionDecl("minor", [overload("semver_minor", I, [V], True)]),
         cel.FunctionDecl("patch", [overload("semver_patch", I, [V], True)]),
         *_ordering_with_cross_type_numerics(),
+        *_lists_library_checking(),
+        cel.FunctionDecl("find", [overload("string_find_string", S, [S, S], True)]),
+        cel.FunctionDecl(
+            "findAll",
+            [
+                overload("string_find_all_string", T.List(S), [S, S], True),
+                overload("string_find_all_string_int", T.List(S), [S, S, I], True),
+            ],
+        ),
+    ]
+
+
+_COMPARABLE = {
+    "int": T.INT, "uint": T.UINT, "double": T.DOUBLE, "bool": T.BOOL, "duration": T.DURATION,
+    "timestamp": T.TIMESTAMP, "string": T.STRING, "bytes": T.BYTES,
+}
+_SUMMABLE = {"int": T.INT, "uint": T.UINT, "double": T.DOUBLE, "duration": T.DURATION}
+
+
+def _lists_library_checking() -> list[cel.FunctionDecl]:
+    """isSorted, sum, min, max over the element types Kubernetes lists. indexOf and lastIndexOf on
+    lists are missing: cel-cpp's strings extension owns the name indexOf and cannot be extended."""
+
+    def member(overload_id: str, result: cel.Type, params: list[cel.Type]) -> cel.Overload:
+        return cel.Overload(overload_id, return_type=result, parameters=params, is_member=True)
+
+    return [
+        cel.FunctionDecl(
+            "isSorted", [member(f"list_{n}_is_sorted_bool", T.BOOL, [T.List(t)]) for n, t in _COMPARABLE.items()]
+        ),
+        cel.FunctionDecl("sum", [member(f"list_{n}_sum_{n}", t, [T.List(t)]) for n, t in _SUMMABLE.items()]),
+        cel.FunctionDecl("max", [member(f"list_{n}_max_{n}", t, [T.List(t)]) for n, t in _COMPARABLE.items()]),
+        cel.FunctionDecl("min", [member(f"list_{n}_min_{n}", t, [T.List(t)]) for n, t in _COMPARABLE.items()]),
     ]
 
 
@@ -260,6 +348,25 @@ _CHECKING_STDLIB_YAML = "stdlib:\n  exclude_functions:\n" + "".join(
 )
 
 
+_OTHER_KINDS = {
+    "string": T.STRING, "int64": T.INT, "uint64": T.UINT, "double": T.DOUBLE, "bool": T.BOOL,
+    "list": T.LIST, "map": T.MAP, "null": T.NULL, "timestamp": T.TIMESTAMP, "duration": T.DURATION,
+}
+
+
+def _mismatches(function: str, result: cel.Type, impl) -> list[cel.Overload]:
+    """Overloads for a Quantity/Semver method reached through dyn with a value of another kind.
+
+    Without them the C++ runtime answers "No matching overloads" without naming the types; with
+    them the implementation raises Kubernetes' "no such overload: f(string, kubernetes.Semver)".
+    """
+    overloads = []
+    for name, kind in _OTHER_KINDS.items():
+        overloads.append(cel.Overload(f"{function}_{name}_bytes", return_type=result, parameters=[kind, T.BYTES], is_member=True, impl=impl))
+        overloads.append(cel.Overload(f"{function}_bytes_{name}", return_type=result, parameters=[T.BYTES, kind], is_member=True, impl=impl))
+    return overloads
+
+
 def _runtime_functions() -> list[cel.FunctionDecl]:
     """The same names over the runtime representation, with implementations."""
 
@@ -288,9 +395,18 @@ def _runtime_functions() -> list[cel.FunctionDecl]:
                 overload("quantity_sub_int", X, [X, I], _quantity_sub, True),
             ],
         ),
-        cel.FunctionDecl("isGreaterThan", [overload("bytes_is_greater_than", B, [X, X], _is_greater_than, True)]),
-        cel.FunctionDecl("isLessThan", [overload("bytes_is_less_than", B, [X, X], _is_less_than, True)]),
-        cel.FunctionDecl("compareTo", [overload("bytes_compare_to", I, [X, X], _compare, True)]),
+        cel.FunctionDecl(
+            "isGreaterThan",
+            [overload("bytes_is_greater_than", B, [X, X], _is_greater_than, True), *_mismatches("isGreaterThan", B, _is_greater_than)],
+        ),
+        cel.FunctionDecl(
+            "isLessThan",
+            [overload("bytes_is_less_than", B, [X, X], _is_less_than, True), *_mismatches("isLessThan", B, _is_less_than)],
+        ),
+        cel.FunctionDecl(
+            "compareTo",
+            [overload("bytes_compare_to", I, [X, X], _compare, True), *_mismatches("compareTo", I, _compare)],
+        ),
         cel.FunctionDecl(
             "semver",
             [
@@ -305,9 +421,22 @@ def _runtime_functions() -> list[cel.FunctionDecl]:
                 overload("is_semver_string_bool", B, [S, B], _is_semver),
             ],
         ),
-        cel.FunctionDecl("major", [overload("semver_major", I, [X], lambda v: _semver(v).major, True)]),
-        cel.FunctionDecl("minor", [overload("semver_minor", I, [X], lambda v: _semver(v).minor, True)]),
-        cel.FunctionDecl("patch", [overload("semver_patch", I, [X], lambda v: _semver(v).patch, True)]),
+        cel.FunctionDecl("major", [overload("semver_major", I, [X], lambda v: _semver(v, "major").major, True)]),
+        cel.FunctionDecl("minor", [overload("semver_minor", I, [X], lambda v: _semver(v, "minor").minor, True)]),
+        cel.FunctionDecl("patch", [overload("semver_patch", I, [X], lambda v: _semver(v, "patch").patch, True)]),
+        # The C++ runtime dispatches on the list kind; the elements' type was checked at compile time.
+        cel.FunctionDecl("isSorted", [overload("list_is_sorted", B, [T.LIST], _list_is_sorted, True)]),
+        cel.FunctionDecl("sum", [overload("list_sum", T.DYN, [T.LIST], _list_sum, True)]),
+        cel.FunctionDecl("max", [overload("list_max", T.DYN, [T.LIST], _list_extreme("max", lambda a, b: a > b), True)]),
+        cel.FunctionDecl("min", [overload("list_min", T.DYN, [T.LIST], _list_extreme("min", lambda a, b: a < b), True)]),
+        cel.FunctionDecl("find", [overload("string_find_string", S, [S, S], _string_find, True)]),
+        cel.FunctionDecl(
+            "findAll",
+            [
+                overload("string_find_all_string", T.List(S), [S, S], _string_find_all, True),
+                overload("string_find_all_string_int", T.List(S), [S, S, I], _string_find_all, True),
+            ],
+        ),
     ]
 
 
@@ -325,6 +454,9 @@ DEVICE_FIELDS = {
 def new_checking_env() -> cel.Env:
     config = cel.NewEnvConfigFromYaml(_EXTENSIONS_YAML + _CHECKING_STDLIB_YAML)
     variables = {f"device.{name}": cel_type for name, cel_type in DEVICE_FIELDS.items()}
+    # `device` on its own (cel.bind(d, device, ...)) is a map to the checker; selector.py rejects
+    # fields other than the four, as the object type would.
+    variables["device"] = T.Map(T.STRING, T.DYN)
     return cel.NewEnv(config=config, variables=variables, functions=_checking_functions())
 
 

@@ -13,9 +13,13 @@ from functools import lru_cache
 
 from cel_expr_python import cel
 
+from .ast import decode_serialized, encode_parsed
+from .cost import estimate_cost
 from .device import CELDevice
 from .errors import CELCompileError, CELRuntimeError
 from .library import DEVICE_FIELDS, new_checking_env, new_runtime_env
+from .rewrite import rewrite_device_maps
+from .static_checks import first_static_error
 from .values import cel_type_name
 
 # k8s.io/api/resource/v1: CELSelectorExpressionMaxLength and CELSelectorExpressionMaxCost.
@@ -41,17 +45,20 @@ def _environments() -> tuple[cel.Env, cel.Env]:
 _HAS_DEVICE_FIELD = re.compile(r"\bhas\s*\(\s*device\s*\.\s*(" + "|".join(DEVICE_FIELDS) + r")\s*\)")
 
 
-def _for_checking(expression: str) -> str:
-    return _HAS_DEVICE_FIELD.sub(lambda m: "true".ljust(len(m.group(0))), expression)
+def _for_checking(expression: str) -> tuple[str, int]:
+    """The text the checker sees, and how many presence tests on device fields it replaced."""
+    return _HAS_DEVICE_FIELD.subn(lambda m: "true".ljust(len(m.group(0))), expression)
 
 
 class DeviceSelectorProgram:
     """A compiled selector. matches() evaluates it for one device."""
 
-    __slots__ = ("expression", "_program", "_env")
+    __slots__ = ("expression", "max_cost", "_program", "_env")
 
-    def __init__(self, expression: str, program: cel.Expression, env: cel.Env):
+    def __init__(self, expression: str, program: cel.Expression, env: cel.Env, max_cost: int):
         self.expression = expression
+        # The estimated worst-case cost, as the apiserver computes it; at most MAX_SELECTOR_COST.
+        self.max_cost = max_cost
         self._program = program
         self._env = env
 
@@ -69,13 +76,26 @@ class DeviceSelectorProgram:
             raise CELRuntimeError(self.expression, runtime_message(str(value)))
         # An attribute lookup type-checks as the unknown type; Kubernetes fails at evaluation when
         # the value turns out not to be a bool.
-        type_name = cel_type_name(value)
-        go_name = {"kubernetes.Semver": "Semver", "kubernetes.Quantity": "Quantity"}.get(type_name, type_name)
+        type_name = "uint" if result.type() == cel.Type.UINT else cel_type_name(value)
         raise CELRuntimeError(
             self.expression,
-            f"CEL result of type {type_name} could not be converted to bool: "
-            f"type conversion error from '{go_name}' to 'bool'",
+            f"CEL result of type {type_name} could not be converted to bool: {_NOT_BOOL.get(type_name, '')}",
         )
+
+
+# cel-go's ConvertToNative(bool) errors, type by type.
+_NOT_BOOL = {
+    "string": "unsupported native conversion from string to 'bool'",
+    "int": "unsupported type conversion from 'int' to bool",
+    "uint": "unsupported type conversion from 'uint' to bool",
+    "double": "type conversion error from Double to 'bool'",
+    "bytes": "type conversion error from Bytes to 'bool'",
+    "list": "type conversion error from list to 'bool'",
+    "map": "type conversion error from map to 'bool'",
+    "null_type": "type conversion error from 'null_type' to 'bool'",
+    "kubernetes.Quantity": "type conversion error from 'Quantity' to 'bool'",
+    "kubernetes.Semver": "type conversion error from 'Semver' to 'bool'",
+}
 
 
 @lru_cache(maxsize=4096)
@@ -83,26 +103,40 @@ def compile_selector(expression: str) -> DeviceSelectorProgram:
     """Compile once per expression string; raise CELCompileError with the apiserver's reason."""
     if not isinstance(expression, str):
         raise CELCompileError(str(expression), f"expression must be a string, got {type(expression).__name__}")
-    if len(expression) > MAX_EXPRESSION_LENGTH:
+    size = len(expression.encode())
+    if size > MAX_EXPRESSION_LENGTH:
+        # field.TooLong's wording; Go's len() counts bytes.
         raise CELCompileError(
-            expression,
-            f"must be no more than {MAX_EXPRESSION_LENGTH} bytes long (the expression has {len(expression)})",
+            expression, f"may not be more than {MAX_EXPRESSION_LENGTH} bytes (the expression has {size})"
         )
     checking_env, runtime_env = _environments()
     try:
-        checked = checking_env.compile(_for_checking(expression))
+        checking_text, replaced_presence_tests = _for_checking(expression)
+        checked = checking_env.compile(checking_text)
     except RuntimeError as err:
         raise CELCompileError(expression, "compilation failed: " + compile_message(str(err), expression)) from None
-    result_type = checked.return_type()
-    if result_type != cel.Type.BOOL and result_type != cel.Type.DYN:
+    checked_ast = decode_serialized(checked.serialize())
+    result_type = checked_ast.types.get(checked_ast.expr.id)
+    if result_type is not None and result_type.name not in ("bool", "dyn"):
+        raise CELCompileError(expression, f"must evaluate to bool or the unknown type, not {result_type}")
+    static_error = first_static_error(checked_ast, expression)
+    if static_error:
+        raise CELCompileError(expression, "compilation failed: " + static_error)
+    # Each replaced has(device.f) costs what cel-go charges for it: the identifier `device`.
+    min_cost, max_cost = estimate_cost(checked_ast)
+    max_cost = min(max_cost + replaced_presence_tests, 2**64 - 1)
+    if max_cost > MAX_SELECTOR_COST:
         raise CELCompileError(
-            expression, f"must evaluate to bool or the unknown type, not {go_type_name(result_type.name())}"
+            expression,
+            f"too complex, exceeds cost limit (estimated worst-case cost {max_cost}, limit {MAX_SELECTOR_COST})",
         )
     try:
-        program = runtime_env.compile(expression, disable_check=True)
-    except RuntimeError as err:  # the checker accepted it, so this is draplane's fault
+        parsed = decode_serialized(runtime_env.compile(expression, disable_check=True).serialize())
+        parsed.expr = rewrite_device_maps(parsed.expr, parsed.max_id() + 1)
+        program = runtime_env.deserialize(encode_parsed(parsed))
+    except (RuntimeError, ValueError) as err:  # the checker accepted it, so this is draplane's fault
         raise CELCompileError(expression, "internal error preparing the expression: " + str(err)) from None
-    return DeviceSelectorProgram(expression, program, runtime_env)
+    return DeviceSelectorProgram(expression, program, runtime_env, max_cost)
 
 
 # --- messages -------------------------------------------------------------------------------------
@@ -117,6 +151,9 @@ _UNDECLARED_DEVICE_FIELD = re.compile(r"undeclared reference to 'device\.([A-Za-
 def compile_message(raw: str, expression: str) -> str:
     """cel-cpp's checker text in cel-go's wording, which is what the apiserver prints."""
     text = _STATUS_SUFFIX.sub("", _STATUS_PREFIX.sub("", raw.strip()))
+    if not expression:
+        # cel-go reports the end of an empty input at column 0.
+        text = text.replace("<input>:1:1: ", "<input>:1:0: ", 1)
     lines = text.split("\n")
     out: list[str] = []
     for line in lines:
@@ -128,7 +165,7 @@ def compile_message(raw: str, expression: str) -> str:
                 overload.group(1), overload.group(2), _is_member_call(expression, column, overload.group(1))
             ) + line[overload.end():]
         line = _UNDECLARED_DEVICE_FIELD.sub(lambda m: f"undefined field '{m.group(1)}'", line)
-        out.append(_go_types_in(line) if line.startswith("ERROR") else line)
+        out.append(line)
     return "\n".join(out)
 
 
@@ -176,24 +213,6 @@ def _is_member_call(expression: str, column: int, function: str) -> bool:
     return start > 0 and text[start - 1] == "."
 
 
-_CPP_TYPE_WORDS = {
-    "BOOL": "bool", "INT": "int", "UINT": "uint", "DOUBLE": "double", "STRING": "string",
-    "BYTES": "bytes", "DYN": "dyn", "NULL_TYPE": "null_type", "TIMESTAMP": "google.protobuf.Timestamp",
-    "DURATION": "google.protobuf.Duration", "TYPE": "type", "ERROR": "*error*",
-}
-
-
-def go_type_name(cpp_name: str) -> str:
-    """`MAP<STRING, kubernetes.Quantity>` → `map(string, kubernetes.Quantity)`, as cel-go prints types."""
-    text = re.sub(r"\b(MAP|LIST|OPTIONAL_TYPE|optional_type)<", lambda m: m.group(1).lower() + "(", cpp_name)
-    text = text.replace(">", ")")
-    return re.sub(r"\b[A-Z_]+\b", lambda m: _CPP_TYPE_WORDS.get(m.group(0), m.group(0)), text)
-
-
-def _go_types_in(line: str) -> str:
-    return line
-
-
 _KEY_NOT_FOUND = re.compile(r'Key not found in map\s*:\s*"?(.*?)"?$')
 _NO_OVERLOAD = re.compile(r"No matching overloads found")
 
@@ -209,4 +228,12 @@ def runtime_message(raw: str) -> str:
         )
     if _NO_OVERLOAD.search(text):
         return "no such overload"
+    if text == "divide by zero":
+        return "division by zero"
+    index = _INDEX_ERROR.search(text)
+    if index:
+        return f"index out of bounds: {index.group(1)}"
     return text
+
+
+_INDEX_ERROR = re.compile(r"^Index error: index=(-?\d+)")

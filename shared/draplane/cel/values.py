@@ -10,6 +10,7 @@ mix them with real bytes.
 
 from __future__ import annotations
 
+import datetime
 from fractions import Fraction
 from functools import lru_cache
 
@@ -74,4 +75,8 @@ def cel_type_name(value: object) -> str:
         return "map"
     if value is None:
         return "null_type"
+    if isinstance(value, datetime.timedelta):
+        return "google.protobuf.Duration"
+    if isinstance(value, datetime.datetime):
+        return "google.protobuf.Timestamp"
     return type(value).__name__

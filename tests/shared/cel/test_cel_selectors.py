@@ -210,7 +210,6 @@ def test_qualified_and_unqualified_attributes(gpu):
         '"Hello".lowerAscii() == "hello" && "x".upperAscii() == "X"',
         '"abc".charAt(1) == "b" && "abcabc".lastIndexOf("c") == 5 && "abc".indexOf("c") == 2',
         '"  x ".trim() == "x" && "aXa".replace("X", "b") == "aba" && "abc".substring(1, 2) == "b"',
-        '["a", "b"].join("-") == "a-b"',
         '"%s-%d".format(["a", 1]) == "a-1"',
         'strings.quote("a") == "\\"a\\""',
         '"abc".startsWith("a") && "abc".endsWith("c") && "abc".contains("b") && "abc".matches("^a.c$")',
@@ -265,12 +264,39 @@ def test_quantity_capacity_comparisons_across_suffixes(gpu):
 # --- limits and caching -------------------------------------------------------------------------------
 
 
+def test_cost_limit_rejects_what_the_apiserver_rejects():
+    # Three nested loops over the 32 x 32 attribute maps: about 68 million by Kubernetes' estimate.
+    nested = (
+        "device.attributes.all(a, device.attributes.all(b, device.attributes.all(c, "
+        "device.attributes.all(d, a + b + c + d != ''))))"
+    )
+    with pytest.raises(CELCompileError, match="too complex, exceeds cost limit"):
+        compile_selector(nested)
+    # join() has no size bound for list literals in cel-go's model, so Kubernetes rejects it too.
+    with pytest.raises(CELCompileError, match="too complex, exceeds cost limit"):
+        compile_selector('["a", "b"].join("-") == "a-b"')
+    # Two levels are fine, and the estimate is the apiserver's.
+    program = compile_selector("device.attributes.all(k, device.attributes[k].all(i, device.attributes[k][i] != 'zz'))")
+    assert program.max_cost == 10499
+
+
+def test_cost_estimate_matches_kubernetes_for_simple_selectors():
+    assert compile_selector('device.capacity["gpu.nvidia.com"].memory.isGreaterThan(quantity("40Gi"))').max_cost == 6
+    assert compile_selector('has(device.driver) && true').max_cost == 1
+    assert compile_selector('device.attributes["gpu.nvidia.com"].type.matches("^g.*")').max_cost == 11
+
+
 def test_expression_length_limit():
     long_true = "true" + " " * (MAX_EXPRESSION_LENGTH - 4)
     assert compile_selector(long_true).expression == long_true
     too_long = long_true + " "
-    with pytest.raises(CELCompileError, match="must be no more than 10240 bytes long"):
+    with pytest.raises(CELCompileError, match="may not be more than 10240 bytes"):
         compile_selector(too_long)
+    # Bytes, not characters, as Go's len() counts them.
+    multibyte = 'device.driver == "' + "é" * 5200 + '"'
+    assert len(multibyte) < MAX_EXPRESSION_LENGTH < len(multibyte.encode())
+    with pytest.raises(CELCompileError, match="may not be more than 10240 bytes"):
+        compile_selector(multibyte)
 
 
 def test_compilation_is_cached_per_expression():
