@@ -15,7 +15,7 @@ import pytest
 
 from draplane import manifests
 from draplane.kube import KubeClient
-from draplane.kube.client import KubeApiError
+from draplane.kube.client import KubeApiError, raw_collection_path
 
 DEPLOY = Path(__file__).resolve().parents[2] / "deploy"
 
@@ -30,7 +30,7 @@ async def test_every_manifest_is_accepted_in_a_server_side_dry_run(kube, namespa
             # Another test or a running `draplane up` may own "draplane"; the object is the same.
             obj["metadata"]["name"] = f"{namespace}-ns"
         try:
-            result = await kube.apply_raw(obj, dry_run=True)
+            result = await _dry_run(kube, obj)
         except KubeApiError as exc:
             pytest.fail(f"{manifests.object_id(obj)} rejected by kube-apiserver: {exc}")
         assert result["kind"] == obj["kind"] and result["metadata"]["name"] == obj["metadata"]["name"]
@@ -42,12 +42,30 @@ async def test_every_manifest_is_accepted_in_a_server_side_dry_run(kube, namespa
     assert missing.value.status == 404
 
 
+async def _dry_run(kube: KubeClient, obj: dict) -> dict:
+    # Strict field validation: a misspelled field (say `readinesProbe`) is an error, where the
+    # default would drop it with only a warning and the probe would silently not exist.
+    data = await kube.request(
+        "POST", raw_collection_path(obj), body=obj, query={"dryRun": "All", "fieldValidation": "Strict"}
+    )
+    return msgspec.json.decode(data)
+
+
+async def test_a_misspelled_field_is_rejected_by_the_strict_dry_run(kube, namespace):
+    (binder,) = [o for o in manifests.render(DEPLOY, namespace=namespace) if o["kind"] == "Deployment" and o["metadata"]["name"] == "draplane-binder"]
+    container = binder["spec"]["template"]["spec"]["containers"][0]
+    container["readinesProbe"] = container.pop("readinessProbe")
+    with pytest.raises(KubeApiError) as rejected:
+        await _dry_run(kube, binder)
+    assert rejected.value.status == 400 and 'unknown field "spec.template.spec.containers[0].readinesProbe"' in rejected.value.message
+
+
 async def test_a_broken_manifest_is_rejected_by_the_dry_run(kube, namespace):
     # The test above can fail: the same call refuses an object the apiserver finds invalid.
     (allocator,) = [o for o in manifests.render(DEPLOY, namespace=namespace) if o["metadata"]["name"] == "draplane-allocator" and o["kind"] == "StatefulSet"]
     allocator["spec"]["selector"]["matchLabels"] = {"app.kubernetes.io/name": "something-else"}
     with pytest.raises(KubeApiError) as rejected:
-        await kube.apply_raw(allocator, dry_run=True)
+        await _dry_run(kube, allocator)
     assert rejected.value.status == 422 and "selector" in rejected.value.message
 
 
