@@ -961,7 +961,7 @@ class NodeAllocator:
             )
         config = self._config(plan, search)
         return AllocationResult(
-            devices=DeviceAllocationResult(results=results, config=config or None),
+            devices=DeviceAllocationResult(results=results or None, config=config or None),
             node_selector=_node_selector(chosen, node_name),
         )
 

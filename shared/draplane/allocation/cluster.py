@@ -41,18 +41,25 @@ class Unallocatable:
 @dataclass(slots=True)
 class _NodeEntry:
     stamp: tuple
+    frees: int  # the node's count of capacity-freeing changes when the outcome was computed
     outcome: object  # NodePlacement | NodeFailure | AllocationError
 
 
 class _ShapeIndex:
     """Per claim shape: each node's last outcome, and a heap of feasible nodes by score."""
 
-    def __init__(self, epoch: int):
+    def __init__(self, epoch: int, policy: ScoringPolicy, plans):
         self.epoch = epoch
         self.seen = 0  # position in the cluster's change log
         self.entries: dict[str, _NodeEntry] = {}
         self.heap: list[tuple[float, int, str, tuple]] = []
         self.errors: dict[str, AllocationError] = {}
+        # Nodes alike in devices and use (see Cluster._likeness) share one search.
+        self.by_likeness: dict[tuple, object] = {}
+        self.policy = policy
+        self.expressions: tuple[str, ...] = ()
+        self.likeness_key: tuple = ()
+        self.attributes: tuple[str, ...] = ()
 
 
 class Cluster:
@@ -75,8 +82,11 @@ class Cluster:
         self._node_order: dict[str, int] = {}
         self._epoch = 0  # bumped when every node may be affected
         self._node_stamps: dict[str, int] = {}
+        self._node_frees: dict[str, int] = {}
         self._changes: list[str] = []
         self._shapes: dict[tuple, _ShapeIndex] = {}
+        # (selectors, constraint attributes, policy) -> node -> (its pools, what its devices look like)
+        self._likeness_cache: dict[tuple, dict[str, tuple]] = {}
         for n in nodes:
             self.set_node(n)
 
@@ -150,17 +160,21 @@ class Cluster:
     def add_allocated_claim(self, claim: ResourceClaim) -> None:
         """A claim with status.allocation (ours or anyone's): its devices are in use."""
         allocation = claim.status.allocation if claim.status else None
-        self._pools_changed(self.state.add_claim(claim_key(claim), allocation), allocation)
+        key = claim_key(claim)
+        frees = self.state.holds(key)  # a re-allocation releases what the claim held before
+        self._pools_changed(self.state.add_claim(key, allocation), frees=frees)
 
     def release_claim(self, claim: ResourceClaim | str) -> None:
         key = claim if isinstance(claim, str) else claim_key(claim)
-        self._pools_changed(self.state.remove_claim(key), None)
+        self._pools_changed(self.state.remove_claim(key), frees=True)
 
     def commit(self, claims: Sequence[ResourceClaim], placement: NodePlacement) -> None:
         for claim, allocation in zip(claims, placement.allocations):
-            self._pools_changed(self.state.add_claim(claim_key(claim), allocation), allocation)
+            key = claim_key(claim)
+            frees = self.state.holds(key)
+            self._pools_changed(self.state.add_claim(key, allocation), frees=frees)
 
-    def _pools_changed(self, pools: list[PoolID], allocation: AllocationResult | None) -> None:
+    def _pools_changed(self, pools: list[PoolID], *, frees: bool) -> None:
         for pool in set(pools):
             if not self.inventory.pool_is_node_local(pool):
                 self._epoch += 1
@@ -169,13 +183,17 @@ class Cluster:
         for pool in set(pools):
             nodes.update(self._nodes_of_pool(pool))
         for n in nodes:
-            self._node_changed(n)
+            self._node_changed(n, frees=frees)
 
     def _nodes_of_pool(self, pool: PoolID) -> set[str]:
         return self.inventory.nodes_of_pool(pool)
 
-    def _node_changed(self, name: str) -> None:
+    def _node_changed(self, name: str, *, frees: bool = True) -> None:
+        """Something on the node changed. `frees=False` when it only took devices or capacity: then
+        claims that did not fit still do not fit (allocation is monotonic), and need no new search."""
         self._node_stamps[name] = self._node_stamps.get(name, 0) + 1
+        if frees:
+            self._node_frees[name] = self._node_frees.get(name, 0) + 1
         self._changes.append(name)
         if len(self._changes) > 200_000:
             self._changes.clear()
@@ -207,19 +225,34 @@ class Cluster:
         index = self._refresh(shape, claims, policy, plans)
         if index.errors:
             raise next(iter(index.errors.values()))
-        placement = self._best(index, node_filter)
-        if placement is not None:
-            if placement.allocations and claims:
-                return self._for_claims(placement, claims, plans, policy)
-            return placement
-        return self._unallocatable(index, node_filter, claims, plans, explain)
+        while True:
+            name = self._best(index, node_filter)
+            if name is None:
+                return self._unallocatable(index, node_filter, claims, plans, explain)
+            template = index.entries[name].outcome
+            if template.node == name:
+                return self._for_claims(template, claims, plans, policy)
+            # Computed on a node just like this one: the search here gives the same answer, with
+            # this node's pool names and node selector.
+            placement = self.allocator.allocate(claims, self.nodes[name], policy, plans=plans, diagnose=False)
+            if isinstance(placement, NodePlacement):
+                index.entries[name].outcome = placement
+                return placement
+            index.entries[name].outcome = placement  # should not happen; never trust it again
+            index.by_likeness.clear()
 
     def _refresh(self, shape, claims, policy, plans) -> _ShapeIndex:
         index = self._shapes.get(shape)
         if index is None or index.epoch != self._epoch:
             if len(self._shapes) > 1024:
                 self._shapes.clear()
-            index = _ShapeIndex(self._epoch)
+            index = _ShapeIndex(self._epoch, policy, plans)
+            index.expressions = tuple(dict.fromkeys(
+                e for plan in plans for subs in plan.requests for r in subs for e in r.class_selectors + r.request_selectors))
+            index.attributes = tuple(dict.fromkeys(c.attribute for plan in plans for c in plan.constraints))
+            index.likeness_key = (index.expressions, index.attributes, policy.name)
+            if len(self._likeness_cache) > 256:
+                self._likeness_cache.clear()
             self._shapes[shape] = index
             dirty = list(self.nodes)
         else:
@@ -234,19 +267,69 @@ class Cluster:
             entry = index.entries.get(name)
             if entry is not None and entry.stamp == stamp:
                 continue
+            frees = self._node_frees.get(name, 0)
+            if (entry is not None and entry.stamp[0] == stamp[0] and entry.frees == frees
+                    and isinstance(entry.outcome, NodeFailure) and entry.outcome.reason is not Reason.SEARCH_LIMIT):
+                entry.stamp = stamp  # only more devices taken since: still does not fit
+                continue
             index.errors.pop(name, None)
-            try:
-                outcome = self.allocator.allocate(claims, self.nodes[name], policy, plans=plans, diagnose=False)
-            except AllocationError as exc:
-                if exc.fatal:
-                    index.errors[name] = exc
-                outcome = NodeFailure(name, exc.reason, exc.message) if not exc.fatal else exc
-            index.entries[name] = _NodeEntry(stamp, outcome)
+            likeness = self._likeness(name, index)
+            outcome = index.by_likeness.get(likeness) if likeness is not None else None
+            if outcome is None:
+                try:
+                    outcome = self.allocator.allocate(claims, self.nodes[name], policy, plans=plans, diagnose=False)
+                except AllocationError as exc:
+                    outcome = NodeFailure(name, exc.reason, exc.message) if not exc.fatal else exc
+                if likeness is not None:
+                    if len(index.by_likeness) > 100_000:
+                        index.by_likeness.clear()
+                    index.by_likeness[likeness] = outcome
+            if isinstance(outcome, AllocationError):
+                index.errors[name] = outcome
+            index.entries[name] = _NodeEntry(stamp, frees, outcome)
             if isinstance(outcome, NodePlacement):
                 heapq.heappush(index.heap, (outcome.score, self._node_order.get(name, 0), name, stamp))
         return index
 
-    def _best(self, index: _ShapeIndex, node_filter: NodeFilter | None) -> NodePlacement | None:
+    def _likeness(self, name: str, index: _ShapeIndex) -> tuple | None:
+        """Equal for two nodes on which these claims must fare the same: pools of the same devices
+        in the same order (as far as the claims' selectors and constraints and the policy can tell),
+        used the same way. None when pools shared between nodes are visible (their labels and state
+        would matter too)."""
+        if self.inventory.has_shared_pools():
+            return None
+        node = self.nodes[name]
+        pools = self.inventory.pools_for_node(node)
+        per_node = self._likeness_cache.setdefault(index.likeness_key, {})
+        cached = per_node.get(name)
+        if cached is None or cached[0] is not pools:
+            content = []
+            for pool in pools:
+                content.append((pool.id[0], pool.incomplete, pool.invalid_reason,
+                                tuple(sorted((n, tuple(sorted(c.items()))) for n, c in pool.counter_sets.items()))))
+                content.extend(self._device_likeness(r, index) for r in pool.devices)
+            cached = per_node[name] = (pools, tuple(content))
+        state = self.state
+        used = []
+        position = 0
+        for pool in pools:
+            for r in pool.devices:
+                if state.is_allocated(r.id):
+                    shared = state.shared_capacity(r.id)
+                    used.append((position, None if shared is None else tuple(sorted(shared.items()))))
+                position += 1
+        return (cached[1], tuple(used))
+
+    def _device_likeness(self, record, index: _ShapeIndex) -> tuple:
+        evaluate = self.allocator.matcher.evaluate
+        selected = tuple(
+            result if isinstance(result, bool) else "error"
+            for result in (evaluate(e, record) for e in index.expressions)
+        )
+        attributes = tuple(record.attribute(a) for a in index.attributes)
+        return (record.physical, selected, attributes, index.policy.likeness(record))
+
+    def _best(self, index: _ShapeIndex, node_filter: NodeFilter | None) -> str | None:
         heap = index.heap
         skipped = []
         found = None
@@ -259,7 +342,7 @@ class Cluster:
             if node_filter is not None and not node_filter(self.nodes[name]):
                 skipped.append(heapq.heappop(heap))
                 continue
-            found = entry.outcome
+            found = name
             break
         for item in skipped:
             heapq.heappush(heap, item)
@@ -293,6 +376,8 @@ class Cluster:
             elif isinstance(outcome, NodeFailure):
                 if outcome.reason is Reason.NOT_DIAGNOSED and explain:
                     outcome = self._diagnose(claims, plans, name)
+                elif outcome.node != name:
+                    outcome = NodeFailure(name, outcome.reason, outcome.message)
                 failures.append(outcome)
         counts: dict[str, int] = {}
         for f in failures:

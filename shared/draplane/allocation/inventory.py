@@ -21,7 +21,22 @@ from draplane.api.meta import NodeSelector
 from draplane.api.quantity import Quantity, parse_quantity
 from draplane.api.resource import Device, ResourceSlice
 
+import msgspec
+
 DeviceID = tuple[str, str, str]  # (driver, pool, device)
+
+# Device content (everything but the pool and node it sits in) -> a small int. Two devices with
+# the same number are interchangeable for allocation, which lets whole nodes be compared cheaply.
+_CONTENT_IDS: dict[bytes, int] = {}
+_encode = msgspec.json.Encoder().encode
+
+
+def _content_id(device: Device) -> int:
+    raw = _encode(device)
+    found = _CONTENT_IDS.get(raw)
+    if found is None:
+        found = _CONTENT_IDS[raw] = len(_CONTENT_IDS)
+    return found
 PoolID = tuple[str, str]  # (driver, pool)
 
 PCIE_ROOT = "resource.kubernetes.io/pcieRoot"
@@ -63,7 +78,7 @@ class DeviceRecord:
         "id", "driver", "pool", "name", "device", "slice_name", "slice_node_name", "slice_node_selector",
         "per_device_node_selection", "attributes", "capacity", "consumes", "taints", "binding_conditions",
         "binding_failure_conditions", "binds_to_node", "allow_multiple", "pcie_root", "numa_node",
-        "match_cache", "_cel_device",
+        "match_cache", "_cel_device", "content", "physical",
     )
 
     def __init__(self, slice_: ResourceSlice, device: Device):
@@ -124,6 +139,10 @@ class DeviceRecord:
         self.numa_node = numa[1] if numa else None
         self.match_cache: dict[str, object] = {}
         self._cel_device = None
+        self.content = _content_id(device)
+        # Everything allocation looks at besides attributes (which matter only through selectors
+        # and constraints) and the name (which results carry, but which never decides a fit).
+        self.physical = _content_id(msgspec.structs.replace(device, name="", attributes=None))
 
     def attribute(self, name: str) -> tuple[str, object] | None:
         """Kubernetes' lookupAttribute for a fully-qualified name."""
@@ -326,6 +345,10 @@ class Inventory:
 
     def pool_is_node_local(self, pool_id: PoolID) -> bool:
         return pool_id not in self._shared_pools
+
+    def has_shared_pools(self) -> bool:
+        """Some pool is visible to more than one node (allNodes, node selectors, counter slices)."""
+        return bool(self._shared_pools)
 
     def pools_for_node(self, node: Node) -> list[Pool]:
         """The pools usable from `node`, sorted by (driver, pool) so the search order is stable."""

@@ -24,6 +24,12 @@ if TYPE_CHECKING:
 class ScoringPolicy:
     name = "base"
 
+    def likeness(self, record) -> object:
+        """What of a device, beyond what allocation itself looks at, this policy reads. Two nodes
+        whose devices agree on it (and on everything allocation reads) get the same answer, so the
+        cluster searches only one of them. The default, the whole device, is always safe."""
+        return record.content
+
     def order_candidates(self, request: "RequestPlan", candidates: list["Candidate"], view: "NodeView") -> list["Candidate"]:
         return candidates
 
@@ -35,6 +41,9 @@ class FirstFitPolicy(ScoringPolicy):
     """Kubernetes' choice: the first valid placement in device order, on the first node that fits."""
 
     name = "first-fit"
+
+    def likeness(self, record) -> object:
+        return None  # the order of devices is all first-fit reads
 
 
 def _group_rank(free: int, needed: int) -> tuple[int, int]:
@@ -60,6 +69,10 @@ class DraplanePolicy(ScoringPolicy):
     """
 
     name = "draplane"
+
+    def likeness(self, record) -> object:
+        return (record.pcie_root, record.numa_node)
+
     TOPOLOGY_WEIGHT = 10.0
     NUMA_WEIGHT = 5.0
     SPLIT_WEIGHT = 1.0

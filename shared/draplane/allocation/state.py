@@ -100,6 +100,10 @@ class AllocatedState:
 
     # --- queries --------------------------------------------------------------------------------
 
+    def holds(self, key: str) -> bool:
+        """The claim holds devices now."""
+        return key in self._claims
+
     def in_use(self, device: DeviceID) -> bool:
         """Allocated exclusively to some claim."""
         return device in self._exclusive

@@ -239,7 +239,7 @@ def results(outcome) -> list[list[tuple]]:
     out = []
     for allocation in outcome.allocations:
         rows = []
-        for r in allocation.devices.results:
+        for r in allocation.devices.results or []:
             row = (r.request, r.driver, r.pool, r.device)
             if r.admin_access:
                 row += ("admin",)

@@ -795,3 +795,10 @@ def test_node_selector_slice_other_labels():
     s = slice_("slice-1", None, "pool-1", A, device("device-1"), node_selector=label_selector("zone", "a"))
     assert failed(allocate(CLASSES, [s], [claim("claim-0", request("req-0", CLASS_A))], on=node(NODE_1, zone="b")))
     assert results(allocate(CLASSES, [s], [claim("claim-0", request("req-0", CLASS_A))], on=node(NODE_1, zone="a")))
+
+
+def test_claim_without_requests():
+    # mirrors allocator_test.go "empty" for a claim with no requests: allocated, with nothing in it
+    out = allocate(CLASSES, [one_device_slice("slice-1", NODE_1, "pool-1", A)], [claim("claim-0")])
+    assert results(out) == [[]]
+    assert out.allocations[0].node_selector is None

@@ -161,3 +161,52 @@ def test_allocations_are_valid_and_policies_agree(scenario):
             check_valid(specs, counter_total, in_use, claims, out)
         outcomes[policy] = isinstance(out, NodePlacement)
     assert outcomes["first-fit"] == outcomes["draplane"], outcomes
+
+
+@st.composite
+def cluster_runs(draw):
+    kinds = draw(st.lists(st.tuples(st.integers(1, 4), st.integers(1, 3)), min_size=1, max_size=4))
+    slices = []
+    for n, (count, size) in enumerate(kinds):
+        devices = [device(f"gpu-{i}", {"size": size if i % 2 == 0 else 1, "uuid": f"n{n}-{i}",
+                                       "resource.kubernetes.io/pcieRoot": f"pci{i // 2}"}) for i in range(count)]
+        slices.append(slice_(f"node-{n}-slice", f"node-{n}", f"node-{n}", A, *devices))
+    claims = []
+    for i in range(draw(st.integers(1, 8))):
+        min_size = draw(st.integers(0, 3))
+        sel = (SIZE_SELECTOR % (A, min_size),) if min_size else ()
+        constraints = [match("resource.kubernetes.io/pcieRoot")] if draw(st.booleans()) else None
+        claims.append(claim(f"c{i}", request("gpu", CLASS_A, draw(st.integers(1, 2)), sel=sel), constraints=constraints))
+    return slices, claims
+
+
+@settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(cluster_runs(), st.sampled_from(["first-fit", "draplane"]))
+def test_cluster_choices_match_direct_search(run, policy):
+    """The per-shape cache and node likeness never change the answer: the cluster picks a node on
+    which a fresh search succeeds, first-fit picks the first such node, and when it finds none no
+    node has room."""
+    from draplane.allocation import Cluster, Inventory, NodeAllocator, get_policy
+    from draplane.allocation.cluster import Unallocatable
+
+    slices, claims = run
+    cluster = Cluster(slices=slices, classes=CLASSES, policy=policy)
+    cluster.ensure_nodes_from_slices()
+    held = set()
+    for c in claims:
+        outcome = cluster.allocate([c])
+        direct = NodeAllocator(Inventory(slices), cluster.state, cluster.classes)
+        placements = {n: direct.allocate([c], cluster.nodes[n], get_policy(policy)) for n in sorted(cluster.nodes)}
+        fits = [n for n, p in placements.items() if isinstance(p, NodePlacement)]
+        if isinstance(outcome, Unallocatable):
+            assert fits == []
+            continue
+        assert outcome.node in fits
+        if policy == "first-fit":
+            assert outcome.node == fits[0]
+        assert outcome.score == min(placements[n].score for n in fits)
+        assert outcome.allocations == placements[outcome.node].allocations
+        for r in outcome.allocations[0].devices.results:
+            assert (r.pool, r.device) not in held
+            held.add((r.pool, r.device))
+        cluster.commit([c], outcome)

@@ -170,6 +170,9 @@ def test_custom_policy_through_registry():
     class LastNode(ScoringPolicy):
         name = "last-node"
 
+        def likeness(self, record):
+            return record.id  # scores depend on the node itself: no two nodes are alike
+
         def score_placement(self, placement, view):
             return -ord(placement.node[-1])
 
@@ -230,3 +233,23 @@ def test_partitioned_gpu_commit_invalidates_only_its_node():
         take(c, f"c{i}")
     assert c._epoch == epoch, "node-local counter pools must not force a cluster-wide rebuild"
     assert isinstance(c.allocate([claim("c16", request("gpu", CLASS_A))]), Unallocatable)
+
+
+def test_alike_nodes_share_one_search(monkeypatch):
+    from draplane.allocation.allocator import NodeAllocator
+
+    calls = []
+    original = NodeAllocator.allocate
+
+    def counting(self, claims, node, *args, **kwargs):
+        calls.append(node.metadata.name)
+        return original(self, claims, node, *args, **kwargs)
+
+    monkeypatch.setattr(NodeAllocator, "allocate", counting)
+    c = cluster(*[gpu_node(f"node-{i:02d}") for i in range(20)])
+    p = take(c, "c0", 2)
+    assert len(calls) <= 2, calls  # one search for all twenty alike nodes, one for the pick
+    assert p.node == "node-00"
+    calls.clear()
+    take(c, "c1", 2)
+    assert len(calls) <= 3, calls  # the changed node, and the pick
