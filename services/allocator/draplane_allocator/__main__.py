@@ -1,0 +1,118 @@
+"""`draplane-allocator`: N shards in one process (or one shard per process with --shard-index).
+
+Resources live in aiohttp cleanup_ctx generators: the NATS connection and the Kubernetes client
+are opened before the shards start and closed after they stop. /healthz answers while the process
+runs; /readyz once every shard has synced its state.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import logging
+import os
+import sys
+from pathlib import Path
+
+import nats
+from aiohttp import web
+
+from draplane.kube import KubeClient
+from draplane.scheduling.messages import DEFAULT_PREFIX
+from draplane.scheduling.reservations import DEFAULT_LEASE_SECONDS
+from draplane_allocator.shard import Shard
+
+log = logging.getLogger("draplane_allocator")
+
+SHARDS = web.AppKey("shards", list)
+ARGS = web.AppKey("args", argparse.Namespace)
+KUBE = web.AppKey("kube", KubeClient)
+NATS = web.AppKey("nats", object)
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="draplane-allocator", description="draplane allocator shards")
+    parser.add_argument("--nats", default=os.environ.get("DRAPLANE_NATS_URL", "nats://127.0.0.1:4222"))
+    parser.add_argument("--kubeconfig", type=Path, default=os.environ.get("KUBECONFIG"))
+    parser.add_argument("--prefix", default=DEFAULT_PREFIX, help="NATS subject prefix (default %(default)s)")
+    parser.add_argument("--shards", type=int, default=1, help="total number of shards in the deployment")
+    parser.add_argument("--shard-index", type=int, action="append",
+                        help="the shard(s) this process runs (repeatable); default: all of them")
+    parser.add_argument("--policy", default=None, help="scoring policy (default: the core's default)")
+    parser.add_argument("--lease-seconds", type=float, default=DEFAULT_LEASE_SECONDS)
+    parser.add_argument("--port", type=int, default=8081, help="HTTP port for /healthz and /readyz (0: none)")
+    parser.add_argument("-v", "--verbose", action="count", default=0)
+    return parser
+
+
+async def clients(app: web.Application):
+    args = app[ARGS]
+    app[NATS] = await nats.connect(args.nats, name="draplane-allocator", max_reconnect_attempts=-1)
+    app[KUBE] = await KubeClient.from_environment(args.kubeconfig)
+    yield
+    await app[KUBE].close()
+    await app[NATS].drain()
+
+
+async def shards(app: web.Application):
+    args = app[ARGS]
+    indexes = args.shard_index or list(range(args.shards))
+    app[SHARDS] = [
+        Shard(app[KUBE], app[NATS], index=i, prefix=args.prefix, policy=args.policy, lease_seconds=args.lease_seconds)
+        for i in indexes
+    ]
+    for shard in app[SHARDS]:
+        await shard.start()
+    yield
+    for shard in app[SHARDS]:
+        await shard.stop()
+
+
+async def healthz(request: web.Request) -> web.Response:
+    return web.Response(text="ok\n")
+
+
+async def readyz(request: web.Request) -> web.Response:
+    not_ready = [s.index for s in request.app[SHARDS] if not s.ready]
+    if not_ready:
+        return web.Response(status=503, text=f"shards not synced: {not_ready}\n")
+    return web.Response(text="ok\n")
+
+
+def build_app(args: argparse.Namespace) -> web.Application:
+    for i in args.shard_index or ():
+        if not 0 <= i < args.shards:
+            raise SystemExit(f"draplane-allocator: --shard-index {i} is outside 0..{args.shards - 1}")
+    app = web.Application()
+    app[ARGS] = args
+    app.cleanup_ctx.extend([clients, shards])
+    app.router.add_get("/healthz", healthz)
+    app.router.add_get("/readyz", readyz)
+    return app
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    if args.shards < 1:
+        print("draplane-allocator: --shards must be at least 1", file=sys.stderr)
+        return 2
+    logging.basicConfig(level=logging.INFO - 10 * min(args.verbose, 1),
+                        format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    import uvloop
+
+    uvloop.install()
+    web.run_app(build_app(args), host="127.0.0.1", port=args.port or None, print=None,
+                **({} if args.port else {"sock": _unused_socket()}))
+    return 0
+
+
+def _unused_socket():
+    import socket
+
+    sock = socket.socket()
+    sock.bind(("127.0.0.1", 0))
+    return sock
+
+
+if __name__ == "__main__":
+    sys.exit(main())

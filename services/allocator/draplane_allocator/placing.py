@@ -1,0 +1,271 @@
+"""A shard's pure core: the cluster as it knows it, and where a pod with its claims can go.
+
+`ClusterState` is what a shard holds in memory: the inventory (from the inventory feed), device
+classes, nodes, pods bound per node, every claim's allocation in the cluster (whoever made it) and
+every reservation in the bucket. The allocated set the allocator core searches against is the union
+of claim allocations and reservations, per claim UID, so a device reserved by another shard and
+not yet written to Kubernetes is as taken as one in a claim status.
+
+`place_pod` asks the core for the best node whose devices fit and which passes node fit, and
+returns a `Placed` or a `NotPlaced` whose failures say, per node, which of the four failure classes
+applied.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Iterable, Sequence
+
+from draplane.allocation.cluster import Cluster, Unallocatable
+from draplane.allocation.errors import AllocationError, Reason
+from draplane.allocation.nodefit import NodeFitError, node_fit, pod_requests
+from draplane.allocation.state import claim_key
+from draplane.api.core import Node, Pod
+from draplane.api.meta import ObjectMeta
+from draplane.api.resource import AllocationResult, DeviceClass, ResourceClaim, ResourceClaimStatus, ResourceSlice
+from draplane.scheduling import reservations as rv
+from draplane.scheduling.messages import NodeFailure
+from draplane.scheduling.unschedulable import FailureReason, summarize
+
+_CLASS_OF_REASON = {
+    Reason.NO_DEVICES: FailureReason.NO_MATCHING_DEVICE,
+    Reason.CLASS_SELECTOR: FailureReason.NO_MATCHING_DEVICE,
+    Reason.REQUEST_SELECTOR: FailureReason.NO_MATCHING_DEVICE,
+    Reason.TAINTED: FailureReason.NO_MATCHING_DEVICE,
+    Reason.POOL_INCOMPLETE: FailureReason.NO_MATCHING_DEVICE,
+    Reason.POOL_INVALID: FailureReason.NO_MATCHING_DEVICE,
+    Reason.CONSTRAINT: FailureReason.CONSTRAINT_FAILED,
+    Reason.IN_USE: FailureReason.CAPACITY_EXHAUSTED,
+    Reason.CAPACITY: FailureReason.CAPACITY_EXHAUSTED,
+    Reason.COUNTERS: FailureReason.CAPACITY_EXHAUSTED,
+    Reason.NOT_ENOUGH_DEVICES: FailureReason.CAPACITY_EXHAUSTED,
+    Reason.SEARCH_LIMIT: FailureReason.CAPACITY_EXHAUSTED,
+    Reason.NODE_FILTERED: FailureReason.NODE_DOES_NOT_FIT,
+}
+
+
+def failure_class(reason: Reason) -> FailureReason:
+    return _CLASS_OF_REASON.get(reason, FailureReason.CAPACITY_EXHAUSTED)
+
+
+@dataclasses.dataclass(slots=True)
+class Placed:
+    node: str
+    # claim UID -> allocation, for every claim of the pod (already allocated ones included)
+    allocations: dict[str, AllocationResult]
+    # the claims this placement newly allocates (and so must reserve)
+    new_claims: list[str]
+
+
+@dataclasses.dataclass(slots=True)
+class NotPlaced:
+    message: str
+    failures: list[NodeFailure]
+    claim_error: str = ""
+
+
+def allocation_node(allocation: AllocationResult | None) -> str | None:
+    selector = allocation.node_selector if allocation else None
+    for term in selector.node_selector_terms if selector else ():
+        for req in term.match_fields or ():
+            if req.key == "metadata.name" and req.operator == "In" and req.values and len(req.values) == 1:
+                return req.values[0]
+    return None
+
+
+class ClusterState:
+    """Everything a shard knows, updated one object at a time by the shell.
+
+    The device search and its per-node caches are the allocator core's `Cluster`; this adds what a
+    shard needs around it: pods per node for node fit, claims by UID, and reservations.
+    """
+
+    def __init__(self, policy: str | None = None) -> None:
+        self.cluster = Cluster(policy=policy)
+        self.nodes = self.cluster.nodes
+        # node -> pod uid -> requests, for pods bound there (from the pod watch) or placed by us
+        self.pods_on_node: dict[str, dict[str, dict[str, int]]] = {}
+        self._pod_node: dict[str, str] = {}
+        self.claims: dict[str, ResourceClaim] = {}  # uid -> claim
+        self.reserved: dict[str, rv.Reservation] = {}  # claim uid -> reservation
+        self._reserved_by_node: dict[str, set[str]] = {}
+        self._held: dict[str, str] = {}  # claim uid -> state key it is recorded under
+        self._feed_slices: dict[str, list[str]] = {}  # feed key -> slice names
+
+    # --- updates ---------------------------------------------------------------------------------
+
+    def set_feed_entry(self, key: str, slices: Iterable[ResourceSlice]) -> None:
+        for name in self._feed_slices.pop(key, ()):
+            self.cluster.remove_slice(name)
+        names = []
+        for s in slices:
+            self.cluster.apply_slice(s)
+            names.append(s.metadata.name or "")
+        if names:
+            self._feed_slices[key] = names
+
+    def set_class(self, device_class: DeviceClass, deleted: bool = False) -> None:
+        classes = dict(self.cluster.classes)
+        name = device_class.metadata.name or ""
+        if deleted:
+            classes.pop(name, None)
+        else:
+            classes[name] = device_class
+        self.cluster.set_classes(classes.values())
+
+    def set_node(self, node: Node, deleted: bool = False) -> None:
+        if deleted:
+            self.cluster.remove_node(node.metadata.name or "")
+        else:
+            self.cluster.set_node(node)
+
+    def set_pod(self, pod: Pod, deleted: bool = False) -> None:
+        """Pods bound to a node count against its CPU and memory until they finish."""
+        uid = pod.metadata.uid or ""
+        phase = pod.status.phase if pod.status else None
+        if deleted or phase in ("Succeeded", "Failed"):
+            self.forget_pod(uid)
+            return
+        if pod.spec.node_name:
+            try:
+                requests = pod_requests(pod)
+            except NodeFitError:
+                requests = {}
+            self.assume_pod(uid, pod.spec.node_name, requests)
+
+    def assume_pod(self, uid: str, node: str, requests: dict[str, int]) -> None:
+        self.forget_pod(uid)
+        self.pods_on_node.setdefault(node, {})[uid] = requests
+        self._pod_node[uid] = node
+
+    def forget_pod(self, uid: str) -> None:
+        node = self._pod_node.pop(uid, None)
+        if node is not None:
+            self.pods_on_node.get(node, {}).pop(uid, None)
+
+    def set_claim(self, claim: ResourceClaim, deleted: bool = False) -> None:
+        uid = claim.metadata.uid or ""
+        if deleted:
+            self.claims.pop(uid, None)
+        else:
+            self.claims[uid] = claim
+        self._refresh_claim(uid)
+
+    def set_reservations(self, node: str, entry: rv.NodeReservations) -> None:
+        before = self._reserved_by_node.get(node, set())
+        for uid in before - entry.claims.keys():
+            self.reserved.pop(uid, None)
+            self._refresh_claim(uid)
+        for uid, reservation in entry.claims.items():
+            self.reserved[uid] = reservation
+            self._refresh_claim(uid)
+        self._reserved_by_node[node] = set(entry.claims)
+
+    def _refresh_claim(self, uid: str) -> None:
+        """The devices a claim holds: its status' allocation, else its reservation."""
+        claim = self.claims.get(uid)
+        allocation = claim.status.allocation if claim is not None and claim.status else None
+        namespace, name = (claim.metadata.namespace, claim.metadata.name) if claim is not None else (None, None)
+        if allocation is None and uid in self.reserved:
+            reservation = self.reserved[uid]
+            allocation = reservation.allocation
+            namespace, name = reservation.claim_namespace, reservation.claim_name
+        previous = self._held.pop(uid, None)
+        if previous is not None:
+            self.cluster.release_claim(previous)
+        if allocation is not None:
+            holder = ResourceClaim(
+                metadata=ObjectMeta(namespace=namespace, name=name, uid=uid),
+                status=ResourceClaimStatus(allocation=allocation),
+            )
+            self.cluster.add_allocated_claim(holder)
+            self._held[uid] = claim_key(holder)
+
+    def claim_is_allocated(self, uid: str) -> bool:
+        claim = self.claims.get(uid)
+        return claim is not None and claim.status is not None and claim.status.allocation is not None
+
+    # --- placing ---------------------------------------------------------------------------------
+
+    def _node_fit(self, pod: Pod, requests: dict[str, int], node: Node):
+        name = node.metadata.name or ""
+        pods_here = {u: r for u, r in self.pods_on_node.get(name, {}).items() if u != pod.metadata.uid}
+        used: dict[str, int] = {}
+        for other in pods_here.values():
+            for resource, amount in other.items():
+                used[resource] = used.get(resource, 0) + amount
+        return node_fit(pod, node, requests=requests, in_use=(used, len(pods_here)))
+
+    def place_pod(self, pod: Pod, claims: Sequence[ResourceClaim]) -> Placed | NotPlaced:
+        """Where `pod` and its claims can go: node fit first, then the devices, best score wins."""
+        try:
+            requests = pod_requests(pod)
+        except NodeFitError as exc:
+            return NotPlaced(message=str(exc), failures=[], claim_error=str(exc))
+
+        done: dict[str, AllocationResult] = {}
+        pending: list[ResourceClaim] = []
+        pinned: set[str] = set()
+        for claim in claims:
+            uid = claim.metadata.uid or ""
+            allocation = claim.status.allocation if claim.status else None
+            if allocation is None and uid in self.reserved:
+                allocation = self.reserved[uid].allocation
+            if allocation is not None:
+                done[uid] = allocation
+                node = allocation_node(allocation)
+                if node is not None:
+                    pinned.add(node)
+            else:
+                pending.append(claim)
+        if len(pinned) > 1:
+            message = f"the pod's claims are allocated on different nodes: {', '.join(sorted(pinned))}"
+            return NotPlaced(message=message, failures=[], claim_error=message)
+
+        fit_failures: dict[str, str] = {}
+
+        def node_filter(node: Node) -> bool:
+            name = node.metadata.name or ""
+            if pinned and name not in pinned:
+                fit_failures[name] = "the pod's other claims are allocated on another node"
+                return False
+            try:
+                fit = self._node_fit(pod, requests, node)
+            except NodeFitError as exc:
+                fit_failures[name] = str(exc)
+                return False
+            if not fit.fits:
+                fit_failures[name] = ", ".join(fit.reasons)
+            return fit.fits
+
+        if not pending:
+            candidates = sorted(pinned) if pinned else sorted(self.nodes)
+            for name in candidates:
+                node = self.nodes.get(name)
+                if node is not None and node_filter(node):
+                    return Placed(node=name, allocations=done, new_claims=[])
+            failures = [
+                NodeFailure(node=n, reason=FailureReason.NODE_DOES_NOT_FIT.value, detail=fit_failures.get(n, "node not found"))
+                for n in candidates
+            ]
+            return NotPlaced(message=summarize(failures, len(self.nodes)), failures=failures)
+
+        try:
+            outcome = self.cluster.allocate(pending, node_filter=node_filter, explain=True)
+        except AllocationError as exc:
+            return NotPlaced(message=exc.message, failures=[], claim_error=exc.message)
+        if isinstance(outcome, Unallocatable):
+            failures = []
+            for f in outcome.failures:
+                if f.reason is Reason.NODE_FILTERED:
+                    failures.append(NodeFailure(node=f.node, reason=FailureReason.NODE_DOES_NOT_FIT.value,
+                                                detail=fit_failures.get(f.node, f.message)))
+                else:
+                    failures.append(NodeFailure(node=f.node, reason=failure_class(f.reason).value, detail=f.message))
+            return NotPlaced(message=summarize(failures, len(self.nodes)), failures=failures)
+        allocations = dict(done)
+        new_claims = []
+        for claim, allocation in zip(pending, outcome.allocations):
+            allocations[claim.metadata.uid or ""] = allocation
+            new_claims.append(claim.metadata.uid or "")
+        return Placed(node=outcome.node, allocations=allocations, new_claims=new_claims)

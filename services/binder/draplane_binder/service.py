@@ -1,0 +1,700 @@
+"""The binder: watches Kubernetes, feeds the shards, and writes their placements back.
+
+Tasks (all guarded, cancelled together on shutdown):
+- one list-then-watch per kind (pods, claims, templates, nodes) into in-memory caches;
+- a pod queue: resolve the pod's claims (creating template claims), then publish a PendingPod;
+- a claim queue: the claim lifecycle (reservedFor, deallocation, template claims of gone pods),
+  and releases when a claim's allocation disappears;
+- the results consumer: Placements are written with kube-scheduler's protocol, Unschedulable
+  results become an Event and a PodScheduled=False condition;
+- a retry loop for unschedulable pods, flushed early when devices are released or nodes change.
+
+The decisions are in draplane_binder.lifecycle; this module does I/O and bookkeeping only.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+import uuid
+from collections.abc import Awaitable, Callable
+from datetime import datetime, timezone
+
+import msgspec
+import nats.errors
+import nats.js.errors
+from nats.aio.client import Client as NatsClient
+
+from draplane.api.core import Node, Pod, PodResourceClaimStatus
+from draplane.api.resource import ResourceClaim, ResourceClaimConsumerReference, ResourceClaimTemplate
+from draplane.kube import KubeApiError, KubeClient, watch_objects
+from draplane.scheduling import streams
+from draplane.scheduling.messages import (
+    ClaimRef,
+    ClaimReleased,
+    MessageError,
+    PendingPod,
+    Placement,
+    PodRef,
+    Subjects,
+    Unschedulable,
+    decode_message,
+    encode_message,
+    partition_key,
+    shard_for,
+)
+from draplane.scheduling.reservation_store import ReservationStore
+from draplane.scheduling.unschedulable import CONDITION_REASON, EVENT_REASON, claim_problem
+from draplane_binder import lifecycle as lc
+from draplane_binder.settings import BinderSettings
+
+log = logging.getLogger(__name__)
+
+Key = tuple[str, str]  # (namespace, name)
+# Leave the binder this much of a lease to finish three writes; otherwise extend it first.
+LEASE_MARGIN_SECONDS = 5.0
+
+
+def _now_rfc3339() -> str:
+    return datetime.now(timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ")
+
+
+def _key(obj) -> Key:
+    return (obj.metadata.namespace or "", obj.metadata.name or "")
+
+
+def allocation_node(claim: ResourceClaim) -> str | None:
+    """The node an allocation is pinned to, from its nodeSelector (how kube-scheduler writes it)."""
+    allocation = claim.status.allocation if claim.status else None
+    selector = allocation.node_selector if allocation else None
+    for term in selector.node_selector_terms if selector else ():
+        for req in term.match_fields or ():
+            if req.key == "metadata.name" and req.operator == "In" and req.values and len(req.values) == 1:
+                return req.values[0]
+    return None
+
+
+class WorkQueue:
+    """A set-backed queue: a key queued twice before it is taken is processed once."""
+
+    __slots__ = ("_queue", "_queued")
+
+    def __init__(self) -> None:
+        self._queue: asyncio.Queue = asyncio.Queue()
+        self._queued: set = set()
+
+    def put(self, key) -> None:
+        if key not in self._queued:
+            self._queued.add(key)
+            self._queue.put_nowait(key)
+
+    async def get(self):
+        key = await self._queue.get()
+        self._queued.discard(key)
+        return key
+
+    def __len__(self) -> int:
+        return len(self._queued)
+
+
+class Binder:
+    def __init__(self, settings: BinderSettings, kube: KubeClient, nc: NatsClient):
+        self.settings = settings
+        self.kube = kube
+        self.nc = nc
+        self.js = nc.jetstream()
+        self.subjects = Subjects(prefix=settings.prefix)
+        self.store: ReservationStore | None = None
+        self.instance = f"draplane-binder-{uuid.uuid4().hex[:8]}"
+
+        self.pods: dict[Key, Pod] = {}
+        self.pods_by_uid: dict[str, Pod] = {}
+        self.claims: dict[Key, ResourceClaim] = {}
+        self.claims_by_namespace: dict[str, dict[str, ResourceClaim]] = {}
+        self.templates: dict[str, dict[str, ResourceClaimTemplate]] = {}
+        self.nodes: set[str] = set()
+        # namespace/claim name -> pods that name it (to wake them when the claim appears)
+        self.pods_by_claim: dict[Key, set[Key]] = {}
+        self.synced: dict[str, asyncio.Event] = {k: asyncio.Event() for k in ("pods", "claims", "templates", "nodes")}
+
+        self.pod_queue = WorkQueue()
+        self.claim_queue = WorkQueue()
+        # pod uid -> when its PendingPod was published and not yet answered
+        self.in_flight: dict[str, float] = {}
+        # pod uid -> (retry at, current backoff)
+        self.retry: dict[str, tuple[float, float]] = {}
+        # pod uid -> first time seen pending, carried to the shards for latency figures
+        self.first_seen: dict[str, float] = {}
+        # pod uid -> the last unschedulable message written, to avoid rewriting the same one
+        self.last_reason: dict[str, str] = {}
+        self.placement_slots = asyncio.Semaphore(settings.concurrency)
+        self._tasks: list[asyncio.Task] = []
+        self.counters = {"placements_written": 0, "placements_failed": 0, "unschedulable": 0, "released": 0,
+                         "claims_created": 0, "pending_published": 0}
+
+    # --- lifecycle of the service ------------------------------------------------------------------
+
+    async def start(self) -> None:
+        await streams.ensure_streams(self.js, self.subjects)
+        kv = await streams.reservation_bucket(self.js, self.subjects)
+        self.store = ReservationStore(kv)
+        self._spawn(self.store.watch, "reservations watch")
+        self._spawn(lambda: self._watch(Pod, "pods", self._on_pod), "pods watch")
+        self._spawn(lambda: self._watch(ResourceClaim, "claims", self._on_claim), "claims watch")
+        self._spawn(lambda: self._watch(ResourceClaimTemplate, "templates", self._on_template), "templates watch")
+        self._spawn(lambda: self._watch(Node, "nodes", self._on_node), "nodes watch")
+        for i in range(8):
+            self._spawn(self._pod_worker, f"pod worker {i}")
+        for i in range(4):
+            self._spawn(self._claim_worker, f"claim worker {i}")
+        self._spawn(self._consume_results, "results consumer")
+        self._spawn(self._retry_loop, "retry loop")
+
+    @property
+    def ready(self) -> bool:
+        return all(e.is_set() for e in self.synced.values()) and self.store is not None and self.store.synced
+
+    async def wait_ready(self, timeout: float = 30.0) -> None:
+        deadline = time.monotonic() + timeout
+        while not self.ready:
+            if time.monotonic() > deadline:
+                raise TimeoutError("binder: caches did not sync")
+            await asyncio.sleep(0.05)
+
+    async def stop(self) -> None:
+        for task in self._tasks:
+            task.cancel()
+        done, pending = await asyncio.wait(self._tasks, timeout=10) if self._tasks else (set(), set())
+        if pending:
+            log.error("binder: %d tasks did not stop within 10 s: %s", len(pending), [t.get_name() for t in pending])
+        self._tasks.clear()
+
+    def _spawn(self, loop: Callable[[], Awaitable], name: str) -> None:
+        """Run a long-lived loop; if it crashes it is logged and started again, never silently lost."""
+
+        async def guarded():
+            while True:
+                try:
+                    await loop()
+                    return
+                except asyncio.CancelledError:
+                    raise
+                except Exception:  # noqa: BLE001
+                    log.exception("binder: %s crashed; restarting it in 1 s", name)
+                    await asyncio.sleep(1.0)
+
+        self._tasks.append(asyncio.create_task(guarded(), name=name))
+
+    # --- watches -----------------------------------------------------------------------------------
+
+    async def _watch(self, model, what: str, handle: Callable[[str, object], None]) -> None:
+        async for event in watch_objects(self.kube, model):
+            if event.type == "SYNCED":
+                self.synced[what].set()
+                if what in ("pods", "claims"):
+                    # after a (re-)list every object is looked at again
+                    for key in list(self.pods):
+                        self.pod_queue.put(key)
+                    for key in list(self.claims):
+                        self.claim_queue.put(key)
+                continue
+            handle(event.type, event.object)
+
+    def _is_ours(self, pod: Pod) -> bool:
+        return (pod.spec.scheduler_name or "default-scheduler") in self.settings.scheduler_names
+
+    def _on_pod(self, kind: str, pod: Pod) -> None:
+        key = _key(pod)
+        old = self.pods.get(key)
+        if old is not None:
+            self.pods_by_uid.pop(old.metadata.uid or "", None)
+            for pc in old.spec.resource_claims or ():
+                if pc.resource_claim_name:
+                    self.pods_by_claim.get((key[0], pc.resource_claim_name), set()).discard(key)
+        if kind == "DELETED":
+            self.pods.pop(key, None)
+            uid = pod.metadata.uid or ""
+            for table in (self.in_flight, self.retry, self.first_seen, self.last_reason):
+                table.pop(uid, None)
+        else:
+            self.pods[key] = pod
+            self.pods_by_uid[pod.metadata.uid or ""] = pod
+            for pc in pod.spec.resource_claims or ():
+                if pc.resource_claim_name:
+                    self.pods_by_claim.setdefault((key[0], pc.resource_claim_name), set()).add(key)
+            self.pod_queue.put(key)
+        # claims reserved for this pod, or generated for it, may now need cleaning up
+        for claim in self.claims_by_namespace.get(key[0], {}).values():
+            status = claim.status
+            if (status and any(r.uid == pod.metadata.uid for r in status.reserved_for or ())) or lc.owned_by_pod(
+                claim, pod.metadata.uid or ""
+            ):
+                self.claim_queue.put(_key(claim))
+
+    def _on_claim(self, kind: str, claim: ResourceClaim) -> None:
+        key = _key(claim)
+        old = self.claims.get(key)
+        namespace_claims = self.claims_by_namespace.setdefault(key[0], {})
+        if kind == "DELETED":
+            self.claims.pop(key, None)
+            namespace_claims.pop(key[1], None)
+            if claim.status and claim.status.allocation:
+                self._spawn_once(self._release(claim), f"release {key}")
+        else:
+            self.claims[key] = claim
+            namespace_claims[key[1]] = claim
+            had = old is not None and old.status is not None and old.status.allocation is not None
+            has = claim.status is not None and claim.status.allocation is not None
+            if had and not has and old.metadata.uid == claim.metadata.uid:
+                self._spawn_once(self._release(old), f"release {key}")
+            self.claim_queue.put(key)
+        # wake the pods that use it
+        for pod_key in self.pods_by_claim.get(key, ()):
+            self.pod_queue.put(pod_key)
+        for ref in claim.metadata.owner_references or ():
+            if ref.kind == "Pod" and ref.controller:
+                owner = self.pods_by_uid.get(ref.uid)
+                if owner is not None:
+                    self.pod_queue.put(_key(owner))
+
+    def _on_template(self, kind: str, template: ResourceClaimTemplate) -> None:
+        namespace, name = _key(template)
+        if kind == "DELETED":
+            self.templates.get(namespace, {}).pop(name, None)
+        else:
+            self.templates.setdefault(namespace, {})[name] = template
+        for key, pod in self.pods.items():
+            if key[0] == namespace and any(
+                pc.resource_claim_template_name == name for pc in pod.spec.resource_claims or ()
+            ):
+                self.pod_queue.put(key)
+
+    def _on_node(self, kind: str, node: Node) -> None:
+        name = node.metadata.name or ""
+        if kind == "DELETED":
+            self.nodes.discard(name)
+        else:
+            self.nodes.add(name)
+        if self.synced["nodes"].is_set():
+            self._flush_retries()
+
+    def _spawn_once(self, coro: Awaitable, name: str) -> None:
+        task = asyncio.create_task(coro, name=name)
+        task.add_done_callback(_log_failure)
+
+    # --- pods --------------------------------------------------------------------------------------
+
+    async def _pod_worker(self) -> None:
+        while True:
+            key = await self.pod_queue.get()
+            try:
+                await self._reconcile_pod(key)
+            except KubeApiError as exc:
+                if exc.is_conflict or exc.retryable:
+                    await asyncio.sleep(0.1)
+                    self.pod_queue.put(key)
+                elif not exc.is_not_found:
+                    log.warning("pod %s/%s: %s", *key, exc)
+            except Exception:  # noqa: BLE001 - one bad pod must not stop the worker
+                log.exception("pod %s/%s: reconcile failed", *key)
+
+    def _pending_pod_needs_work(self, pod: Pod) -> bool:
+        return (
+            self._is_ours(pod)
+            and not pod.spec.node_name
+            and pod.metadata.deletion_timestamp is None
+            and not lc.pod_is_done(pod)
+        )
+
+    async def _reconcile_pod(self, key: Key) -> None:
+        if not (self.synced["claims"].is_set() and self.synced["templates"].is_set()):
+            await asyncio.gather(self.synced["claims"].wait(), self.synced["templates"].wait())
+        pod = self.pods.get(key)
+        if pod is None or not self._pending_pod_needs_work(pod):
+            return
+        uid = pod.metadata.uid or ""
+        self.first_seen.setdefault(uid, time.time())
+        namespace = key[0]
+        resolved = lc.resolve_pod_claims(
+            pod,
+            self.claims_by_namespace.get(namespace, {}),
+            self.templates.get(namespace, {}),
+            manage_templates=self.settings.manage_claims,
+        )
+        new_statuses = list(resolved.statuses_to_record)
+        for pod_claim_name, template in resolved.to_create:
+            claim = lc.claim_from_template(pod, pod_claim_name, template)
+            created = await self.kube.create(claim)
+            self.counters["claims_created"] += 1
+            self._on_claim("ADDED", created)
+            new_statuses.append(PodResourceClaimStatus(name=pod_claim_name, resource_claim_name=created.metadata.name))
+        if new_statuses:
+            merged = lc.merged_claim_statuses(pod, new_statuses)
+            patch = {
+                "metadata": {"resourceVersion": pod.metadata.resource_version},
+                "status": {"resourceClaimStatuses": msgspec.to_builtins(merged)},
+            }
+            updated = await self.kube.patch(Pod, key[1], patch, namespace, subresource="status")
+            self._on_pod("MODIFIED", updated)
+            return  # the updated pod is queued again and continues from there
+        if resolved.problems:
+            message = claim_problem("; ".join(f"pod claim {p.pod_claim}: {p.message}" for p in resolved.problems))
+            await self._mark_unschedulable(pod, message)
+            return
+        if uid in self.in_flight or (uid in self.retry and self.retry[uid][0] > time.monotonic()):
+            return
+        claims = [self.claims_by_namespace[namespace][name] for name in resolved.names.values()]
+        pending = PendingPod(
+            pod=PodRef(namespace=namespace, name=key[1], uid=uid),
+            claims=[ClaimRef(namespace=namespace, name=c.metadata.name or "", uid=c.metadata.uid or "") for c in claims],
+            first_seen=self.first_seen[uid],
+        )
+        shard = shard_for(partition_key(pending), self.settings.shards)
+        self.in_flight[uid] = time.monotonic()
+        await self.js.publish(self.subjects.pending(shard), encode_message(pending))
+        self.counters["pending_published"] += 1
+
+    async def _mark_unschedulable(self, pod: Pod, message: str) -> None:
+        uid = pod.metadata.uid or ""
+        self.in_flight.pop(uid, None)
+        _, backoff = self.retry.get(uid, (0.0, self.settings.retry_initial_seconds / 2))
+        backoff = min(self.settings.retry_max_seconds, backoff * 2)
+        self.retry[uid] = (time.monotonic() + backoff, backoff)
+        if self.last_reason.get(uid) == message:
+            return
+        self.last_reason[uid] = message
+        self.counters["unschedulable"] += 1
+        namespace, name = _key(pod)
+        condition = {
+            "type": "PodScheduled",
+            "status": "False",
+            "reason": CONDITION_REASON,
+            "message": message,
+            "lastTransitionTime": _now_rfc3339(),
+        }
+        try:
+            await self.kube.patch(
+                Pod, name, {"status": {"conditions": [condition]}}, namespace,
+                subresource="status", patch_type="application/strategic-merge-patch+json",
+            )
+        except KubeApiError as exc:
+            if not exc.is_not_found:
+                raise
+            return
+        await self._event(pod, EVENT_REASON, message)
+
+    async def _event(self, pod: Pod, reason: str, message: str, type_: str = "Warning") -> None:
+        now = _now_rfc3339()
+        namespace, name = _key(pod)
+        event = {
+            "apiVersion": "v1",
+            "kind": "Event",
+            "metadata": {"generateName": f"{name}.", "namespace": namespace},
+            "involvedObject": {"apiVersion": "v1", "kind": "Pod", "namespace": namespace, "name": name,
+                               "uid": pod.metadata.uid},
+            "reason": reason,
+            "message": message[:1024],
+            "type": type_,
+            "source": {"component": "draplane"},
+            "reportingComponent": "draplane",
+            "reportingInstance": self.instance,
+            "firstTimestamp": now,
+            "lastTimestamp": now,
+            "count": 1,
+        }
+        try:
+            await self.kube.apply_raw(event)
+        except KubeApiError as exc:
+            log.warning("event for pod %s/%s not written: %s", namespace, name, exc)
+
+    # --- retries -----------------------------------------------------------------------------------
+
+    def _flush_retries(self) -> None:
+        soon = time.monotonic() + self.settings.retry_flush_seconds
+        for uid, (at, backoff) in list(self.retry.items()):
+            if at > soon:
+                self.retry[uid] = (soon, backoff)
+
+    async def _retry_loop(self) -> None:
+        while True:
+            await asyncio.sleep(0.1)
+            now = time.monotonic()
+            for uid, (at, _) in list(self.retry.items()):
+                if at <= now:
+                    pod = self.pods_by_uid.get(uid)
+                    if pod is None:
+                        self.retry.pop(uid, None)
+                        continue
+                    # keep the backoff, mark the moment passed
+                    self.retry[uid] = (float("-inf"), self.retry[uid][1])
+                    self.pod_queue.put(_key(pod))
+            # a PendingPod unanswered for long was lost with a crashed shard's in-memory work;
+            # JetStream redelivers unacknowledged ones, so this is only a backstop.
+            for uid, at in list(self.in_flight.items()):
+                if now - at > 60.0:
+                    self.in_flight.pop(uid, None)
+                    pod = self.pods_by_uid.get(uid)
+                    if pod is not None:
+                        self.pod_queue.put(_key(pod))
+
+    # --- results from the shards -------------------------------------------------------------------
+
+    async def _consume_results(self) -> None:
+        sub = await self.js.pull_subscribe(
+            self.subjects.results, durable="binder", stream=self.subjects.results_stream,
+            config=streams.work_consumer("binder"),
+        )
+        await asyncio.gather(self.synced["pods"].wait(), self.synced["claims"].wait())
+        while True:
+            try:
+                messages = await sub.fetch(64, timeout=1.0)
+            except (nats.errors.TimeoutError, asyncio.TimeoutError):
+                continue
+            for msg in messages:
+                await self.placement_slots.acquire()
+                task = asyncio.create_task(self._handle_result(msg))
+                task.add_done_callback(lambda t: (self.placement_slots.release(), _log_failure(t)))
+
+    async def _handle_result(self, msg) -> None:
+        try:
+            result = decode_message(msg.data)
+        except MessageError as exc:
+            log.error("dropping a result that is not ours: %s", exc)
+            await msg.term()
+            return
+        try:
+            if isinstance(result, Placement):
+                await self.write_placement(result)
+            elif isinstance(result, Unschedulable):
+                pod = self.pods_by_uid.get(result.pod.uid)
+                if pod is not None and self._pending_pod_needs_work(pod):
+                    await self._mark_unschedulable(pod, result.message)
+            else:
+                log.error("unexpected %s on the results subject", type(result).__name__)
+        except Exception:
+            await msg.nak(delay=1.0)
+            raise
+        await msg.ack()
+
+    async def write_placement(self, placement: Placement) -> bool:
+        """Finalizer, status, binding; idempotent. On failure, undo and release. True when bound."""
+        pod = self.pods_by_uid.get(placement.pod.uid)
+        if pod is None:
+            try:
+                pod = await self.kube.get(Pod, placement.pod.name, placement.pod.namespace)
+            except KubeApiError as exc:
+                if not exc.is_not_found:
+                    raise
+                pod = None
+        if pod is None or pod.metadata.uid != placement.pod.uid or lc.pod_is_done(pod) or pod.metadata.deletion_timestamp:
+            await self._abandon(placement, pod, "the pod is gone")
+            return False
+        if pod.spec.node_name and pod.spec.node_name != placement.node:
+            await self._abandon(placement, pod, f"the pod is already bound to node {pod.spec.node_name}")
+            return False
+        claim_uids = [c.claim.uid for c in placement.claims]
+        remaining = placement.expires_at - time.time()
+        if remaining < LEASE_MARGIN_SECONDS and not pod.spec.node_name:
+            # the lease may run out under us: extend it, and give up if it was already pruned
+            reserved = [uid for uid in claim_uids if self.store.find_claim(uid)]
+            if len(reserved) < len(claim_uids):
+                await self._abandon(placement, pod, "the reservation's lease ran out before the placement was written")
+                return False
+            await self.store.extend(placement.node, claim_uids, self.settings.lease_seconds)
+
+        written: list[ClaimRef] = []
+        for item in placement.claims:
+            outcome = await self._write_claim(item.claim, item.allocation, pod)
+            if outcome is not None:
+                await self._undo(placement, pod, written, outcome)
+                return False
+            written.append(item.claim)
+        if not pod.spec.node_name:
+            try:
+                await self.kube.bind_pod(placement.pod.namespace, placement.pod.name, placement.node, placement.pod.uid)
+            except KubeApiError as exc:
+                if exc.status == 409:
+                    current = await self.kube.get(Pod, placement.pod.name, placement.pod.namespace)
+                    if current.spec.node_name != placement.node:
+                        await self._undo(placement, pod, written, f"binding failed: {exc.message}")
+                        return False
+                elif exc.is_not_found:
+                    await self._undo(placement, pod, written, "the pod is gone")
+                    return False
+                else:
+                    raise
+        await self.store.confirm(placement.node, claim_uids)
+        uid = placement.pod.uid
+        for table in (self.in_flight, self.retry, self.last_reason):
+            table.pop(uid, None)
+        self.counters["placements_written"] += 1
+        return True
+
+    async def _write_claim(self, ref: ClaimRef, allocation, pod: Pod) -> str | None:
+        """Steps 1 and 2 for one claim, retried on conflict. None on success, else why it failed."""
+        for _ in range(20):
+            try:
+                claim = await self.kube.get(ResourceClaim, ref.name, ref.namespace)
+            except KubeApiError as exc:
+                if exc.is_not_found:
+                    return f"resourceclaim {ref.key()} is gone"
+                raise
+            if claim.metadata.uid != ref.uid:
+                return f"resourceclaim {ref.key()} was replaced"
+            if claim.metadata.deletion_timestamp:
+                return f"resourceclaim {ref.key()} is being deleted"
+            try:
+                finalizers = claim.metadata.finalizers or []
+                if lc.DELETE_PROTECTION_FINALIZER not in finalizers:
+                    claim.metadata.finalizers = [*finalizers, lc.DELETE_PROTECTION_FINALIZER]
+                    claim = await self.kube.update(claim)
+                plan = lc.plan_claim_write(claim, allocation, pod)
+                if isinstance(plan, lc.AllocatedElsewhere):
+                    return plan.message
+                if isinstance(plan, lc.WriteStatus):
+                    claim.status = plan.status
+                    claim = await self.kube.update_status(claim)
+                self._on_claim("MODIFIED", claim)
+                return None
+            except KubeApiError as exc:
+                if exc.is_conflict:
+                    continue
+                if exc.is_not_found:
+                    return f"resourceclaim {ref.key()} is gone"
+                raise
+        return f"resourceclaim {ref.key()}: 20 conflicting updates in a row"
+
+    async def _undo(self, placement: Placement, pod: Pod | None, written: list[ClaimRef], why: str) -> None:
+        """Take this pod out of the claims it was written into, then release the reservation."""
+        for ref in written:
+            for _ in range(20):
+                try:
+                    claim = await self.kube.get(ResourceClaim, ref.name, ref.namespace)
+                    status = lc.status_without_pod(claim, placement.pod.uid)
+                    if status is None:
+                        break
+                    claim.status = status
+                    self._on_claim("MODIFIED", await self.kube.update_status(claim))
+                    break
+                except KubeApiError as exc:
+                    if exc.is_not_found:
+                        break
+                    if not exc.is_conflict:
+                        raise
+        await self._abandon(placement, pod, why)
+
+    async def _abandon(self, placement: Placement, pod: Pod | None, why: str) -> None:
+        """Release the reservations of claims that did not end up allocated, and retry the pod."""
+        self.counters["placements_failed"] += 1
+        log.info("placement of pod %s on %s abandoned: %s", placement.pod.key(), placement.node, why)
+        to_release = []
+        for item in placement.claims:
+            claim = self.claims.get((item.claim.namespace, item.claim.name))
+            allocated_here = (
+                claim is not None
+                and claim.metadata.uid == item.claim.uid
+                and claim.status is not None
+                and lc.same_allocation(claim.status.allocation, item.allocation)
+            )
+            if not allocated_here:
+                to_release.append(item.claim.uid)
+        if to_release:
+            await self.store.release(placement.node, to_release)
+        uid = placement.pod.uid
+        self.in_flight.pop(uid, None)
+        if pod is not None and self._pending_pod_needs_work(pod):
+            self.retry[uid] = (time.monotonic() + self.settings.retry_flush_seconds, self.settings.retry_initial_seconds)
+
+    # --- claims ------------------------------------------------------------------------------------
+
+    async def _release(self, claim: ResourceClaim) -> None:
+        """A claim's allocation is gone (cleared or deleted): free its reservation, tell everyone."""
+        uid = claim.metadata.uid or ""
+        found = self.store.find_claim(uid) if self.store else None
+        node = found[0] if found else allocation_node(claim)
+        if found:
+            await self.store.release(found[0], [uid])
+        released = ClaimReleased(claim=ClaimRef(namespace=claim.metadata.namespace or "", name=claim.metadata.name or "", uid=uid), node=node)
+        await self.js.publish(self.subjects.released, encode_message(released))
+        self.counters["released"] += 1
+        self._flush_retries()
+
+    async def _claim_worker(self) -> None:
+        while True:
+            key = await self.claim_queue.get()
+            try:
+                await self._reconcile_claim(key)
+            except KubeApiError as exc:
+                if exc.is_conflict or exc.retryable:
+                    await asyncio.sleep(0.1)
+                    self.claim_queue.put(key)
+                elif not exc.is_not_found:
+                    log.warning("claim %s/%s: %s", *key, exc)
+            except Exception:  # noqa: BLE001
+                log.exception("claim %s/%s: reconcile failed", *key)
+
+    async def _pods_really_gone(self, claim: ResourceClaim, refs) -> list:
+        """Confirm with a live read that pods missing from the cache are gone (the cache may lag)."""
+        namespace = claim.metadata.namespace or ""
+        gone = []
+        for ref in refs:
+            if ref.uid in self.pods_by_uid:
+                gone.append(ref)  # cached and done
+                continue
+            try:
+                live = await self.kube.get(Pod, ref.name, namespace)
+            except KubeApiError as exc:
+                if exc.is_not_found:
+                    gone.append(ref)
+                    continue
+                raise
+            if live.metadata.uid != ref.uid or lc.pod_is_done(live):
+                gone.append(ref)
+        return gone
+
+    async def _reconcile_claim(self, key: Key) -> None:
+        if not self.settings.manage_claims:
+            return
+        await self.synced["pods"].wait()
+        claim = self.claims.get(key)
+        if claim is None:
+            return
+        drop = lc.reserved_for_to_drop(claim, self.pods_by_uid)
+        if drop:
+            drop = await self._pods_really_gone(claim, drop)
+        if drop or lc.needs_deallocation(claim):
+            # never mutate the cached object: _on_claim compares old and new to detect releases
+            changed = msgspec.structs.replace(claim, status=lc.status_without_consumers(claim, drop))
+            updated = await self.kube.update_status(changed)
+            self._on_claim("MODIFIED", updated)
+            return  # continues from the new state
+        if lc.is_template_claim_of_gone_pod(claim, self.pods_by_uid):
+            owner_uid = next(r.uid for r in claim.metadata.owner_references if r.controller and r.kind == "Pod")
+            owner = self.pods_by_uid.get(owner_uid)
+            if owner is None:
+                owner_ref = next(r for r in claim.metadata.owner_references if r.controller and r.kind == "Pod")
+                gone = await self._pods_really_gone(
+                    claim, [ResourceClaimConsumerReference(resource="pods", name=owner_ref.name, uid=owner_uid)]
+                )
+                if not gone:
+                    return
+            finalizers = lc.finalizers_without_protection(claim)
+            if finalizers is not None:
+                claim = await self.kube.update(_with_finalizers(claim, finalizers))
+                self._on_claim("MODIFIED", claim)
+            await self.kube.delete(ResourceClaim, key[1], key[0])
+            return
+        if claim.metadata.deletion_timestamp and not (claim.status and claim.status.allocation):
+            finalizers = lc.finalizers_without_protection(claim)
+            if finalizers is not None:
+                self._on_claim("MODIFIED", await self.kube.update(_with_finalizers(claim, finalizers)))
+
+
+def _with_finalizers(claim: ResourceClaim, finalizers: list[str]) -> ResourceClaim:
+    return msgspec.structs.replace(claim, metadata=msgspec.structs.replace(claim.metadata, finalizers=finalizers))
+
+
+def _log_failure(task: asyncio.Task) -> None:
+    if not task.cancelled() and task.exception() is not None:
+        log.error("binder task %s failed", task.get_name(), exc_info=task.exception())

@@ -1,0 +1,31 @@
+"""The binder's settings: one dataclass, filled from the command line or by tests."""
+
+from __future__ import annotations
+
+import dataclasses
+from pathlib import Path
+
+from draplane.scheduling.messages import DEFAULT_PREFIX
+from draplane.scheduling.reservations import DEFAULT_LEASE_SECONDS
+
+
+@dataclasses.dataclass(slots=True)
+class BinderSettings:
+    nats_url: str = "nats://127.0.0.1:4222"
+    kubeconfig: Path | None = None
+    prefix: str = DEFAULT_PREFIX
+    # Pods whose spec.schedulerName is in this list are ours. The local environment adds
+    # default-scheduler because no kube-scheduler runs there.
+    scheduler_names: tuple[str, ...] = ("draplane",)
+    # Create template claims, clean reservedFor, deallocate: kube-controller-manager's job where it runs.
+    manage_claims: bool = True
+    shards: int = 1
+    # Placements written at once; each costs three apiserver writes.
+    concurrency: int = 32
+    lease_seconds: float = DEFAULT_LEASE_SECONDS
+    # Unschedulable pods are retried after this, doubling up to retry_max_seconds, and at once
+    # (after retry_flush_seconds) when devices are released or nodes change.
+    retry_initial_seconds: float = 1.0
+    retry_max_seconds: float = 20.0
+    retry_flush_seconds: float = 0.2
+    http_port: int = 0

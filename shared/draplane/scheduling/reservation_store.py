@@ -1,0 +1,158 @@
+"""The reservation bucket, mirrored in memory: a watch keeps `entries` current, and every write is
+a compare-and-set on one node's key (see draplane.scheduling.reservations for the protocol)."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from collections.abc import Callable, Iterable
+
+import nats.errors
+import nats.js.errors
+from nats.js.kv import KeyValue
+
+from draplane.scheduling import reservations as rv
+
+log = logging.getLogger(__name__)
+
+
+class StaleRevision(Exception):
+    """The node's entry changed since the view a placement was computed on."""
+
+
+class ReservationStore:
+    def __init__(self, kv: KeyValue, *, on_change: Callable[[str], None] | None = None):
+        self._kv = kv
+        # node -> (revision, entry); revision 0 for a node never written
+        self.entries: dict[str, tuple[int, rv.NodeReservations]] = {}
+        self._on_change = on_change
+        self._synced = asyncio.Event()
+        self._changed = asyncio.Condition()
+
+    @property
+    def synced(self) -> bool:
+        return self._synced.is_set()
+
+    async def wait_synced(self) -> None:
+        await self._synced.wait()
+
+    def entry(self, node: str) -> tuple[int, rv.NodeReservations]:
+        return self.entries.get(node) or (0, rv.NodeReservations(node=node))
+
+    def _apply(self, node: str, revision: int, value: bytes | None) -> None:
+        current = self.entries.get(node)
+        if current is not None and current[0] >= revision:
+            return  # a watch update older than what a write of ours already taught us
+        try:
+            entry = rv.decode_entry(value, node)
+        except ValueError as exc:
+            log.error("ignoring unreadable reservation entry: %s", exc)
+            return
+        self.entries[node] = (revision, entry)
+        if self._on_change is not None:
+            self._on_change(node)
+
+    async def watch(self) -> None:
+        """Mirror the bucket forever (run as a task). Resumes after the watcher breaks."""
+        while True:
+            watcher = await self._kv.watchall()
+            try:
+                while True:
+                    try:
+                        update = await watcher.updates(timeout=30.0)
+                    except nats.errors.TimeoutError:
+                        continue
+                    if update is None:
+                        self._synced.set()
+                        continue
+                    value = None if update.operation in ("DEL", "PURGE") else update.value
+                    self._apply(update.key, update.revision, value)
+                    async with self._changed:
+                        self._changed.notify_all()
+            except (nats.errors.Error, nats.js.errors.Error) as exc:
+                log.warning("reservation watch broke (%s); restarting it", exc)
+                await asyncio.sleep(0.5)
+            finally:
+                try:
+                    await watcher.stop()
+                except Exception:  # noqa: BLE001 - the connection may be gone already
+                    pass
+
+    async def refresh(self, node: str) -> tuple[int, rv.NodeReservations]:
+        """Read the node's entry straight from the bucket (after a failed compare-and-set)."""
+        try:
+            got = await self._kv.get(rv.node_key(node))
+            self._apply(node, got.revision, got.value)
+        except nats.js.errors.KeyNotFoundError:
+            pass
+        return self.entry(node)
+
+    async def write(self, node: str, entry: rv.NodeReservations, expected_revision: int) -> int:
+        """Compare-and-set one node's entry; raises StaleRevision if someone wrote in between."""
+        try:
+            revision = await self._kv.update(rv.node_key(node), rv.encode_entry(entry), last=expected_revision)
+        except nats.js.errors.KeyWrongLastSequenceError:
+            raise StaleRevision(node) from None
+        except nats.js.errors.APIError as exc:
+            # 10071 is "wrong last sequence" on servers that do not map it to the error above
+            if getattr(exc, "err_code", None) in (10071, 10164):
+                raise StaleRevision(node) from None
+            raise
+        self._apply(node, revision, rv.encode_entry(entry))
+        return revision
+
+    async def change(
+        self, node: str, edit: Callable[[rv.NodeReservations], rv.NodeReservations | None], *, attempts: int = 50
+    ) -> bool:
+        """Read-modify-compare-and-set until it sticks. `edit` returns None for "nothing to write".
+
+        Used for changes that cannot be wrong whatever else happened to the entry (confirm, extend,
+        release); a new placement instead goes through `write` with the revision it was computed on.
+        """
+        revision, entry = self.entry(node)
+        for _ in range(attempts):
+            new = edit(entry)
+            if new is None:
+                return False
+            try:
+                await self.write(node, new, revision)
+                return True
+            except StaleRevision:
+                revision, entry = await self.refresh(node)
+        raise RuntimeError(f"reservation entry of node {node}: {attempts} compare-and-set attempts all lost")
+
+    async def confirm(self, node: str, claim_uids: Iterable[str]) -> None:
+        uids = list(claim_uids)
+
+        def edit(entry: rv.NodeReservations) -> rv.NodeReservations | None:
+            changed = entry
+            for uid in uids:
+                changed = rv.confirm(changed, uid) or changed
+            return None if changed is entry else changed
+
+        await self.change(node, edit)
+
+    async def release(self, node: str, claim_uids: Iterable[str]) -> bool:
+        uids = list(claim_uids)
+        return await self.change(node, lambda entry: rv.release(entry, uids))
+
+    async def extend(self, node: str, claim_uids: Iterable[str], seconds: float) -> None:
+        uids = list(claim_uids)
+        until = time.time() + seconds
+
+        def edit(entry: rv.NodeReservations) -> rv.NodeReservations | None:
+            changed = entry
+            for uid in uids:
+                changed = rv.extend(changed, uid, until) or changed
+            return None if changed is entry else changed
+
+        await self.change(node, edit)
+
+    def find_claim(self, claim_uid: str) -> tuple[str, rv.Reservation] | None:
+        """The node and reservation of a claim, from the mirror."""
+        for node, (_, entry) in self.entries.items():
+            reservation = entry.claims.get(claim_uid)
+            if reservation is not None:
+                return node, reservation
+        return None

@@ -1,0 +1,95 @@
+"""The JetStream streams and the reservation bucket, created idempotently by whichever service starts
+first. The one I/O module of this package next to `reservation_store`; the rest is pure."""
+
+from __future__ import annotations
+
+import logging
+
+import nats.js.errors
+from nats.js import JetStreamContext
+from nats.js.api import (
+    AckPolicy,
+    ConsumerConfig,
+    DeliverPolicy,
+    KeyValueConfig,
+    RetentionPolicy,
+    StorageType,
+    StreamConfig,
+)
+from nats.js.kv import KeyValue
+
+from draplane.scheduling.messages import Subjects
+
+log = logging.getLogger(__name__)
+
+# A pending pod or a placement not acknowledged within this is redelivered: the consumer died.
+ACK_WAIT_SECONDS = 15.0
+# Releases are for live subscribers and audit; an hour is plenty to read them back.
+RELEASED_MAX_AGE_SECONDS = 3600.0
+
+
+async def _ensure_stream(js: JetStreamContext, config: StreamConfig) -> None:
+    try:
+        await js.add_stream(config)
+    except nats.js.errors.BadRequestError as exc:
+        # 10058: a stream of that name exists with another config. Ours are fixed per prefix, so
+        # the existing one is the one we want; update keeps subjects right after an upgrade.
+        if exc.err_code != 10058:
+            raise
+        await js.update_stream(config)
+
+
+async def ensure_streams(js: JetStreamContext, subjects: Subjects) -> None:
+    # Work-queue retention: a pending pod is gone once a shard acknowledged it, so a restarted
+    # shard resumes with exactly what is left.
+    await _ensure_stream(
+        js,
+        StreamConfig(
+            name=subjects.pending_stream,
+            subjects=[subjects.pending_all],
+            retention=RetentionPolicy.WORK_QUEUE,
+            storage=StorageType.FILE,
+        ),
+    )
+    await _ensure_stream(
+        js,
+        StreamConfig(
+            name=subjects.results_stream,
+            subjects=[subjects.results],
+            retention=RetentionPolicy.WORK_QUEUE,
+            storage=StorageType.FILE,
+        ),
+    )
+    await _ensure_stream(
+        js,
+        StreamConfig(
+            name=subjects.released_stream,
+            subjects=[subjects.released],
+            retention=RetentionPolicy.LIMITS,
+            max_age=RELEASED_MAX_AGE_SECONDS,
+            storage=StorageType.FILE,
+        ),
+    )
+
+
+async def reservation_bucket(js: JetStreamContext, subjects: Subjects) -> KeyValue:
+    try:
+        return await js.key_value(subjects.reservations_bucket)
+    except nats.js.errors.BucketNotFoundError:
+        pass
+    try:
+        return await js.create_key_value(
+            KeyValueConfig(bucket=subjects.reservations_bucket, history=1, storage=StorageType.FILE)
+        )
+    except nats.js.errors.BadRequestError:
+        return await js.key_value(subjects.reservations_bucket)  # another service created it first
+
+
+def work_consumer(durable: str) -> ConsumerConfig:
+    return ConsumerConfig(
+        durable_name=durable,
+        ack_policy=AckPolicy.EXPLICIT,
+        deliver_policy=DeliverPolicy.ALL,
+        ack_wait=ACK_WAIT_SECONDS,
+        max_ack_pending=1024,
+    )

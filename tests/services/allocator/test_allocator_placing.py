@@ -1,0 +1,82 @@
+"""The shard's pure core on the seed scenario: nodes with 24, 40 and 80 GiB GPUs."""
+
+import time
+
+from draplane.api.meta import ObjectMeta
+from draplane.api.resource import ResourceClaimStatus
+from draplane.scheduling import reservations as rv
+from draplane.scheduling import scenario
+from draplane.scheduling.unschedulable import FailureReason
+from draplane_allocator.placing import ClusterState, NotPlaced, Placed
+
+
+def seed_state() -> ClusterState:
+    state = ClusterState()
+    state.set_class(scenario.device_class("high-memory-gpu", scenario.HIGH_MEMORY_EXPRESSION))
+    for name, memory in (("node-24", "24Gi"), ("node-40", "40Gi"), ("node-80", "80Gi")):
+        state.set_node(scenario.gpu_node(name))
+        state.set_feed_entry(f"node.{name}", [scenario.gpu_slice(name, 1, memory)])
+    return state
+
+
+def with_uid(obj, uid):
+    obj.metadata.uid = uid
+    return obj
+
+
+def test_seed_claim_goes_to_the_gpu_over_40gi():
+    state = seed_state()
+    claim = with_uid(scenario.claim("ns", "vllm-gpu-claim", "high-memory-gpu"), "c1")
+    pod = with_uid(scenario.pod("ns", "vllm", claim_name="vllm-gpu-claim"), "p1")
+    placed = state.place_pod(pod, [claim])
+    assert isinstance(placed, Placed), placed
+    assert placed.node == "node-80" and placed.new_claims == ["c1"]
+    (result,) = placed.allocations["c1"].devices.results
+    assert (result.request, result.driver, result.pool, result.device) == ("gpu", "gpu.nvidia.com", "node-80", "gpu-0")
+    terms = placed.allocations["c1"].node_selector.node_selector_terms
+    assert terms[0].match_fields[0].key == "metadata.name" and terms[0].match_fields[0].values == ["node-80"]
+
+
+def test_a_reserved_device_is_taken_and_the_reason_says_so_per_node():
+    state = seed_state()
+    first = with_uid(scenario.claim("ns", "a", "high-memory-gpu"), "c1")
+    placed = state.place_pod(with_uid(scenario.pod("ns", "p", claim_name="a"), "p1"), [first])
+    reservation = rv.Reservation(
+        claim_uid="c1", claim_namespace="ns", claim_name="a", pod_uid="p1",
+        devices=rv.devices_of(placed.allocations["c1"]), allocation=placed.allocations["c1"],
+        reserved_at=time.time(), expires_at=time.time() + 30,
+    )
+    state.set_reservations("node-80", rv.add(rv.NodeReservations(node="node-80"), [reservation]))
+    second = with_uid(scenario.claim("ns", "b", "high-memory-gpu"), "c2")
+    outcome = state.place_pod(with_uid(scenario.pod("ns", "q", claim_name="b"), "p2"), [second])
+    assert isinstance(outcome, NotPlaced)
+    reasons = {f.node: f.reason for f in outcome.failures}
+    assert reasons["node-80"] == FailureReason.CAPACITY_EXHAUSTED.value
+    assert reasons["node-24"] == FailureReason.NO_MATCHING_DEVICE.value
+    assert outcome.message.startswith("0/3 nodes are available: 2 nodes: no device matches the class")
+    # the reservation is released: the device is free again
+    state.set_reservations("node-80", rv.NodeReservations(node="node-80"))
+    assert isinstance(state.place_pod(with_uid(scenario.pod("ns", "q", claim_name="b"), "p2"), [second]), Placed)
+
+
+def test_a_device_allocated_by_someone_else_is_never_reused():
+    state = seed_state()
+    theirs = with_uid(scenario.claim("ns", "theirs", "high-memory-gpu"), "t1")
+    placed = state.place_pod(with_uid(scenario.pod("ns", "x", claim_name="theirs"), "px"), [theirs])
+    theirs.status = ResourceClaimStatus(allocation=placed.allocations["t1"])
+    state.set_claim(theirs)
+    mine = with_uid(scenario.claim("ns", "mine", "high-memory-gpu"), "m1")
+    assert isinstance(state.place_pod(with_uid(scenario.pod("ns", "y", claim_name="mine"), "py"), [mine]), NotPlaced)
+
+
+def test_node_fit_and_claim_errors():
+    state = seed_state()
+    claim = with_uid(scenario.claim("ns", "c", "high-memory-gpu"), "c1")
+    big = with_uid(scenario.pod("ns", "big", claim_name="c", cpu="1000"), "p1")
+    outcome = state.place_pod(big, [claim])
+    assert isinstance(outcome, NotPlaced)
+    assert {f.reason for f in outcome.failures if f.node == "node-80"} == {FailureReason.NODE_DOES_NOT_FIT.value}
+    assert "Insufficient cpu" in outcome.message
+    unknown = with_uid(scenario.claim("ns", "u", "no-such-class"), "u1")
+    outcome = state.place_pod(with_uid(scenario.pod("ns", "p", claim_name="u"), "p2"), [unknown])
+    assert isinstance(outcome, NotPlaced) and "no-such-class" in outcome.claim_error

@@ -1,0 +1,132 @@
+"""Binder + allocator shards running in-process against the session's real servers.
+
+`scheduling` starts a Binder and N Shards under this test's subject prefix and stops them after
+the test; `put_node` publishes a node's ResourceSlices into the inventory feed bucket, exactly as
+the inventory service would, and creates the Node object.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import dataclasses
+import time
+
+import nats.js.errors
+import pytest
+from nats.js.api import KeyValueConfig
+
+from draplane.api.core import Node, Pod
+from draplane.api.resource import ResourceClaim, ResourceSlice
+from draplane.kube import KubeApiError
+from draplane.messages.inventory import SCHEMA_VERSION, FeedEntry, InventoryNames, encode
+from draplane_allocator.shard import Shard
+from draplane_binder.service import Binder
+from draplane_binder.settings import BinderSettings
+
+
+@dataclasses.dataclass
+class Scheduling:
+    kube: object
+    nats: object
+    prefix: str
+    binder: Binder | None = None
+    shards: list[Shard] = dataclasses.field(default_factory=list)
+    nodes: list[str] = dataclasses.field(default_factory=list)
+
+    async def start(self, *, shards: int = 1, manage_claims: bool = True, lease_seconds: float = 30.0,
+                    scheduler_names=("draplane", "default-scheduler")) -> "Scheduling":
+        settings = BinderSettings(prefix=self.prefix, shards=shards, manage_claims=manage_claims,
+                                  scheduler_names=tuple(scheduler_names), lease_seconds=lease_seconds)
+        self.binder = Binder(settings, self.kube, self.nats)
+        self.shards = [Shard(self.kube, self.nats, index=i, prefix=self.prefix, lease_seconds=lease_seconds)
+                       for i in range(shards)]
+        for shard in self.shards:
+            await shard.start()
+        await self.binder.start()
+        await asyncio.gather(self.binder.wait_ready(), *(s.wait_ready() for s in self.shards))
+        return self
+
+    async def stop(self) -> None:
+        if self.binder is not None:
+            await self.binder.stop()
+        for shard in self.shards:
+            await shard.stop()
+
+    async def feed_bucket(self):
+        names = InventoryNames(prefix=self.prefix)
+        try:
+            return await self.nats.jetstream().key_value(names.feed_bucket)
+        except nats.js.errors.BucketNotFoundError:
+            return await self.nats.jetstream().create_key_value(KeyValueConfig(bucket=names.feed_bucket, history=1))
+
+    async def put_node(self, node: Node, slices: list[ResourceSlice]) -> None:
+        name = node.metadata.name
+        try:
+            await self.kube.create(node)
+        except KubeApiError as exc:
+            if not exc.is_already_exists:
+                raise
+        await make_ready(self.kube, name)
+        self.nodes.append(name)
+        kv = await self.feed_bucket()
+        key = InventoryNames.node_key(name)
+        await kv.put(key, encode(FeedEntry(schema_version=SCHEMA_VERSION, key=key, node=name, slices=slices)))
+
+    async def wait_for(self, predicate, timeout: float = 30.0, what: str = "condition"):
+        deadline = time.monotonic() + timeout
+        while True:
+            value = await predicate()
+            if value:
+                return value
+            if time.monotonic() > deadline:
+                raise AssertionError(f"timed out after {timeout}s waiting for {what}; {self.diagnostics()}")
+            await asyncio.sleep(0.1)
+
+    def diagnostics(self) -> str:
+        binder = self.binder
+        parts = []
+        if binder is not None:
+            parts.append(f"binder counters={binder.counters} in_flight={len(binder.in_flight)} "
+                         f"retry={len(binder.retry)} reasons={list(binder.last_reason.values())[:3]}")
+        for shard in self.shards:
+            parts.append(f"shard {shard.index} counters={shard.counters} ready={shard.ready}")
+        return "; ".join(parts)
+
+    async def bound_pod(self, namespace: str, name: str, timeout: float = 30.0) -> Pod:
+        async def bound():
+            pod = await self.kube.get(Pod, name, namespace)
+            return pod if pod.spec.node_name else None
+
+        return await self.wait_for(bound, timeout, f"pod {namespace}/{name} to be bound")
+
+
+async def make_ready(kube, name: str) -> None:
+    """What a kubelet and the node lifecycle controller would do: report Ready, lift not-ready.
+
+    The apiserver taints every new Node node.kubernetes.io/not-ready:NoSchedule; nothing else in
+    the local environment removes it."""
+    await kube.patch(Node, name, {"spec": {"taints": None}})
+    await kube.patch(
+        Node, name,
+        {"status": {"conditions": [{"type": "Ready", "status": "True", "reason": "KubeletReady",
+                                    "message": "simulated", "lastHeartbeatTime": None}]}},
+        subresource="status", patch_type="application/strategic-merge-patch+json",
+    )
+
+
+@pytest.fixture
+async def scheduling(kube, nats, subject_prefix):
+    env = Scheduling(kube=kube, nats=nats, prefix=subject_prefix)
+    yield env
+    await env.stop()
+    for name in env.nodes:
+        await kube.delete(Node, name)
+
+
+def all_claims_devices(claims: list[ResourceClaim]) -> list[tuple[str, str, str]]:
+    devices = []
+    for claim in claims:
+        allocation = claim.status.allocation if claim.status else None
+        for r in (allocation.devices.results if allocation and allocation.devices else None) or ():
+            devices.append((r.driver, r.pool, r.device))
+    return devices
