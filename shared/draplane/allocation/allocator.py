@@ -896,6 +896,17 @@ class NodeAllocator:
                     else:
                         ordered[id(request)] = []
                 hopeless = hopeless or not any_sub_fits
+        for plan in plans:
+            total = plan.min_devices + sum(
+                len(search.all_devices[id(subs[0])]) for subs in plan.requests if subs[0].all_mode and len(subs) == 1
+            )
+            if total > MAX_RESULTS:
+                raise AllocationError(
+                    Reason.TOO_MANY_RESULTS,
+                    f"ResourceClaim {_claim_name(plan.claim)}: spec.devices.requests: number of requested devices {total} "
+                    f"exceeds the claim limit of {MAX_RESULTS} (allocationMode All matches too many devices on node {node_name})",
+                    node=node_name,
+                )
         if hopeless:
             if not diagnose:
                 return NodeFailure(node_name, Reason.NOT_DIAGNOSED, "the claims do not fit")

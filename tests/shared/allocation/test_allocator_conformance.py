@@ -403,9 +403,11 @@ def test_too_many_devices_total():
 
 
 def test_all_devices_too_many():
-    # mirrors allocator_test.go "all-devices-invalid-too-many": All finds more than 32 devices
+    # mirrors allocator_test.go "too-many-devices-total" for allocationMode All: matching more than
+    # 32 devices is an error, as Kubernetes counts All's devices before searching
     s = slice_("slice-1", NODE_1, "pool-1", A, *[device(f"device-{i:02d}") for i in range(33)])
-    assert failed(allocate(CLASSES, [s], [claim("claim-0", request("req-0", CLASS_A, mode="All"))]))
+    with pytest.raises(AllocationError, match="number of requested devices 33 exceeds the claim limit of 32"):
+        allocate(CLASSES, [s], [claim("claim-0", request("req-0", CLASS_A, mode="All"))])
 
 
 def test_too_many_requests():
