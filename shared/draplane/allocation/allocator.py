@@ -506,11 +506,12 @@ class _StepLimit(Exception):
 
 @dataclass(slots=True)
 class NodeView:
-    """What a scoring policy may look at: the node's pools and the allocated state."""
+    """What a scoring policy may look at: the node's pools, the allocated state, the Node object."""
 
     node: str
     pools: list[Pool]
     state: AllocatedState
+    node_object: Node | None = None
 
 
 class _Search:
@@ -868,7 +869,7 @@ class NodeAllocator:
         if plans is None:
             plans = [self.plan(c) for c in claims]
         pools = self.inventory.pools_for_node(node)
-        view = NodeView(node_name, pools, self.state)
+        view = NodeView(node_name, pools, self.state, node)
         ordered: dict[int, list[Candidate]] = {}
         search = _Search(self, node, pools, plans, policy, ordered)
         in_use = self.state.in_use

@@ -318,7 +318,7 @@ class Cluster:
                     shared = state.shared_capacity(r.id)
                     used.append((position, None if shared is None else tuple(sorted(shared.items()))))
                 position += 1
-        return (cached[1], tuple(used))
+        return (cached[1], tuple(used), index.policy.node_likeness(node))
 
     def _device_likeness(self, record, index: _ShapeIndex) -> tuple:
         evaluate = self.allocator.matcher.evaluate

@@ -30,6 +30,11 @@ class ScoringPolicy:
         cluster searches only one of them. The default, the whole device, is always safe."""
         return record.content
 
+    def node_likeness(self, node) -> object:
+        """Likewise for the Node object (labels, allocatable CPU and memory) when scores read it.
+        The default, the node's name, makes no two nodes alike: safe, and slower."""
+        return node.metadata.name
+
     def order_candidates(self, request: "RequestPlan", candidates: list["Candidate"], view: "NodeView") -> list["Candidate"]:
         return candidates
 
@@ -44,6 +49,9 @@ class FirstFitPolicy(ScoringPolicy):
 
     def likeness(self, record) -> object:
         return None  # the order of devices is all first-fit reads
+
+    def node_likeness(self, node) -> object:
+        return None
 
 
 def _group_rank(free: int, needed: int) -> tuple[int, int]:
@@ -72,6 +80,9 @@ class DraplanePolicy(ScoringPolicy):
 
     def likeness(self, record) -> object:
         return (record.pcie_root, record.numa_node)
+
+    def node_likeness(self, node) -> object:
+        return None  # scores read devices and their use only
 
     TOPOLOGY_WEIGHT = 10.0
     NUMA_WEIGHT = 5.0

@@ -170,8 +170,7 @@ def test_custom_policy_through_registry():
     class LastNode(ScoringPolicy):
         name = "last-node"
 
-        def likeness(self, record):
-            return record.id  # scores depend on the node itself: no two nodes are alike
+        # The default likeness hooks keep nodes apart: this score reads the node's name.
 
         def score_placement(self, placement, view):
             return -ord(placement.node[-1])
