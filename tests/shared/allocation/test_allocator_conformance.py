@@ -804,3 +804,87 @@ def test_claim_without_requests():
     out = allocate(CLASSES, [one_device_slice("slice-1", NODE_1, "pool-1", A)], [claim("claim-0")])
     assert results(out) == [[]]
     assert out.allocations[0].node_selector is None
+
+
+def test_many_network_attached_devices():
+    # mirrors allocator_test.go "many-network-attached-devices": the result's selector is the union
+    planet = label_selector("planet", "earth")
+    slices = [slice_("slice-1", None, "pool-1", A, device("device-1"), node_selector=label_selector("region", "region-1")),
+              slice_("slice-2", None, "pool-2", A, device("device-1"), all_nodes=True),
+              slice_("slice-3", None, "pool-3", A, device("device-1"), node_selector=planet),
+              slice_("slice-4", None, "pool-4", A, device("device-1"), node_selector=local_selector(NODE_1))]
+    out = allocate(CLASSES, slices, [claim("claim-0", request("req-0", CLASS_A, 4))], on=node(NODE_1, region="region-1", planet="earth"))
+    assert [r[2] for r in results(out)[0]] == ["pool-1", "pool-2", "pool-3", "pool-4"]
+    term = out.allocations[0].node_selector.node_selector_terms[0]
+    assert [(e.key, e.values) for e in term.match_expressions] == [("region", ["region-1"]), ("planet", ["earth"])]
+    assert [(f.key, f.values) for f in term.match_fields] == [("metadata.name", [NODE_1])]
+
+
+def test_local_and_network_attached_devices():
+    # mirrors allocator_test.go "local-and-network-attached-devices"
+    slices = [slice_("slice-1", None, "pool-1", A, device("device-1"), node_selector=label_selector("region", "region-1")),
+              one_device_slice("slice-2", NODE_1, "pool-2", A)]
+    out = allocate(CLASSES, slices, [claim("claim-0", request("req-0", CLASS_A, 2))])
+    assert out.allocations[0].node_selector == local_selector(NODE_1)
+
+
+def test_several_different_drivers():
+    # mirrors allocator_test.go "several-different-drivers"
+    slices = [slice_("slice-1", NODE_1, "pool-1", A, device("device-1"), device("device-2")),
+              one_device_slice("slice-1b", NODE_1, "pool-1", DRIVER_B)]
+    claims = [claim("claim-0", request("req-0", CLASS_A)), claim("claim-0b", request("req-0", CLASS_B))]
+    assert results(allocate(CLASSES, slices, claims)) == [[("req-0", A, "pool-1", "device-1")], [("req-0", DRIVER_B, "pool-1", "device-1")]]
+
+
+def test_admin_access_enabled():
+    # mirrors allocator_test.go "admin-access-enabled": in-use devices are available to admin access
+    out = allocate(CLASSES, [one_device_slice("slice-1", NODE_1, "pool-1", A)], [claim("claim-0", request("req-0", CLASS_A, admin=True))],
+                   in_use=[allocated("other", (A, "pool-1", "device-1"))])
+    assert results(out) == [[("req-0", A, "pool-1", "device-1", "admin")]]
+
+
+def test_admin_access_and_normal_claim_share_device():
+    # mirrors allocator_test.go "admin-access-claims-device-allocating-for-non-admin-access"
+    s = slice_("slice-1", NODE_1, "pool-1", A, device("device-1"), device("device-2"))
+    claims = [claim("claim-0", request("req-0", CLASS_A)), claim("claim-1", request("req-0", CLASS_A, admin=True))]
+    assert results(allocate(CLASSES, [s], claims)) == [[("req-0", A, "pool-1", "device-1")], [("req-0", A, "pool-1", "device-1", "admin")]]
+
+
+def test_with_constraint_all_types():
+    # mirrors allocator_test.go "with-constraint" (int, version, string and bool attributes)
+    values = {"driverVersion": Version("1.0.0"), "numa": 1, "stringAttribute": "v", "boolAttribute": True}
+    s = slice_("slice-1", NODE_1, "pool-1", A, device("device-1", values), device("device-2", values))
+    c = claim("claim-0", request("req-0", CLASS_A), request("req-1", CLASS_A),
+              constraints=[match(f"{A}/{k}") for k in values])
+    assert results(allocate(CLASSES, [s], [c])) == [[("req-0", A, "pool-1", "device-1"), ("req-1", A, "pool-1", "device-2")]]
+
+
+@pytest.mark.parametrize("first, second", [("s1", "s2"), (True, False)])
+def test_with_constraint_not_matching_string_or_bool(first, second):
+    # mirrors allocator_test.go "with-constraint-not-matching-string-attribute" and "...-bool-attribute"
+    s = slice_("slice-1", NODE_1, "pool-1", A, device("device-1", {"x": first}), device("device-2", {"x": second}))
+    assert failed(allocate(CLASSES, [s], [claim("claim-0", request("req-0", CLASS_A, 2), constraints=[match(f"{A}/x")])]))
+
+
+def test_with_constraint_not_matching_int_attribute_all_devices():
+    # mirrors allocator_test.go "with-constraint-not-matching-int-attribute-all-devices"
+    s = slice_("slice-1", NODE_1, "pool-1", A, device("device-1", {"numa": 1}), device("device-2", {"numa": 2}))
+    with pytest.raises(AllocationError) as err:
+        allocate(CLASSES, [s], [claim("claim-0", request("req-0", CLASS_A, mode="All"), constraints=[match(f"{A}/numa")])])
+    assert "cannot add device driver-a.example.com/pool-1/device-2 because a claim constraint would not be satisfied" in str(err.value)
+
+
+def test_all_devices_some_allocated_prioritized_list():
+    # mirrors allocator_test.go "all-devices-some-allocated-prioritized-list"
+    slices = [slice_("slice-1", NODE_1, "pool-1", A, device("device-1"), device("device-2")),
+              one_device_slice("slice-2", NODE_1, "pool-2", DRIVER_B)]
+    c = claim("claim-0", first_available("req-0", sub("sub-0", CLASS_A, mode="All"), sub("sub-1", CLASS_B)))
+    out = allocate(CLASSES, slices, [c], in_use=[allocated("other", (A, "pool-1", "device-1"))])
+    assert results(out) == [[("req-0/sub-1", DRIVER_B, "pool-2", "device-1")]]
+
+
+def test_all_devices_slice_without_devices_prioritized_list():
+    # mirrors allocator_test.go "all-devices-slice-without-devices-prioritized-list"
+    slices = [slice_("slice-1", NODE_1, "pool-1", A), one_device_slice("slice-2", NODE_1, "pool-2", DRIVER_B)]
+    c = claim("claim-0", first_available("req-0", sub("sub-0", CLASS_A, mode="All"), sub("sub-1", CLASS_B)))
+    assert results(allocate(CLASSES, slices, [c])) == [[("req-0/sub-1", DRIVER_B, "pool-2", "device-1")]]
