@@ -888,3 +888,70 @@ def test_all_devices_slice_without_devices_prioritized_list():
     slices = [slice_("slice-1", NODE_1, "pool-1", A), one_device_slice("slice-2", NODE_1, "pool-2", DRIVER_B)]
     c = claim("claim-0", first_available("req-0", sub("sub-0", CLASS_A, mode="All"), sub("sub-1", CLASS_B)))
     assert results(allocate(CLASSES, slices, [c])) == [[("req-0/sub-1", DRIVER_B, "pool-2", "device-1")]]
+
+
+def test_partitionable_devices_with_binding_conditions_multi_slices():
+    # mirrors allocator_test.go "partitionable-devices-with-binding-conditions-multi-slices": slices
+    # are searched in name order, binding conditions are copied per device
+    counters = {"set-1": {"memory": "8Gi"}}
+    slices = [
+        slice_("slice-4", NODE_1, "pool-1", A, device("device-1", consumes={"set-1": {"memory": "4Gi"}},
+                                                      binding=["IsPrepare"], binding_failure=["BindingFailed"]), count=4),
+        slice_("slice-3", NODE_1, "pool-1", A, count=4, counters=counters),
+        slice_("slice-2", NODE_1, "pool-1", A, device("device-2", consumes={"set-2": {"memory": "4Gi"}}), count=4),
+        slice_("slice-1", NODE_1, "pool-1", A, count=4, counters={"set-2": {"memory": "8Gi"}}),
+    ]
+    out = allocate(CLASSES, slices, [claim("claim-0", request("req-0", CLASS_A, 2))])
+    rs = out.allocations[0].devices.results
+    assert [(r.device, r.binding_conditions) for r in rs] == [("device-2", None), ("device-1", ["IsPrepare"])]
+
+
+def test_binding_conditions_and_taints():
+    # mirrors allocator_test.go "partitionable-devices-with-binding-conditions-and-taints" and
+    # "...-tolerated": the toleration is copied into every result of the request
+    taint = DeviceTaint(key="key1", value="value1", effect="NoSchedule")
+    slices = _partitioned(device("device-1", consumes={"gpu-0": {"memory": "4Gi"}}, binding=["IsPrepare"], taints=[taint]),
+                          device("device-2", consumes={"gpu-0": {"memory": "4Gi"}}))
+    assert failed(allocate(CLASSES, slices, [claim("claim-0", request("req-0", CLASS_A, 2))]))
+    tol = [DeviceToleration(key="key1", operator="Exists", effect="NoSchedule")]
+    rs = allocate(CLASSES, slices, [claim("claim-0", request("req-0", CLASS_A, 2, tolerations=tol))]).allocations[0].devices.results
+    assert [(r.device, r.binding_conditions, r.tolerations) for r in rs] == [("device-1", ["IsPrepare"], tol), ("device-2", None, tol)]
+
+
+def test_consumable_capacity_missing_capacity_request():
+    # mirrors allocator_test.go "consumable-capacity-multi-allocatable-device-with-missing-capacity-request"
+    s = slice_("slice-1", NODE_1, "pool-1", A, device("device-1", capacity={"capacity1": "1"}, multi=True))
+    assert failed(allocate(CLASSES, [s], [claim("claim-0", request("req-0", CLASS_A, capacity={"capacity0": "1"}))]))
+    assert failed(allocate(CLASSES, [s], [claim("claim-0", request("req-0", CLASS_A, mode="All", capacity={"capacity0": "1"}))]))
+
+
+def test_consumable_capacity_without_capacity_without_request():
+    # mirrors allocator_test.go "consumable-capacity-multi-allocatable-device-without-capacity-without-capacity-request"
+    s = slice_("slice-1", NODE_1, "pool-1", A, device("device-1", multi=True))
+    out = allocate(CLASSES, [s], [claim("claim-0", request("req-0", CLASS_A)), claim("claim-1", request("req-0", CLASS_A))])
+    rs = [a.devices.results[0] for a in out.allocations]
+    assert [(r.device, bool(r.share_id), r.consumed_capacity) for r in rs] == [("device-1", True, None)] * 2
+
+
+def test_consumable_capacity_without_policy_without_request():
+    # mirrors allocator_test.go "consumable-capacity-multi-allocatable-device-without-policy-without-capacity-request"
+    s = slice_("slice-1", NODE_1, "pool-1", A, device("device-1", capacity={"capacity0": "1"}, multi=True),
+               device("device-2", capacity={"capacity0": "1"}, multi=True))
+    out = allocate(CLASSES, [s], [claim("claim-0", request("req-0", CLASS_A)), claim("claim-1", request("req-0", CLASS_A))])
+    rs = [a.devices.results[0] for a in out.allocations]
+    assert [(r.device, r.consumed_capacity) for r in rs] == [("device-1", {"capacity0": "1"}), ("device-2", {"capacity0": "1"})]
+
+
+def test_consumable_capacity_without_policy_without_request_block():
+    # mirrors allocator_test.go "consumable-capacity-multi-allocatable-device-without-policy-without-capacity-request-block"
+    s = slice_("slice-1", NODE_1, "pool-1", A, device("device-1", capacity={"capacity0": "2"}, multi=True))
+    assert failed(allocate(CLASSES, [s], [claim("claim-0", request("req-0", CLASS_A)), claim("claim-1", request("req-0", CLASS_A))]))
+
+
+def test_consumable_capacity_without_policy_with_request():
+    # mirrors allocator_test.go "consumable-capacity-multi-allocatable-device-without-policy-with-capacity-request"
+    s = slice_("slice-1", NODE_1, "pool-1", A, device("device-1", capacity={"capacity0": "2"}, multi=True))
+    claims = [claim("claim-0", request("req-0", CLASS_A, capacity={"capacity0": "1"})),
+              claim("claim-1", request("req-0", CLASS_A, capacity={"capacity0": "1"}))]
+    rs = [a.devices.results[0] for a in allocate(CLASSES, [s], claims).allocations]
+    assert [(r.device, r.consumed_capacity) for r in rs] == [("device-1", {"capacity0": "1"})] * 2
