@@ -955,3 +955,92 @@ def test_consumable_capacity_without_policy_with_request():
               claim("claim-1", request("req-0", CLASS_A, capacity={"capacity0": "1"}))]
     rs = [a.devices.results[0] for a in allocate(CLASSES, [s], claims).allocations]
     assert [(r.device, r.consumed_capacity) for r in rs] == [("device-1", {"capacity0": "1"})] * 2
+
+
+def _range_device(name: str, value: str, attributes=None):
+    # Kubernetes' withCapacityRequestPolicyRange: default 2, valid range 2..4 in steps of 2
+    return device(name, attributes, capacity={"capacity0": value}, multi=True,
+                  policies={"capacity0": capacity_policy(default="2", min="2", max="4", step="2")})
+
+
+def test_consumable_capacity_with_policy_without_request():
+    # mirrors allocator_test.go "consumable-capacity-multi-allocatable-device-with-policy-without-capacity-request"
+    s = slice_("slice-1", NODE_1, "pool-1", A, _range_device("device-1", "4"))
+    out = allocate(CLASSES, [s], [claim("claim-0", request("req-0", CLASS_A)), claim("claim-1", request("req-0", CLASS_A))])
+    assert [a.devices.results[0].consumed_capacity for a in out.allocations] == [{"capacity0": "2"}] * 2
+
+
+def test_consumable_capacity_range_policy_rounds_to_minimum():
+    # mirrors allocator_test.go "consumable-capacity-multi-allocatable-device-with-range-policy-with-capacity-request"
+    s = slice_("slice-1", NODE_1, "pool-1", A, _range_device("device-1", "4"))
+    claims = [claim(f"claim-{i}", request("req-0", CLASS_A, capacity={"capacity0": "1"})) for i in range(2)]
+    out = allocate(CLASSES, [s], claims)
+    assert [a.devices.results[0].consumed_capacity for a in out.allocations] == [{"capacity0": "2"}] * 2
+
+
+def test_consumable_capacity_range_policy_step():
+    # mirrors allocator_test.go "consumable-capacity-multi-allocatable-device-with-range-policy-step"
+    s = slice_("slice-1", NODE_1, "pool-1", A, _range_device("device-1", "4"))
+    out = allocate(CLASSES, [s], [claim("claim-0", request("req-0", CLASS_A, capacity={"capacity0": "3"}))])
+    assert out.allocations[0].devices.results[0].consumed_capacity == {"capacity0": "4"}
+
+
+def test_consumable_capacity_request_over_policy_max():
+    # mirrors allocator_test.go "consumable-capacity-multi-allocatable-device-with-request-over-max-sharing-policy"
+    s = slice_("slice-1", NODE_1, "pool-1", A, _range_device("device-1", "10"))
+    assert failed(allocate(CLASSES, [s], [claim("claim-0", request("req-0", CLASS_A, capacity={"capacity0": "6"}))]))
+
+
+def test_consumable_capacity_zero_default_valid_values():
+    # mirrors allocator_test.go "consumable-capacity-multi-allocatable-device-with-zero-request-policy"
+    # and "...-violates-zero-request-policy"
+    d = device("device-1", capacity={"capacity0": "1"}, multi=True,
+               policies={"capacity0": capacity_policy(default="0", valid_values=["0"])})
+    s = slice_("slice-1", NODE_1, "pool-1", A, d)
+    out = allocate(CLASSES, [s], [claim("claim-0", request("req-0", CLASS_A)), claim("claim-1", request("req-0", CLASS_A))])
+    assert [a.devices.results[0].consumed_capacity for a in out.allocations] == [{"capacity0": "0"}] * 2
+    assert failed(allocate(CLASSES, [s], [claim("claim-0", request("req-0", CLASS_A, capacity={"capacity0": "1"}))]))
+
+
+def test_consumable_capacity_valid_values_round_up_to_capacity():
+    # mirrors allocator_test.go "consumable-capacity-multi-allocatable-device-with-valid-values-policy-round-up"
+    d = device("device-1", capacity={"capacity0": "3"}, multi=True,
+               policies={"capacity0": capacity_policy(default="1", valid_values=["1", "3"])})
+    out = allocate(CLASSES, [slice_("slice-1", NODE_1, "pool-1", A, d)],
+                   [claim("claim-0", request("req-0", CLASS_A, capacity={"capacity0": "2"}))])
+    assert out.allocations[0].devices.results[0].consumed_capacity == {"capacity0": "3"}
+
+
+def test_consumable_capacity_allocated_use_remaining_and_next_device():
+    # mirrors allocator_test.go "consumable-capacity-multi-allocatable-device-with-allocated-capacity-use-remaining",
+    # "...-next-device" and "...-with-no-available-consumable-capacity"
+    used = [allocated("other", (A, "pool-1", "device-1", "share-0", {"capacity0": "2"}))]
+    c = claim("claim-0", request("req-0", CLASS_A, capacity={"capacity0": "2"}))
+    s = slice_("slice-1", NODE_1, "pool-1", A, _range_device("device-1", "4"))
+    assert results(allocate(CLASSES, [s], [c], in_use=used)) == [[("req-0", A, "pool-1", "device-1")]]
+    s = slice_("slice-1", NODE_1, "pool-1", A, _range_device("device-1", "2"), _range_device("device-2", "2"))
+    assert results(allocate(CLASSES, [s], [c], in_use=used)) == [[("req-0", A, "pool-1", "device-2")]]
+    s = slice_("slice-1", NODE_1, "pool-1", A, _range_device("device-1", "2"))
+    assert failed(allocate(CLASSES, [s], [c], in_use=used))
+
+
+def test_consumable_capacity_backtrack():
+    # mirrors allocator_test.go "consumable-capacity-with-multi-allocatable-device-backtrack"
+    s = slice_("slice-1", NODE_1, "pool-1", A, _range_device("device-2", "2", {"s": "v1"}), _range_device("device-1", "4", {"s": "v2"}))
+    c0 = claim("claim-0", request("req-0", CLASS_A, capacity={"capacity0": "2"}), request("req-1", CLASS_A, capacity={"capacity0": "2"}),
+               constraints=[match(f"{A}/s")])
+    c1 = claim("claim-1", request("req-0", CLASS_A, capacity={"capacity0": "2"}))
+    assert results(allocate(CLASSES, [s], [c0, c1])) == [
+        [("req-0", A, "pool-1", "device-1"), ("req-1", A, "pool-1", "device-1")],
+        [("req-0", A, "pool-1", "device-2")],
+    ]
+
+
+def test_consumable_capacity_with_subrequest():
+    # mirrors allocator_test.go "consumable-capacity-multi-allocatable-device-with-subrequest"
+    s = slice_("slice-1", NODE_1, "pool-1", A, _range_device("device-1", "2"))
+    c = claim("claim-0", first_available("req-0", sub("sub-0", CLASS_A, capacity={"capacity0": "4"}),
+                                         sub("sub-1", CLASS_A, capacity={"capacity0": "2"})))
+    out = allocate(CLASSES, [s], [c])
+    assert results(out) == [[("req-0/sub-1", A, "pool-1", "device-1")]]
+    assert out.allocations[0].devices.results[0].consumed_capacity == {"capacity0": "2"}
