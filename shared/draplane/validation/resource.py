@@ -551,9 +551,12 @@ def check_resource_slice(obj: dict[str, Any], raw: dict[str, Any], findings: Fin
     advanced = any(_uses_advanced_features(d or {}) for d in devices or [])
     limit = limits.DEVICES_MAX_WITH_ADVANCED_FEATURES if advanced else limits.DEVICES_MAX
     why = " (64 because some device uses taints, consumesCounters or list attributes)" if advanced else ""
-    if not _too_many(devices, limit, "spec.devices", f"devices{why}", findings,
-                     fix=f"split the pool into several slices of at most {limit} devices and set "
-                         "pool.resourceSliceCount to the number of slices"):
+    if _too_many(devices, limit, "spec.devices", f"devices{why}", findings,
+                 fix=f"split the pool into several slices of at most {limit} devices and set "
+                     "pool.resourceSliceCount to the number of slices"):
+        for index, device in enumerate(devices or []):
+            _check_device_declaratively(device or {}, f"spec.devices[{index}]", findings)
+    else:
         per_device = spec.get("perDeviceNodeSelection") is True
         for index, device in enumerate(devices or []):
             raw_device = raw_devices[index] if index < len(raw_devices) and isinstance(raw_devices[index], dict) else {}
@@ -655,9 +658,6 @@ def _check_device(device: dict[str, Any], raw_device: dict[str, Any], path: str,
     for key, entry in capacity.items():
         for message in names.qualified_device_name(key):
             findings.invalid(f"{path}.capacity", key, f"capacity name {message}")
-        if "value" not in entry:
-            findings.required(f"{path}.capacity[{key}].value", "a capacity needs a value", fix="value: 80Gi")
-            continue
         policy = entry.get("requestPolicy")
         if policy is None:
             continue
@@ -665,27 +665,43 @@ def _check_device(device: dict[str, Any], raw_device: dict[str, Any], path: str,
             findings.forbidden(f"{path}.capacity[{key}].requestPolicy", "requestPolicy needs allowMultipleAllocations: true "
                                "on the device", fix="set allowMultipleAllocations: true, or remove requestPolicy")
         else:
-            _check_request_policy(entry["value"], policy, f"{path}.capacity[{key}].requestPolicy", findings)
+            # A missing value is a zero quantity to the apiserver, not an error.
+            _check_request_policy(entry.get("value") or "0", policy, f"{path}.capacity[{key}].requestPolicy", findings)
     taints = device.get("taints")
     if not _too_many(taints, limits.TAINTS_PER_DEVICE_MAX, f"{path}.taints", "taints", findings):
         for index, taint in enumerate(taints or []):
             check_taint(taint or {}, f"{path}.taints[{index}]", findings)
-    consumptions = device.get("consumesCounters")
-    if not _too_many(consumptions, limits.COUNTER_CONSUMPTIONS_PER_DEVICE_MAX, f"{path}.consumesCounters",
-                     "counter consumptions", findings):
-        for index, consumption in enumerate(consumptions or []):
-            consumption = consumption or {}
-            c_path = f"{path}.consumesCounters[{index}]"
-            _check_counter_set_name(consumption.get("counterSet") or "", f"{c_path}.counterSet", findings)
-            _check_counters(consumption.get("counters"), f"{c_path}.counters",
-                            limits.COUNTERS_PER_COUNTER_CONSUMPTION_MAX, findings)
-            groups = consumption.get("compatibilityGroups")
-            if not _too_many(groups, limits.COMPATIBILITY_GROUPS_MAX, f"{c_path}.compatibilityGroups", "groups", findings):
-                _duplicates(list(groups or []), f"{c_path}.compatibilityGroups", "group", findings)
-        _duplicates([(c or {}).get("counterSet") for c in consumptions or []], f"{path}.consumesCounters",
-                    "counter set", findings)
+    _check_consumptions(device.get("consumesCounters"), f"{path}.consumesCounters", findings)
     _check_device_node_selection(device, path, per_device_node_selection, findings)
     check_binding_conditions(device, path, findings)
+
+
+def _check_consumptions(consumptions: list[Any] | None, path: str, findings: Findings) -> None:
+    if _too_many(consumptions, limits.COUNTER_CONSUMPTIONS_PER_DEVICE_MAX, path, "counter consumptions", findings):
+        return
+    for index, consumption in enumerate(consumptions or []):
+        consumption = consumption or {}
+        c_path = f"{path}[{index}]"
+        _check_counter_set_name(consumption.get("counterSet") or "", f"{c_path}.counterSet", findings)
+        _check_counters(consumption.get("counters"), f"{c_path}.counters",
+                        limits.COUNTERS_PER_COUNTER_CONSUMPTION_MAX, findings)
+        groups = consumption.get("compatibilityGroups")
+        if not _too_many(groups, limits.COMPATIBILITY_GROUPS_MAX, f"{c_path}.compatibilityGroups", "groups", findings):
+            _duplicates(list(groups or []), f"{c_path}.compatibilityGroups", "group", findings)
+    _duplicates([(c or {}).get("counterSet") for c in consumptions or []], path, "counter set", findings)
+
+
+def _check_device_declaratively(device: dict[str, Any], path: str, findings: Findings) -> None:
+    """The checks Kubernetes 1.37 makes declaratively (+k8s tags on the v1 types), which still run on
+    every device of a slice that has too many devices, unlike the handwritten ones."""
+    for key, attribute in (device.get("attributes") or {}).items():
+        _check_attribute_union(attribute, f"{path}.attributes[{key}]", findings)
+    for index, taint in enumerate(device.get("taints") or []):
+        _check_taint_effect(taint or {}, f"{path}.taints[{index}]", findings)
+    _check_consumptions(device.get("consumesCounters"), f"{path}.consumesCounters", findings)
+    for key, limit in (("bindingConditions", limits.BINDING_CONDITIONS_MAX),
+                       ("bindingFailureConditions", limits.BINDING_FAILURE_CONDITIONS_MAX)):
+        _too_many(device.get(key), limit, f"{path}.{key}", "conditions", findings)
 
 
 def _attribute_value_count(attribute: dict[str, Any]) -> int:
@@ -693,15 +709,19 @@ def _attribute_value_count(attribute: dict[str, Any]) -> int:
     return sum(len(x) for x in lists) if lists else 1
 
 
-def _check_attribute(attribute: dict[str, Any], path: str, findings: Findings) -> None:
+def _check_attribute_union(attribute: dict[str, Any], path: str, findings: Findings) -> None:
     # An empty list counts as unset for the union (as the apiserver's declarative check counts it),
-    # and is reported on its own below as well.
+    # and is reported on its own as well.
     set_keys = [k for k in ("int", "bool", "string", "version") if attribute.get(k) is not None]
     set_keys += [k for k in ("ints", "bools", "strings", "versions") if attribute.get(k)]
     if len(set_keys) != 1:
         findings.invalid(path, attribute, "exactly one of int, bool, string or version (or a list form) must be set"
                          + (f"; found {', '.join(set_keys)}" if set_keys else ""),
                          fix="for example string: \"H100\" or version: \"12.4.0\"")
+
+
+def _check_attribute(attribute: dict[str, Any], path: str, findings: Findings) -> None:
+    _check_attribute_union(attribute, path, findings)
     string = attribute.get("string")
     if string is not None and len(string) > limits.ATTRIBUTE_VALUE_MAX_LENGTH:
         findings.too_long(f"{path}.string", len(string), limits.ATTRIBUTE_VALUE_MAX_LENGTH, "the string")
@@ -847,6 +867,10 @@ def check_taint(taint: dict[str, Any], path: str, findings: Findings) -> None:
     if value:
         for message in names.label_value(value):
             findings.invalid(f"{path}.value", value, message)
+    _check_taint_effect(taint, path, findings)
+
+
+def _check_taint_effect(taint: dict[str, Any], path: str, findings: Findings) -> None:
     effect = taint.get("effect") or ""
     if not effect:
         findings.required(f"{path}.effect", "a taint needs an effect", fix="effect: NoSchedule")
@@ -870,11 +894,9 @@ def _check_counters(counters: dict[str, Any] | None, path: str, limit: int, find
     if len(counters) > limit:
         findings.too_many(path, len(counters), limit, "counters")
         return
-    for key, counter in counters.items():
+    for key in counters:  # a counter without a value is a zero quantity, which the apiserver accepts
         for message in names.dns1123_label(key):
             findings.invalid(path, key, f"counter name {message}")
-        if counter.get("value") is None:
-            findings.required(f"{path}[{key}].value", "a counter needs a value")
 
 
 def _check_device_node_selection(device: dict[str, Any], path: str, per_device: bool, findings: Findings) -> None:

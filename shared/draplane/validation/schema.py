@@ -306,6 +306,8 @@ def check_schema(raw: Any, schema: Any, path: str, findings: Findings) -> Any:
             checked = check_schema(value, schema.value, f"{path}[{key}]", findings)
             if checked is not None:
                 out_map[key] = checked
+            elif value is None and isinstance(schema.value, Struct):
+                out_map[key] = {}  # JSON null decodes to the zero struct, which is then validated
         return out_map
     assert isinstance(schema, Struct)
     if not isinstance(raw, dict):

@@ -88,6 +88,10 @@ CASES = {
     "slice-128": lambda b: b.slice([b.device(f"gpu-{i}") for i in range(128)]),
     "slice-129": lambda b: b.slice([b.device(f"gpu-{i}") for i in range(129)]),
     "slice-65-tainted": lambda b: b.slice([b.device(f"gpu-{i}", taints=[TAINT] if i == 0 else None) for i in range(65)]),
+    "slice-65-declarative": lambda b: b.slice([dict(
+        b.device(f"mig-{i}", taints=[{"key": "k"}] if i == 2 else None,
+                 consumesCounters=[{"counterSet": "g", "counters": {"m": {"value": "1"}}}] * (2 if i == 1 else 1)),
+        **({"name": "Mig_3"} if i == 3 else {})) for i in range(65)]),
     "slice-64-tainted": lambda b: b.slice([b.device(f"gpu-{i}", taints=[TAINT]) for i in range(64)]),
     "slice-dup-devices": lambda b: b.slice([b.device("gpu-0"), b.device("gpu-0")]),
     "slice-bad-device-name": lambda b: b.slice([b.device("GPU_0")]),

@@ -187,3 +187,13 @@ def test_v1beta1_basic_device_shape(build):
     problems = validate_object(build.slice([device]))
     assert [(p.field, p.reason) for p in problems] == [("spec.devices[0].basic", "Unknown field")]
     assert "move the contents of basic" in problems[0].fix
+
+
+def test_oversized_slice_still_gets_the_declarative_device_checks(build):
+    consumption = {"counterSet": "gpu-0", "counters": {"memory": {"value": "10Gi"}}}
+    devices = [build.device(f"mig-{i}", consumesCounters=[consumption]) for i in range(65)]
+    devices[5]["consumesCounters"] = [consumption, consumption]
+    devices[7]["name"] = "Bad_Name"  # a handwritten check: not run on an oversized list, as in the apiserver
+    problems = validate_object(build.slice(devices))
+    assert [(p.field, p.reason) for p in problems] == [
+        ("spec.devices", TOO_MANY), ("spec.devices[5].consumesCounters[1]", DUPLICATE)]
