@@ -1,0 +1,266 @@
+"""The whole local environment of `draplane up` and `draplane demo`.
+
+A real control plane (etcd, kube-apiserver, NATS), the four services as separate processes
+(inventory, N allocator shards, binder, node agents for a simulated cluster), the Node objects a
+kubelet would have registered, and the standard DeviceClasses. All logs go to one folder.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import dataclasses
+import fcntl
+import json
+import logging
+import os
+import shutil
+import sys
+import time
+import urllib.request
+from pathlib import Path
+from typing import Callable
+
+from draplane.localenv import binaries
+from draplane.localenv.controlplane import ControlPlane
+from draplane.localenv.processes import ServerProcess, StartupError, free_port
+
+log = logging.getLogger(__name__)
+
+# Profiles of the simulated cluster, in the order nodes are handed out. Their GPUs have 24 GB
+# (L4), 40 GB (A100, with MIG) and 80 GB (H100) of memory: the seed's "more than 40Gi" fits only
+# the H100 nodes, which is the point of the demo.
+DEFAULT_PROFILES = ("l4", "a100-mig", "dgx-h100", "mixed")
+
+NVIDIA_DRIVER = "gpu.nvidia.com"
+
+
+def standard_device_classes() -> list[dict]:
+    """The classes NVIDIA's DRA driver installs, plus a high-memory class for the seed's intent."""
+
+    def device_class(name: str, expression: str) -> dict:
+        return {
+            "apiVersion": "resource.k8s.io/v1",
+            "kind": "DeviceClass",
+            "metadata": {"name": name},
+            "spec": {"selectors": [{"cel": {"expression": expression}}]},
+        }
+
+    return [
+        device_class("gpu.nvidia.com", "device.driver == 'gpu.nvidia.com' && device.attributes['gpu.nvidia.com'].type == 'gpu'"),
+        device_class("mig.nvidia.com", "device.driver == 'gpu.nvidia.com' && device.attributes['gpu.nvidia.com'].type == 'mig'"),
+        device_class(
+            "high-memory-gpu",
+            '"memory" in device.capacity[device.driver] && '
+            'device.capacity[device.driver].memory.isGreaterThan(quantity("40Gi"))',
+        ),
+    ]
+
+
+def node_names(profiles: tuple[str, ...], count: int) -> dict[str, list[str]]:
+    """profile -> node names, `count` nodes dealt round-robin over the profiles."""
+    names: dict[str, list[str]] = {p: [] for p in profiles}
+    for index in range(count):
+        profile = profiles[index % len(profiles)]
+        names[profile].append(f"{profile}-{len(names[profile]):04d}")
+    return {p: n for p, n in names.items() if n}
+
+
+def state_dir() -> Path:
+    configured = os.environ.get("DRAPLANE_STATE")
+    if configured:
+        return Path(configured).expanduser()
+    return Path(os.environ.get("XDG_STATE_HOME", Path.home() / ".local" / "state")) / "draplane"
+
+
+class AlreadyRunning(RuntimeError):
+    pass
+
+
+@dataclasses.dataclass
+class Environment:
+    workdir: Path
+    plane: ControlPlane
+    services: list[ServerProcess]
+    nodes: dict[str, list[str]]
+    shards: int
+    _lock_file: object = None
+
+    @property
+    def kubeconfig(self) -> Path:
+        return self.plane.kubeconfig
+
+    @property
+    def logs(self) -> Path:
+        return self.workdir / "logs"
+
+    def stop(self) -> None:
+        # All services at once (each escalates to SIGKILL on its own), then the servers under them.
+        for service in self.services:
+            service.terminate()
+        for service in self.services:
+            service.stop()
+        self.plane.stop()
+        if self._lock_file is not None:
+            (self.workdir / "up.json").unlink(missing_ok=True)
+            self._lock_file.close()
+
+
+def _take_lock(workdir: Path):
+    workdir.mkdir(parents=True, exist_ok=True)
+    lock = (workdir / "up.lock").open("a+")
+    try:
+        fcntl.flock(lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except BlockingIOError:
+        lock.close()
+        info = {}
+        try:
+            info = json.loads((workdir / "up.json").read_text())
+        except (OSError, ValueError):
+            pass
+        raise AlreadyRunning(
+            f"a draplane environment is already running in {workdir}"
+            + (f" (pid {info['pid']}; kubeconfig {info['kubeconfig']})" if info else "")
+            + "; stop it with Ctrl-C there, or use another --workdir"
+        ) from None
+    return lock
+
+
+def _ready(url: str) -> bool:
+    try:
+        with urllib.request.urlopen(url, timeout=2) as response:
+            return response.status == 200
+    except OSError:
+        return False
+
+
+async def start(
+    *,
+    node_count: int = 4,
+    profiles: tuple[str, ...] = DEFAULT_PROFILES,
+    shards: int = 2,
+    workdir: Path | None = None,
+    progress: Callable[[str], None] = print,
+    timeout: float = 120.0,
+) -> Environment:
+    from draplane.kube import KubeClient
+
+    workdir = workdir or state_dir() / "up"
+    lock = _take_lock(workdir)
+    plane = None
+    services: list[ServerProcess] = []
+    try:
+        # Each `up` starts from a clean cluster: the certificates are new, so old state is unusable.
+        for name in ("logs", "controlplane"):
+            shutil.rmtree(workdir / name, ignore_errors=True)
+        await asyncio.to_thread(binaries.ensure_all, progress=progress)
+        progress("starting etcd, kube-apiserver and NATS")
+        plane = await asyncio.to_thread(ControlPlane.start, workdir / "controlplane")
+        (workdir / "up.json").write_text(json.dumps({"pid": os.getpid(), "kubeconfig": str(plane.kubeconfig)}))
+        nodes = node_names(profiles, node_count)
+
+        async with await KubeClient.from_kubeconfig(plane.kubeconfig) as kube:
+            for profile, names in nodes.items():
+                for name in names:
+                    await _register_node(kube, name, profile)
+            for device_class in standard_device_classes():
+                await _apply(kube, device_class)
+
+        logs = workdir / "logs"
+        env = dict(os.environ, KUBECONFIG=str(plane.kubeconfig), DRAPLANE_NATS_URL=plane.nats_url, PYTHONUNBUFFERED="1")
+        python = sys.executable
+
+        def service(name: str, module: str, *args: str) -> ServerProcess:
+            process = ServerProcess(name, [python, "-m", module, *args], logs / f"{name}.log", env=env)
+            process.start()
+            services.append(process)
+            return process
+
+        probes: list[tuple[ServerProcess, str]] = []
+        port = free_port()
+        probes.append((service("inventory", "draplane_inventory", f"--listen=127.0.0.1:{port}"), f"http://127.0.0.1:{port}/healthz"))
+        for shard in range(shards):
+            port = free_port()
+            probes.append((
+                service(f"allocator-{shard}", "draplane_allocator", f"--shards={shards}", f"--shard-index={shard}", f"--port={port}"),
+                f"http://127.0.0.1:{port}/readyz",
+            ))
+        port = free_port()
+        probes.append((
+            service("binder", "draplane_binder", f"--shards={shards}", "--scheduler-name=draplane",
+                    "--scheduler-name=default-scheduler", f"--port={port}"),
+            f"http://127.0.0.1:{port}/readyz",
+        ))
+        for profile, names in nodes.items():
+            service(f"node-agent-{profile}", "draplane_node_agent", f"--profile={profile}", f"--nodes={len(names)}",
+                    f"--node-prefix={profile}")
+
+        progress(f"starting inventory, {shards} allocator shards, binder and node agents for {node_count} nodes")
+        deadline = time.monotonic() + timeout
+        for process, url in probes:
+            await asyncio.to_thread(process.wait_ready, lambda url=url: _ready(url), max(1.0, deadline - time.monotonic()))
+        for process in services:
+            if not process.alive():
+                raise StartupError(f"{process.name} exited while starting (log: {process.log_path}):\n{process.log_tail()}")
+        await _wait_for_slices(plane, nodes, deadline)
+        return Environment(workdir=workdir, plane=plane, services=services, nodes=nodes, shards=shards, _lock_file=lock)
+    except BaseException:
+        for process in reversed(services):
+            process.stop()
+        if plane is not None:
+            await asyncio.to_thread(plane.stop)
+        lock.close()
+        raise
+
+
+async def _register_node(kube, name: str, profile: str) -> None:
+    """What a kubelet would do: register the Node with its allocatable CPU, memory and pods."""
+    from draplane.api import core
+    from draplane.api.meta import ObjectMeta
+    from draplane.kube import KubeApiError
+
+    node = core.Node(metadata=ObjectMeta(name=name, labels={
+        "kubernetes.io/hostname": name, "draplane.dev/profile": profile, "node.kubernetes.io/instance-type": profile,
+    }))
+    try:
+        await kube.create(node)
+    except KubeApiError as exc:
+        if not exc.is_already_exists:
+            raise
+    capacity = {"cpu": "64", "memory": "512Gi", "pods": "110", "ephemeral-storage": "1Ti"}
+    status = {"capacity": capacity, "allocatable": capacity,
+              "conditions": [{"type": "Ready", "status": "True", "reason": "KubeletReady", "message": "simulated by draplane up"}]}
+    await kube.patch(core.Node, name, {"status": status}, subresource="status")
+    # The TaintNodesByCondition admission plugin gives every new Node the not-ready taint; the
+    # node lifecycle controller would lift it once the kubelet reports Ready. There is no such
+    # controller here, so we lift it ourselves.
+    await kube.patch(core.Node, name, {"spec": {"taints": None}})
+
+
+async def _apply(kube, raw: dict) -> None:
+    """Create, or replace what is there: the standard objects are ours to define."""
+    from draplane.kube import KubeApiError
+    from draplane.kube.client import raw_collection_path
+
+    path = raw_collection_path(raw)
+    try:
+        await kube.request("POST", path, body=raw, query={"fieldValidation": "Strict"})
+    except KubeApiError as exc:
+        if not exc.is_already_exists:
+            raise
+        await kube.request("PATCH", f"{path}/{raw['metadata']['name']}", body=raw, content_type="application/merge-patch+json")
+
+
+async def _wait_for_slices(plane: ControlPlane, nodes: dict[str, list[str]], deadline: float) -> None:
+    from draplane.api import resource
+    from draplane.kube import KubeClient
+
+    expected = {name for names in nodes.values() for name in names}
+    async with await KubeClient.from_kubeconfig(plane.kubeconfig) as kube:
+        while True:
+            slices, _ = await kube.list(resource.ResourceSlice)
+            seen = {s.spec.node_name for s in slices if s.spec.node_name}
+            if expected <= seen:
+                return
+            if time.monotonic() > deadline:
+                raise StartupError(f"no ResourceSlices appeared for nodes {sorted(expected - seen)}; see the inventory and node-agent logs")
+            await asyncio.sleep(0.5)

@@ -1,0 +1,103 @@
+"""`draplane up` as a user runs it: a subprocess, a user's own claim and pod, then Ctrl-C."""
+
+import asyncio
+import os
+import signal
+import subprocess
+import sys
+import time
+
+import pytest
+
+from draplane.api import core, resource
+from draplane.api.meta import ObjectMeta
+
+pytestmark = pytest.mark.integration
+
+
+def _wait_for_line(process, needle, timeout):
+    deadline = time.monotonic() + timeout
+    lines = []
+    while time.monotonic() < deadline:
+        line = process.stdout.readline()
+        if not line:
+            if process.poll() is not None:
+                break
+            continue
+        lines.append(line)
+        if needle in line:
+            return lines
+    raise AssertionError(f"{needle!r} not printed within {timeout}s:\n{''.join(lines)}")
+
+
+def _descendants(pid: int) -> set[int]:
+    found, frontier = set(), [pid]
+    while frontier:
+        parent = frontier.pop()
+        children = []
+        try:
+            # Servers started from worker threads are children of those threads' tasks.
+            for task in os.listdir(f"/proc/{parent}/task"):
+                children += open(f"/proc/{parent}/task/{task}/children").read().split()
+        except OSError:
+            continue
+        for child in map(int, children):
+            found.add(child)
+            frontier.append(child)
+    return found
+
+
+async def test_up_binds_a_users_pod_and_ctrl_c_leaves_no_orphans(tmp_path, control_plane):
+    from draplane.kube import KubeClient
+
+    workdir = tmp_path / "up"
+    process = subprocess.Popen(
+        [sys.executable, "-m", "draplane.cli", "up", "--nodes=3", f"--workdir={workdir}"],
+        stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, start_new_session=True,
+    )
+    try:
+        lines = await asyncio.to_thread(_wait_for_line, process, "Ctrl-C stops everything", 180)
+        output = "".join(lines)
+        kubeconfig = workdir / "controlplane" / "kubeconfig"
+        assert f"kubeconfig: {kubeconfig}" in output
+        assert f"kubectl --kubeconfig {kubeconfig}" in output
+        children = _descendants(process.pid)
+        assert len(children) >= 10  # etcd, apiserver, nats, inventory, 2 shards, binder, 3 node agents
+
+        second = subprocess.run([sys.executable, "-m", "draplane.cli", "up", f"--workdir={workdir}"],
+                                capture_output=True, text=True, timeout=60)
+        assert second.returncode == 1
+        assert "already running" in second.stderr and str(process.pid) in second.stderr
+
+        async with await KubeClient.from_kubeconfig(kubeconfig) as kube:
+            await kube.create_namespace("mine")
+            await kube.create(resource.ResourceClaimTemplate(
+                metadata=ObjectMeta(name="one-gpu", namespace="mine"),
+                spec=resource.ResourceClaimTemplateSpec(spec=resource.ResourceClaimSpec(devices=resource.DeviceClaim(requests=[
+                    resource.DeviceRequest(name="gpu", exactly=resource.ExactDeviceRequest(device_class_name="gpu.nvidia.com")),
+                ]))),
+            ))
+            await kube.create(core.Pod(
+                metadata=ObjectMeta(name="trainer", namespace="mine"),
+                spec=core.PodSpec(
+                    containers=[core.Container(name="c", image="busybox", resources=core.ResourceRequirements(claims=[core.ResourceClaimRef(name="gpu")]))],
+                    resource_claims=[core.PodResourceClaim(name="gpu", resource_claim_template_name="one-gpu")],
+                ),
+            ))
+            deadline = time.monotonic() + 60
+            while time.monotonic() < deadline:
+                pod = await kube.get(core.Pod, "trainer", "mine")
+                if pod.spec.node_name:
+                    break
+                await asyncio.sleep(0.5)
+            assert pod.spec.node_name, f"the pod was not bound: {pod.status}"
+            claims, _ = await kube.list(resource.ResourceClaim, "mine")
+            assert len(claims) == 1 and claims[0].status.allocation is not None
+            assert claims[0].status.reserved_for[0].name == "trainer"
+    finally:
+        os.killpg(process.pid, signal.SIGINT) if process.poll() is None else None
+        process.wait(timeout=60)
+    assert process.returncode == 0
+    time.sleep(0.5)
+    alive = [pid for pid in children if os.path.exists(f"/proc/{pid}") and open(f"/proc/{pid}/stat").read().split()[2] != "Z"]
+    assert not alive, f"processes left behind after Ctrl-C: {alive}"
