@@ -1044,3 +1044,59 @@ def test_consumable_capacity_with_subrequest():
     out = allocate(CLASSES, [s], [c])
     assert results(out) == [[("req-0/sub-1", A, "pool-1", "device-1")]]
     assert out.allocations[0].devices.results[0].consumed_capacity == {"capacity0": "2"}
+
+
+def _counter_pool(pool: str, slice_names: tuple[str, str], devices, counters):
+    return [slice_(slice_names[0], NODE_1, pool, A, *devices, count=2),
+            slice_(slice_names[1], NODE_1, pool, A, count=2, counters=counters)]
+
+
+def test_partitionable_devices_multiple_counters():
+    # mirrors allocator_test.go "partitionable-devices-multiple-counters"
+    devices = [
+        device("device-1", consumes={"set-1": {"memory": "4Gi", "cpus": "6"}, "set-2": {"cpus": "4", "memory": "2Gi"}}),
+        device("device-2", consumes={"set-1": {"memory": "6Gi", "cpus": "4"}, "set-2": {"cpus": "6", "memory": "6Gi"}}),
+        device("device-3", consumes={"set-1": {"memory": "4Gi", "cpus": "4"}, "set-2": {"cpus": "4", "memory": "4Gi"}}),
+    ]
+    slices = _counter_pool("pool-1", ("slice-1", "slice-2"), devices,
+                           {"set-1": {"cpus": "8", "memory": "18Gi"}, "set-2": {"cpus": "12", "memory": "18Gi"}})
+    c = claim("claim-0", request("req-0", CLASS_A), request("req-1", CLASS_A))
+    assert results(allocate(CLASSES, slices, [c])) == [[("req-0", A, "pool-1", "device-2"), ("req-1", A, "pool-1", "device-3")]]
+
+
+def test_partitionable_devices_multiple_pools():
+    # mirrors allocator_test.go "partitionable-devices-multiple-pools"
+    counters = {"set-1": {"cpus": "8", "memory": "18Gi"}}
+    pool1 = _counter_pool("pool-1", ("slice-1", "slice-2"), [
+        device("device-1", consumes={"set-1": {"cpus": "6", "memory": "4Gi"}}),
+        device("device-2", consumes={"set-1": {"cpus": "4", "memory": "6Gi"}}),
+        device("device-3", consumes={"set-1": {"cpus": "4", "memory": "4Gi"}})], counters)
+    pool2 = _counter_pool("pool-2", ("slice-3", "slice-4"), [
+        device("device-1", consumes={"set-1": {"cpus": "6", "memory": "4Gi"}}),
+        device("device-2", consumes={"set-1": {"cpus": "1", "memory": "7Gi"}}),
+        device("device-3", consumes={"set-1": {"cpus": "1", "memory": "7Gi"}})], counters)
+    in_use = [allocated("other", (A, "pool-1", "device-2"), (A, "pool-1", "device-3"), (A, "pool-2", "device-1"))]
+    c = claim("claim-0", request("req-0", CLASS_A), request("req-1", CLASS_A))
+    assert results(allocate(CLASSES, pool1 + pool2, [c], in_use=in_use)) == [
+        [("req-0", A, "pool-2", "device-2"), ("req-1", A, "pool-2", "device-3")]]
+
+
+def test_partitionable_devices_unused_counters_in_counter_set():
+    # mirrors allocator_test.go "partitionable-devices-unused-counters-in-counter-set"
+    slices = _counter_pool("pool-1", ("slice-1", "slice-2"), [
+        device("device-1", consumes={"set-1": {"memory": "5Gi"}}),
+        device("device-2", consumes={"set-1": {"memory": "4Gi"}}),
+        device("device-3", consumes={"set-1": {"memory": "4Gi"}})], {"set-1": {"memory": "8Gi", "unused": "1Gi"}})
+    assert results(allocate(CLASSES, slices, [claim("claim-0", request("req-0", CLASS_A, 2))])) == [
+        [("req-0", A, "pool-1", "device-2"), ("req-0", A, "pool-1", "device-3")]]
+
+
+@pytest.mark.parametrize("taken", ["16Gi", "20Gi"])
+def test_partitionable_devices_no_capacity_or_overallocated(taken):
+    # mirrors allocator_test.go "partitionable-devices-no-capacity-available" and
+    # "partitionable-devices-overallocated-capacity-pool"
+    slices = _counter_pool("pool-1", ("slice-1", "slice-2"), [
+        device("device-1", consumes={"set-1": {"memory": "4Gi"}}),
+        device("device-2", consumes={"set-1": {"memory": taken}})], {"set-1": {"memory": "18Gi"}})
+    out = allocate(CLASSES, slices, [claim("claim-0", request("req-0", CLASS_A))], in_use=[allocated("other", (A, "pool-1", "device-2"))])
+    assert failed(out) and out.reason is Reason.COUNTERS
