@@ -35,7 +35,10 @@ class CELDevice:
     fails every selector on such a device at evaluation time, and so does draplane.
     """
 
-    __slots__ = ("driver", "attributes", "capacity", "allow_multiple_allocations", "invalid", "_key", "_hash", "_activation")
+    __slots__ = (
+        "driver", "attributes", "capacity", "allow_multiple_allocations", "invalid",
+        "_key", "_hash", "_activation", "_runtime",
+    )
 
     def __init__(
         self,
@@ -47,44 +50,64 @@ class CELDevice:
     ):
         frozen_attributes = {d: MappingProxyType(dict(ids)) for d, ids in (attributes or {}).items()}
         frozen_capacity = {d: MappingProxyType(dict(ids)) for d, ids in (capacity or {}).items()}
+        for domain, ids in frozen_attributes.items():
+            for ident, value in ids.items():
+                if not isinstance(value, (bool, int, str, Semver)):
+                    raise TypeError(
+                        f"attribute {domain}/{ident}: expected int, bool, str or Semver, got {type(value).__name__}"
+                    )
         for domain, ids in frozen_capacity.items():
             for ident, value in ids.items():
                 if not isinstance(value, Quantity):
                     raise TypeError(f"capacity {domain}/{ident}: expected a Quantity, got {type(value).__name__}")
-        object.__setattr__(self, "driver", driver)
-        object.__setattr__(self, "attributes", MappingProxyType(frozen_attributes))
-        object.__setattr__(self, "capacity", MappingProxyType(frozen_capacity))
-        object.__setattr__(self, "allow_multiple_allocations", bool(allow_multiple_allocations))
-        object.__setattr__(self, "invalid", invalid)
-        # bool is an int in Python: keep True apart from 1 in the key, as CEL keeps them apart.
-        key = (
-            driver,
-            tuple(sorted((d, tuple(sorted((i, type(v).__name__, v) for i, v in ids.items()))) for d, ids in frozen_attributes.items())),
-            tuple(sorted((d, tuple(sorted(ids.items()))) for d, ids in frozen_capacity.items())),
-            bool(allow_multiple_allocations),
-            invalid,
-        )
-        object.__setattr__(self, "_key", key)
-        object.__setattr__(self, "_hash", hash(key))
-        object.__setattr__(self, "_activation", None)
+        _init(self, driver, frozen_attributes, frozen_capacity, bool(allow_multiple_allocations), invalid)
 
     def __setattr__(self, name: str, value: object) -> None:
         raise AttributeError(f"CELDevice is immutable (tried to set {name})")
 
+    def _identity(self) -> tuple:
+        key = self._key
+        if key is None:
+            # bool is an int to Python: the type tag keeps True apart from 1, as CEL keeps them apart.
+            key = (
+                self.driver,
+                frozenset((d, i, type(v), v) for d, ids in self.attributes.items() for i, v in ids.items()),
+                # Numerator and denominator: hashing a Fraction costs a modular inverse.
+                frozenset(
+                    (d, i, v.value.numerator, v.value.denominator) for d, ids in self.capacity.items() for i, v in ids.items()
+                ),
+                # Empty domains are invisible to lookups but not to size() and `in`.
+                frozenset(self.attributes),
+                frozenset(self.capacity),
+                self.allow_multiple_allocations,
+                self.invalid,
+            )
+            object.__setattr__(self, "_key", key)
+        return key
+
     def __eq__(self, other: object) -> bool:
+        if self is other:
+            return True
         if isinstance(other, CELDevice):
-            return self._hash == other._hash and self._key == other._key
+            return hash(self) == hash(other) and self._identity() == other._identity()
         return NotImplemented
 
     def __hash__(self) -> int:
-        return self._hash
+        value = self._hash
+        if value is None:
+            value = hash(self._identity())
+            object.__setattr__(self, "_hash", value)
+        return value
 
     def __repr__(self) -> str:
-        return f"CELDevice(driver={self.driver!r}, attributes={dict(self.attributes)!r}, capacity={dict(self.capacity)!r})"
+        attributes = {d: dict(ids) for d, ids in self.attributes.items()}
+        capacity = {d: dict(ids) for d, ids in self.capacity.items()}
+        return f"CELDevice(driver={self.driver!r}, attributes={attributes!r}, capacity={capacity!r})"
 
     def cel_value(self) -> dict:
         """The `device` variable in the runtime representation, built once per snapshot."""
-        if self._activation is None:
+        value = self._activation
+        if value is None:
             value = {
                 "driver": self.driver,
                 "allowMultipleAllocations": self.allow_multiple_allocations,
@@ -95,7 +118,22 @@ class CELDevice:
                 "capacity": {d: {i: encode_quantity(v) for i, v in ids.items()} for d, ids in self.capacity.items()},
             }
             object.__setattr__(self, "_activation", value)
-        return self._activation
+        return value
+
+
+def _init(device: CELDevice, driver, attributes, capacity, allow_multiple_allocations, invalid) -> None:
+    setter = object.__setattr__
+    setter(device, "driver", driver)
+    setter(device, "attributes", MappingProxyType(attributes))
+    setter(device, "capacity", MappingProxyType(capacity))
+    setter(device, "allow_multiple_allocations", allow_multiple_allocations)
+    setter(device, "invalid", invalid)
+    setter(device, "_key", None)
+    setter(device, "_hash", None)
+    setter(device, "_activation", None)
+    # The engine's own activation for this device, built on first evaluation (selector.py) and
+    # shared by every selector evaluated against the device.
+    setter(device, "_runtime", None)
 
 
 def device_for_cel(driver: str, device: Device) -> CELDevice:
@@ -127,4 +165,15 @@ def device_for_cel(driver: str, device: Device) -> CELDevice:
             capacity.setdefault(domain, {})[ident] = parse_quantity(entry.value)
         except QuantityError as err:
             invalid = invalid or f"capacity {name}: {err}"
-    return CELDevice(driver, attributes, capacity, bool(device.allow_multiple_allocations), invalid)
+    # The values were built here from typed fields, so the public constructor's checks and copies
+    # are skipped; this runs once per device of every slice.
+    snapshot = CELDevice.__new__(CELDevice)
+    _init(
+        snapshot,
+        driver,
+        {d: MappingProxyType(ids) for d, ids in attributes.items()},
+        {d: MappingProxyType(ids) for d, ids in capacity.items()},
+        bool(device.allow_multiple_allocations),
+        invalid,
+    )
+    return snapshot

@@ -14,7 +14,16 @@ class CELError(Exception):
 
 
 class CELCompileError(CELError):
-    """Syntax error, type-check error, a result that is not bool, too long or too costly."""
+    """Syntax error, type-check error, a result that is not bool, too long or too costly.
+
+    `reason` says which, for callers that answer differently (draplane lint):
+    "length", "syntax", "type" (type check and the apiserver's other compile-time checks),
+    "result" (not bool), "cost", and "internal" when draplane itself fails to prepare an accepted one.
+    """
+
+    def __init__(self, expression: str, message: str, reason: str = "type"):
+        super().__init__(expression, message)
+        self.reason = reason
 
 
 class CELRuntimeError(CELError):

@@ -68,7 +68,11 @@ class DeviceSelectorProgram:
     def matches(self, device: CELDevice) -> bool:
         if device.invalid:
             raise CELRuntimeError(self.expression, device.invalid)
-        result = self._program.eval(data={"device": device.cel_value()})
+        activation = device._runtime
+        if activation is None:
+            activation = self._env.Activation({"device": device.cel_value()})
+            object.__setattr__(device, "_runtime", activation)
+        result = self._program.eval(activation)
         value = result.value()
         if value is True or value is False:
             return value
@@ -102,23 +106,25 @@ _NOT_BOOL = {
 def compile_selector(expression: str) -> DeviceSelectorProgram:
     """Compile once per expression string; raise CELCompileError with the apiserver's reason."""
     if not isinstance(expression, str):
-        raise CELCompileError(str(expression), f"expression must be a string, got {type(expression).__name__}")
+        raise CELCompileError(str(expression), f"expression must be a string, got {type(expression).__name__}", "syntax")
     size = len(expression.encode())
     if size > MAX_EXPRESSION_LENGTH:
         # field.TooLong's wording; Go's len() counts bytes.
         raise CELCompileError(
-            expression, f"may not be more than {MAX_EXPRESSION_LENGTH} bytes (the expression has {size})"
+            expression, f"may not be more than {MAX_EXPRESSION_LENGTH} bytes (the expression has {size})", "length"
         )
     checking_env, runtime_env = _environments()
     try:
         checking_text, replaced_presence_tests = _for_checking(expression)
         checked = checking_env.compile(checking_text)
     except RuntimeError as err:
-        raise CELCompileError(expression, "compilation failed: " + compile_message(str(err), expression)) from None
+        message = compile_message(str(err), expression)
+        reason = "syntax" if "Syntax error" in message else "type"
+        raise CELCompileError(expression, "compilation failed: " + message, reason) from None
     checked_ast = decode_serialized(checked.serialize())
     result_type = checked_ast.types.get(checked_ast.expr.id)
     if result_type is not None and result_type.name not in ("bool", "dyn"):
-        raise CELCompileError(expression, f"must evaluate to bool or the unknown type, not {result_type}")
+        raise CELCompileError(expression, f"must evaluate to bool or the unknown type, not {result_type}", "result")
     static_error = first_static_error(checked_ast, expression)
     if static_error:
         raise CELCompileError(expression, "compilation failed: " + static_error)
@@ -129,13 +135,14 @@ def compile_selector(expression: str) -> DeviceSelectorProgram:
         raise CELCompileError(
             expression,
             f"too complex, exceeds cost limit (estimated worst-case cost {max_cost}, limit {MAX_SELECTOR_COST})",
+            "cost",
         )
     try:
         parsed = decode_serialized(runtime_env.compile(expression, disable_check=True).serialize())
         parsed.expr = rewrite_device_maps(parsed.expr, parsed.max_id() + 1)
         program = runtime_env.deserialize(encode_parsed(parsed))
     except (RuntimeError, ValueError) as err:  # the checker accepted it, so this is draplane's fault
-        raise CELCompileError(expression, "internal error preparing the expression: " + str(err)) from None
+        raise CELCompileError(expression, "internal error preparing the expression: " + str(err), "internal") from None
     return DeviceSelectorProgram(expression, program, runtime_env, max_cost)
 
 

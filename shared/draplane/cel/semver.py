@@ -45,7 +45,7 @@ def _go_quote(text: str) -> str:
 class Semver:
     """An immutable, hashable semantic version. Equal when blang/semver's Compare says 0."""
 
-    __slots__ = ("major", "minor", "patch", "pre", "build", "_key")
+    __slots__ = ("major", "minor", "patch", "pre", "build", "_key", "_hash")
 
     def __init__(self, major: int, minor: int, patch: int, pre: tuple[int | str, ...] = (), build: tuple[str, ...] = ()):
         self.major = major
@@ -56,6 +56,7 @@ class Semver:
         # A release sorts above its pre-releases; numeric identifiers sort below alphanumeric ones.
         pre_key = tuple((0, p, "") if isinstance(p, int) else (1, 0, p) for p in pre)
         self._key = (major, minor, patch, 0 if pre else 1, pre_key)
+        self._hash = hash(self._key)
 
     @classmethod
     def parse(cls, text: str) -> "Semver":
@@ -73,7 +74,7 @@ class Semver:
         return self._key < other._key
 
     def __hash__(self) -> int:
-        return hash(self._key)
+        return self._hash
 
     def __str__(self) -> str:
         text = f"{self.major}.{self.minor}.{self.patch}"
