@@ -364,6 +364,7 @@ class Cluster:
         if not self.nodes:
             return Unallocatable("no nodes: no Node objects and no ResourceSlice names a node")
         failures: list[NodeFailure] = []
+        diagnosed: dict[tuple, NodeFailure] = {}
         filtered = 0
         for name in sorted(self.nodes):
             entry = index.entries.get(name)
@@ -375,7 +376,14 @@ class Cluster:
                 failures.append(NodeFailure(name, Reason.NODE_FILTERED, "devices fit, but the node filter rejected the node"))
             elif isinstance(outcome, NodeFailure):
                 if outcome.reason is Reason.NOT_DIAGNOSED and explain:
-                    outcome = self._diagnose(claims, plans, name)
+                    # Alike nodes fail alike: diagnose one of each kind (messages name no node).
+                    likeness = self._likeness(name, index)
+                    known = diagnosed.get(likeness) if likeness is not None else None
+                    if known is None:
+                        known = self._diagnose(claims, plans, name)
+                        if likeness is not None and known.reason not in (Reason.POOL_INCOMPLETE, Reason.POOL_INVALID):
+                            diagnosed[likeness] = known  # those two name the node's own pool
+                    outcome = NodeFailure(name, known.reason, known.message)
                 elif outcome.node != name:
                     outcome = NodeFailure(name, outcome.reason, outcome.message)
                 failures.append(outcome)
