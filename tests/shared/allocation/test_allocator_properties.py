@@ -29,6 +29,7 @@ from allocation_builders import (
     sub,
 )
 from draplane.allocation import NodeFailure, NodePlacement
+from draplane.api.resource import DeviceTaint, DeviceToleration
 
 A = DRIVER_A
 SIZE_SELECTOR = 'device.attributes["%s"].size >= %d'
@@ -45,15 +46,17 @@ def scenarios(draw):
         size = draw(st.integers(1, 3))
         root = draw(st.sampled_from(["r0", "r1", "r2"]))
         name = f"dev-{i}"
-        spec = {"kind": kind, "size": size, "root": root}
+        tainted = draw(st.integers(0, 4)) == 0
+        spec = {"kind": kind, "size": size, "root": root, "tainted": tainted}
+        taints = [DeviceTaint(key="broken", effect="NoSchedule")] if tainted else None
         if kind == "partition":
             spec["consumes"] = draw(st.integers(1, 4))
-            devices.append(device(name, {"size": size, "root": root}, consumes={"gpu": {"mem": str(spec["consumes"])}}))
+            devices.append(device(name, {"size": size, "root": root}, consumes={"gpu": {"mem": str(spec["consumes"])}}, taints=taints))
         elif kind == "shared":
             spec["capacity"] = draw(st.integers(2, 6))
-            devices.append(device(name, {"size": size, "root": root}, capacity={"mem": str(spec["capacity"])}, multi=True))
+            devices.append(device(name, {"size": size, "root": root}, capacity={"mem": str(spec["capacity"])}, multi=True, taints=taints))
         else:
-            devices.append(device(name, {"size": size, "root": root}))
+            devices.append(device(name, {"size": size, "root": root}, taints=taints))
         specs[name] = spec
     counter_total = draw(st.integers(1, 6))
     slices = [slice_("devices", NODE_1, "pool", A, *devices, count=2),
@@ -76,7 +79,8 @@ def scenarios(draw):
                 requests.append(first_available(f"r{ri}", sub("big", CLASS_A, count, sel=sel, capacity=capacity),
                                                 sub("small", CLASS_A, 1)))
             else:
-                requests.append(request(f"r{ri}", CLASS_A, count, sel=sel, capacity=capacity))
+                tolerations = [DeviceToleration(key="broken", operator="Exists")] if draw(st.booleans()) else None
+                requests.append(request(f"r{ri}", CLASS_A, count, sel=sel, capacity=capacity, tolerations=tolerations))
         constraints = []
         which = draw(st.sampled_from([None, "match", "distinct"]))
         if which == "match":
@@ -112,6 +116,8 @@ def check_valid(specs, counter_total, in_use, claims, placement: NodePlacement) 
             spec = specs[r.device]
             req = wanted[r.request]
             by_request.setdefault(r.request, []).append(r.device)
+            if spec["tainted"]:
+                assert req.tolerations, f"{r.device} is tainted and {r.request} does not tolerate it"
             for s in req.selectors or []:
                 threshold = int(s.cel.expression.rsplit(">=", 1)[1])
                 assert spec["size"] >= threshold, (r.device, s.cel.expression)
