@@ -26,7 +26,16 @@ from draplane.api.quantity import Quantity, QuantityError, parse_quantity
 
 from .errors import CELFunctionError
 from .semver import SemverError, parse_semver, parse_semver_normalized
-from .values import cel_type_name, decode_quantity, decode_semver, encode_quantity, encode_semver
+from .rewrite import OPAQUE_EQUALS
+from .values import (
+    QUANTITY_TAG,
+    SEMVER_TAG,
+    cel_type_name,
+    decode_quantity,
+    decode_semver,
+    encode_quantity,
+    encode_semver,
+)
 
 T = cel.Type
 QUANTITY = T.AbstractType("kubernetes.Quantity")
@@ -227,6 +236,19 @@ def _string_find_all(text: str, pattern: str, limit: int = -1) -> list[str]:
     return found if limit < 0 else found[:limit]
 
 
+# --- equality of a byte-encoded left operand, as cel-go's Semver.Equal / Quantity.Equal -----------
+
+
+def _opaque_equals(left: object, right: object) -> bool:
+    left_bytes, right_bytes = _as_bytes(left), _as_bytes(right)
+    tag = QUANTITY_TAG if left_bytes.startswith(QUANTITY_TAG) else SEMVER_TAG if left_bytes.startswith(SEMVER_TAG) else None
+    if tag is None:  # real bytes: CEL's heterogeneous equality
+        return right_bytes is not None and left_bytes == right_bytes
+    if right_bytes is None or not right_bytes.startswith(tag):
+        raise CELFunctionError("no such overload")
+    return left_bytes == right_bytes
+
+
 # --- the declarations -------------------------------------------------------------------------------
 
 
@@ -424,6 +446,13 @@ def _runtime_functions() -> list[cel.FunctionDecl]:
         cel.FunctionDecl("major", [overload("semver_major", I, [X], lambda v: _semver(v, "major").major, True)]),
         cel.FunctionDecl("minor", [overload("semver_minor", I, [X], lambda v: _semver(v, "minor").minor, True)]),
         cel.FunctionDecl("patch", [overload("semver_patch", I, [X], lambda v: _semver(v, "patch").patch, True)]),
+        cel.FunctionDecl(
+            OPAQUE_EQUALS,
+            [
+                overload(f"opaque_equals_bytes_{name}", B, [X, kind], _opaque_equals)
+                for name, kind in {**_OTHER_KINDS, "bytes": X}.items()
+            ],
+        ),
         # The C++ runtime dispatches on the list kind; the elements' type was checked at compile time.
         cel.FunctionDecl("isSorted", [overload("list_is_sorted", B, [T.LIST], _list_is_sorted, True)]),
         cel.FunctionDecl("sum", [overload("list_sum", T.DYN, [T.LIST], _list_sum, True)]),

@@ -1,4 +1,4 @@
-"""Kubernetes' device maps, reproduced on the C++ runtime by rewriting the expression.
+"""Kubernetes' device maps and opaque-type equality, reproduced on the C++ runtime by rewriting.
 
 kube-scheduler hands CEL `device.attributes` and `device.capacity` as maps whose lookup of an
 absent domain yields an empty map (dynamic-resource-allocation/cel: newStringInterfaceMapWithDefault)
@@ -15,13 +15,25 @@ into optional lookups with an empty-map default, which gives exactly those resul
 follows the maps through `cel.bind` (`cel.bind(a, device.attributes, a["x"].y)`,
 `cel.bind(d, device, d.capacity["x"])`); a map passed through anything else (a list, a
 comprehension's range, a conditional) keeps plain CEL map semantics.
+
+Equality: cel-go compares a Semver or Quantity with its own Equal, which fails with "no such
+overload" when the other side is not of the same type (`version_attribute == "1.0.0"`), while
+`!=` says true (the oracle shows it). CEL's own `==` on the byte encoding would say false. Where the checker could not rule that out (the left
+side is dyn, or opaque with a dyn right side), `L == R` becomes
+`cel.bind(@l, L, type(@l) == bytes ? EQUALS(@l, R) : @l == R)`: only byte values reach the Python
+implementation, everything else keeps the C++ comparison.
 """
 
 from __future__ import annotations
 
-from .ast import Call, Comprehension, Constant, CreateList, CreateStruct, Expr, Ident, Select
+from .ast import Call, CelType, Comprehension, Constant, CreateList, CreateStruct, Expr, Ident, Select
 
 DEVICE_MAPS = ("attributes", "capacity")
+
+# The runtime function that compares a byte-encoded left operand as Kubernetes would (library.py).
+OPAQUE_EQUALS = "@draplane.opaque_equals"
+_LEFT = "@draplane.left"
+_OPAQUE = ("kubernetes.Quantity", "kubernetes.Semver")
 
 # What a name in scope stands for.
 DEVICE = "device"
@@ -72,8 +84,9 @@ ROOT_SCOPE = {"device": DEVICE}
 
 
 class _Ids:
-    def __init__(self, start: int):
+    def __init__(self, start: int, types: dict[int, CelType] | None = None):
         self.last = start
+        self.types = types or {}
 
     def new(self, kind) -> Expr:
         self.last += 1
@@ -90,8 +103,69 @@ def _optional_of(ids: _Ids, value: Expr) -> Expr:
     return ids.new(Call("of", [value], target=ids.new(Ident("optional"))))
 
 
-def rewrite_device_maps(expr: Expr, first_free_id: int) -> Expr:
-    return _rewrite(expr, ROOT_SCOPE, _Ids(first_free_id - 1))
+def rewrite_for_runtime(expr: Expr, first_free_id: int, types: dict[int, CelType]) -> Expr:
+    """The expression, parsed from the same text the checker saw, with checked `types` by id."""
+    return _rewrite(expr, ROOT_SCOPE, _Ids(first_free_id - 1, types))
+
+
+def _may_compare_opaque(ids: _Ids, left: Expr, right: Expr) -> bool:
+    left_type, right_type = ids.types.get(left.id), ids.types.get(right.id)
+    if left_type is None:
+        return False
+    if left_type.name == "dyn":
+        return True
+    return left_type.name in _OPAQUE and right_type is not None and right_type.name == "dyn"
+
+
+def _guarded_equality(ids: _Ids, function: str, left: Expr, right: Expr) -> Expr:
+    held = lambda: ids.new(Ident(_LEFT))  # noqa: E731 - a fresh node per use
+    is_bytes = ids.new(Call("_==_", [ids.new(Call("type", [held()])), ids.new(Ident("bytes"))]))
+    opaque = ids.new(Call(OPAQUE_EQUALS, [held(), right]))
+    plain = ids.new(Call(function, [held(), _copy(ids, right)]))
+    body = ids.new(Call("_?_:_", [is_bytes, opaque, plain]))
+    return ids.new(
+        Comprehension(
+            iter_var="#unused",
+            iter_range=ids.new(CreateList([])),
+            accu_var=_LEFT,
+            accu_init=left,
+            loop_condition=ids.new(Constant("bool", False)),
+            loop_step=held(),
+            result=body,
+        )
+    )
+
+
+def _copy(ids: _Ids, node: Expr) -> Expr:
+    """A deep copy with fresh ids: one subtree must not appear twice in the AST."""
+    kind = node.kind
+    if isinstance(kind, Constant):
+        new_kind = Constant(kind.kind, kind.value)
+    elif isinstance(kind, Ident):
+        new_kind = Ident(kind.name)
+    elif isinstance(kind, Select):
+        new_kind = Select(_copy(ids, kind.operand), kind.field, kind.test_only)
+    elif isinstance(kind, Call):
+        new_kind = Call(kind.function, [_copy(ids, a) for a in kind.args], _copy(ids, kind.target) if kind.target else None)
+    elif isinstance(kind, CreateList):
+        new_kind = CreateList([_copy(ids, e) for e in kind.elements], list(kind.optional_indices))
+    elif isinstance(kind, CreateStruct):
+        from .ast import Entry
+
+        entries = []
+        for entry in kind.entries:
+            ids.last += 1
+            entries.append(
+                Entry(ids.last, _copy(ids, entry.value), entry.field_key,
+                      _copy(ids, entry.map_key) if entry.map_key else None, entry.optional)
+            )
+        new_kind = CreateStruct(kind.message_name, entries)
+    else:
+        new_kind = Comprehension(
+            kind.iter_var, _copy(ids, kind.iter_range), kind.accu_var, _copy(ids, kind.accu_init),
+            _copy(ids, kind.loop_condition), _copy(ids, kind.loop_step), _copy(ids, kind.result), kind.iter_var2,
+        )
+    return ids.new(new_kind)
 
 
 def _rewrite(node: Expr, scope: dict[str, str], ids: _Ids) -> Expr:
@@ -110,6 +184,12 @@ def _rewrite(node: Expr, scope: dict[str, str], ids: _Ids) -> Expr:
                 return _lookup_with_default(ids, kind.args[0], key)
             if kind.function in ("_[?_]", "_?._"):
                 return _optional_of(ids, _lookup_with_default(ids, kind.args[0], key))
+        if (
+            kind.function == "_==_" and kind.target is None and len(kind.args) == 2
+            and _may_compare_opaque(ids, kind.args[0], kind.args[1])
+        ):
+            left, right = (_rewrite(arg, scope, ids) for arg in kind.args)
+            return _guarded_equality(ids, kind.function, left, right)
         if kind.target is not None:
             kind.target = _rewrite(kind.target, scope, ids)
         kind.args = [_rewrite(arg, scope, ids) for arg in kind.args]

@@ -18,7 +18,7 @@ from .cost import estimate_cost
 from .device import CELDevice
 from .errors import CELCompileError, CELRuntimeError
 from .library import DEVICE_FIELDS, new_checking_env, new_runtime_env
-from .rewrite import rewrite_device_maps
+from .rewrite import rewrite_for_runtime
 from .static_checks import first_static_error
 from .values import cel_type_name
 
@@ -138,8 +138,10 @@ def compile_selector(expression: str) -> DeviceSelectorProgram:
             "cost",
         )
     try:
-        parsed = decode_serialized(runtime_env.compile(expression, disable_check=True).serialize())
-        parsed.expr = rewrite_device_maps(parsed.expr, parsed.max_id() + 1)
+        # Parsed from the checker's text, so that node ids match the checked types; the replaced
+        # has(device.f) are `true`, which they always are.
+        parsed = decode_serialized(runtime_env.compile(checking_text, disable_check=True).serialize())
+        parsed.expr = rewrite_for_runtime(parsed.expr, parsed.max_id() + 1, checked_ast.types)
         program = runtime_env.deserialize(encode_parsed(parsed))
     except (RuntimeError, ValueError) as err:  # the checker accepted it, so this is draplane's fault
         raise CELCompileError(expression, "internal error preparing the expression: " + str(err), "internal") from None
