@@ -17,7 +17,7 @@ from typing import Callable, Iterable, Sequence
 from draplane.api.codec import encode_json
 from draplane.api.core import Node
 from draplane.api.meta import ObjectMeta
-from draplane.api.resource import AllocationResult, DeviceClass, ResourceClaim, ResourceSlice
+from draplane.api.resource import DeviceClass, ResourceClaim, ResourceSlice
 from draplane.allocation.allocator import NodeAllocator, NodePlacement, SelectorMatcher, ShareIDFactory, random_share_id
 from draplane.allocation.errors import AllocationError, NodeFailure, Reason
 from draplane.allocation.inventory import Inventory, PoolID

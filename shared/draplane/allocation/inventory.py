@@ -16,28 +16,19 @@ from dataclasses import dataclass, field
 from fractions import Fraction
 from typing import Iterable
 
+import msgspec
+
 from draplane.api.core import Node
 from draplane.api.meta import NodeSelector
 from draplane.api.quantity import Quantity, parse_quantity
 from draplane.api.resource import Device, ResourceSlice
 
-import msgspec
-
 DeviceID = tuple[str, str, str]  # (driver, pool, device)
-
-# Device content (everything but the pool and node it sits in) -> a small int. Two devices with
-# the same number are interchangeable for allocation, which lets whole nodes be compared cheaply.
-_CONTENT_IDS: dict[bytes, int] = {}
-_encode = msgspec.json.Encoder().encode
-
-
-def _content_id(device: Device) -> int:
-    raw = _encode(device)
-    found = _CONTENT_IDS.get(raw)
-    if found is None:
-        found = _CONTENT_IDS[raw] = len(_CONTENT_IDS)
-    return found
 PoolID = tuple[str, str]  # (driver, pool)
+
+# A device's content, encoded: two devices with equal content are interchangeable for allocation
+# wherever they sit, which lets whole nodes be compared cheaply (see Cluster._likeness).
+_content_id = msgspec.json.Encoder().encode
 
 PCIE_ROOT = "resource.kubernetes.io/pcieRoot"
 NUMA_NODE = "resource.kubernetes.io/numaNode"
