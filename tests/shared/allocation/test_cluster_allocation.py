@@ -252,3 +252,16 @@ def test_alike_nodes_share_one_search(monkeypatch):
     calls.clear()
     take(c, "c1", 2)
     assert len(calls) <= 3, calls  # the changed node, and the pick
+
+
+def test_draplane_keeps_a_whole_node_for_a_later_big_claim():
+    # node-a is empty, node-b already runs something. A single-GPU claim then an 8-GPU claim:
+    # first-fit breaks node-a open and the big claim finds no whole node; draplane does not.
+    def run(policy):
+        c = cluster(gpu_node("node-a", n=8), gpu_node("node-b", n=8), policy=policy)
+        c.add_allocated_claim(allocated("busy", (A, "node-b", "gpu-0")))
+        take(c, "small", 1)
+        return c.allocate([claim("big", request("gpu", CLASS_A, 8))])
+
+    assert isinstance(run("first-fit"), Unallocatable)
+    assert run("draplane").node == "node-a"
