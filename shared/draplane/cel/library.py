@@ -26,7 +26,7 @@ from draplane.api.quantity import Quantity, QuantityError, parse_quantity
 
 from .errors import CELFunctionError
 from .semver import SemverError, parse_semver, parse_semver_normalized
-from .rewrite import OPAQUE_EQUALS
+from .rewrite import OPAQUE_EQUALS, OPAQUE_SIZE, OPAQUE_STRING
 from .values import (
     QUANTITY_TAG,
     SEMVER_TAG,
@@ -249,6 +249,23 @@ def _opaque_equals(left: object, right: object) -> bool:
     return left_bytes == right_bytes
 
 
+def _opaque_size(value: object) -> int:
+    encoded = _as_bytes(value)
+    if encoded.startswith(QUANTITY_TAG) or encoded.startswith(SEMVER_TAG):
+        raise CELFunctionError("no such overload: size")
+    return len(encoded)
+
+
+def _opaque_string(value: object) -> str:
+    encoded = _as_bytes(value)
+    if encoded.startswith(QUANTITY_TAG) or encoded.startswith(SEMVER_TAG):
+        raise CELFunctionError(f"no such overload: string({cel_type_name(encoded)})")
+    try:
+        return encoded.decode()
+    except UnicodeDecodeError:
+        raise CELFunctionError("invalid UTF-8 in bytes, cannot convert to string") from None
+
+
 # --- the declarations -------------------------------------------------------------------------------
 
 
@@ -453,6 +470,8 @@ def _runtime_functions() -> list[cel.FunctionDecl]:
                 for name, kind in {**_OTHER_KINDS, "bytes": X}.items()
             ],
         ),
+        cel.FunctionDecl(OPAQUE_SIZE, [overload("opaque_size_bytes", I, [X], _opaque_size)]),
+        cel.FunctionDecl(OPAQUE_STRING, [overload("opaque_string_bytes", S, [X], _opaque_string)]),
         # The C++ runtime dispatches on the list kind; the elements' type was checked at compile time.
         cel.FunctionDecl("isSorted", [overload("list_is_sorted", B, [T.LIST], _list_is_sorted, True)]),
         cel.FunctionDecl("sum", [overload("list_sum", T.DYN, [T.LIST], _list_sum, True)]),

@@ -30,8 +30,11 @@ from .ast import Call, CelType, Comprehension, Constant, CreateList, CreateStruc
 
 DEVICE_MAPS = ("attributes", "capacity")
 
-# The runtime function that compares a byte-encoded left operand as Kubernetes would (library.py).
+# Runtime functions (library.py) that treat a byte-encoded operand as Kubernetes treats the
+# Semver or Quantity it stands for.
 OPAQUE_EQUALS = "@draplane.opaque_equals"
+OPAQUE_SIZE = "@draplane.opaque_size"
+OPAQUE_STRING = "@draplane.opaque_string"
 _LEFT = "@draplane.left"
 _OPAQUE = ("kubernetes.Quantity", "kubernetes.Semver")
 
@@ -117,12 +120,11 @@ def _may_compare_opaque(ids: _Ids, left: Expr, right: Expr) -> bool:
     return left_type.name in _OPAQUE and right_type is not None and right_type.name == "dyn"
 
 
-def _guarded_equality(ids: _Ids, function: str, left: Expr, right: Expr) -> Expr:
+def _guarded(ids: _Ids, left: Expr, opaque_call, plain_call) -> Expr:
+    """cel.bind(@l, left, type(@l) == bytes ? opaque_call(@l) : plain_call(@l))"""
     held = lambda: ids.new(Ident(_LEFT))  # noqa: E731 - a fresh node per use
     is_bytes = ids.new(Call("_==_", [ids.new(Call("type", [held()])), ids.new(Ident("bytes"))]))
-    opaque = ids.new(Call(OPAQUE_EQUALS, [held(), right]))
-    plain = ids.new(Call(function, [held(), _copy(ids, right)]))
-    body = ids.new(Call("_?_:_", [is_bytes, opaque, plain]))
+    body = ids.new(Call("_?_:_", [is_bytes, opaque_call(held()), plain_call(held())]))
     return ids.new(
         Comprehension(
             iter_var="#unused",
@@ -134,6 +136,19 @@ def _guarded_equality(ids: _Ids, function: str, left: Expr, right: Expr) -> Expr
             result=body,
         )
     )
+
+
+def _guarded_equality(ids: _Ids, left: Expr, right: Expr) -> Expr:
+    return _guarded(
+        ids, left,
+        lambda held: ids.new(Call(OPAQUE_EQUALS, [held, right])),
+        lambda held: ids.new(Call("_==_", [held, _copy(ids, right)])),
+    )
+
+
+def _is_dyn(ids: _Ids, node: Expr) -> bool:
+    node_type = ids.types.get(node.id)
+    return node_type is not None and node_type.name == "dyn"
 
 
 def _copy(ids: _Ids, node: Expr) -> Expr:
@@ -189,7 +204,21 @@ def _rewrite(node: Expr, scope: dict[str, str], ids: _Ids) -> Expr:
             and _may_compare_opaque(ids, kind.args[0], kind.args[1])
         ):
             left, right = (_rewrite(arg, scope, ids) for arg in kind.args)
-            return _guarded_equality(ids, kind.function, left, right)
+            return _guarded_equality(ids, left, right)
+        # size() and string() of a dyn value: a Semver has neither in Kubernetes.
+        if kind.function in ("size", "string"):
+            operand = kind.target if kind.target is not None and not kind.args else (
+                kind.args[0] if kind.target is None and len(kind.args) == 1 else None
+            )
+            if operand is not None and _is_dyn(ids, operand):
+                operand = _rewrite(operand, scope, ids)
+                member = kind.target is not None
+                opaque = OPAQUE_SIZE if kind.function == "size" else OPAQUE_STRING
+                return _guarded(
+                    ids, operand,
+                    lambda held: ids.new(Call(opaque, [held])),
+                    lambda held: ids.new(Call(kind.function, [], held) if member else Call(kind.function, [held])),
+                )
         if kind.target is not None:
             kind.target = _rewrite(kind.target, scope, ids)
         kind.args = [_rewrite(arg, scope, ids) for arg in kind.args]

@@ -24,9 +24,6 @@ _G = 'device.attributes["gpu.nvidia.com"]'
 
 # Outcome differs from Kubernetes. Each is a limit of the engine, documented in README.md.
 OUTCOME_DIFFERENCES = {
-    # Semver and Quantity are bytes to the C++ runtime, so bytes functions accept them.
-    f"{_G}.driverVersion.size() > 0": "size() of a semver is its encoding's length, not 'no such overload'",
-    f'string({_G}.driverVersion) == "x"': "string(semver) converts the encoding, not 'no such overload'",
     # A cel-go panic ("hash of unhashable type cel.Semver"): its `in` over a constant list hashes.
     f"{_G}.driverVersion in ['550.54.15']": "false here; an internal error (a cel-go bug) in Kubernetes",
     # cel-go folds constant conversions when the program is built.
