@@ -668,9 +668,11 @@ def _check_device(device: dict[str, Any], raw_device: dict[str, Any], path: str,
             # A missing value is a zero quantity to the apiserver, not an error.
             _check_request_policy(entry.get("value") or "0", policy, f"{path}.capacity[{key}].requestPolicy", findings)
     taints = device.get("taints")
-    if not _too_many(taints, limits.TAINTS_PER_DEVICE_MAX, f"{path}.taints", "taints", findings):
-        for index, taint in enumerate(taints or []):
-            check_taint(taint or {}, f"{path}.taints[{index}]", findings)
+    too_many_taints = _too_many(taints, limits.TAINTS_PER_DEVICE_MAX, f"{path}.taints", "taints", findings)
+    for index, taint in enumerate(taints or []):
+        # The effect is checked declaratively, so even in a list that is too long.
+        check = _check_taint_effect if too_many_taints else check_taint
+        check(taint or {}, f"{path}.taints[{index}]", findings)
     _check_consumptions(device.get("consumesCounters"), f"{path}.consumesCounters", findings)
     _check_device_node_selection(device, path, per_device_node_selection, findings)
     check_binding_conditions(device, path, findings)

@@ -172,6 +172,10 @@ def test_taints(build):
     ]
     problems = validate_object(build.slice([build.device("gpu-0", taints=[taints[0]] * 17)]))
     assert [(p.field, p.reason) for p in problems] == [("spec.devices[0].taints", TOO_MANY)]
+    # Effects are checked declaratively in the apiserver, so even when there are too many taints.
+    problems = validate_object(build.slice([build.device("gpu-0", taints=[taints[0]] * 16 + [{"key": "-bad"}])]))
+    assert [(p.field, p.reason) for p in problems] == [
+        ("spec.devices[0].taints", TOO_MANY), ("spec.devices[0].taints[16].effect", REQUIRED)]
 
 
 def test_binding_conditions(build):
