@@ -1,4 +1,4 @@
-"""Binder + allocator shards running in-process against the session's real servers.
+"""Binder + allocator shards running in-process against the session's real servers (binder and allocator tests).
 
 `scheduling` starts a Binder and N Shards under this test's subject prefix and stops them after
 the test; `put_node` publishes a node's ResourceSlices into the inventory feed bucket, exactly as
@@ -130,3 +130,62 @@ def all_claims_devices(claims: list[ResourceClaim]) -> list[tuple[str, str, str]
         for r in (allocation.devices.results if allocation and allocation.devices else None) or ():
             devices.append((r.driver, r.pool, r.device))
     return devices
+
+
+async def ensure_class(kube, device_class) -> None:
+    try:
+        await kube.create(device_class)
+    except KubeApiError as exc:
+        if not exc.is_already_exists:
+            raise
+
+
+async def create_many(kube, objects, batch: int = 50) -> list:
+    created = []
+    for i in range(0, len(objects), batch):
+        created.extend(await asyncio.gather(*(kube.create(o) for o in objects[i : i + batch])))
+    return created
+
+
+def pod_scheduled_false(pod: Pod):
+    for condition in (pod.status.conditions if pod.status else None) or ():
+        if condition.type == "PodScheduled" and condition.status == "False":
+            return condition
+    return None
+
+
+async def audit(kube, namespace: str) -> dict:
+    """The invariants over every claim and pod of a namespace."""
+    claims, _ = await kube.list(ResourceClaim, namespace)
+    pods, _ = await kube.list(Pod, namespace)
+    devices = all_claims_devices(claims)
+    claims_by_name = {c.metadata.name: c for c in claims}
+    bound_without_claim = []
+    for pod in pods:
+        if not pod.spec.node_name:
+            continue
+        for status in (pod.status.resource_claim_statuses if pod.status else None) or ():
+            claim = claims_by_name.get(status.resource_claim_name)
+            ok = (
+                claim is not None and claim.status is not None and claim.status.allocation is not None
+                and any(r.uid == pod.metadata.uid for r in claim.status.reserved_for or ())
+            )
+            if not ok:
+                bound_without_claim.append(pod.metadata.name)
+        for pc in pod.spec.resource_claims or ():
+            if pc.resource_claim_name:
+                claim = claims_by_name.get(pc.resource_claim_name)
+                if claim is None or not claim.status or not claim.status.allocation or not any(
+                    r.uid == pod.metadata.uid for r in claim.status.reserved_for or ()
+                ):
+                    bound_without_claim.append(pod.metadata.name)
+    return {
+        "claims": claims,
+        "pods": pods,
+        "devices": devices,
+        "duplicates": sorted({d for d in devices if devices.count(d) > 1}),
+        "bound": [p for p in pods if p.spec.node_name],
+        "explained": [p for p in pods if not p.spec.node_name and pod_scheduled_false(p) is not None],
+        "unexplained": [p for p in pods if not p.spec.node_name and pod_scheduled_false(p) is None],
+        "bound_without_claim": bound_without_claim,
+    }
