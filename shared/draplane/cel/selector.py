@@ -169,9 +169,10 @@ def compile_message(raw: str, expression: str) -> str:
         location = _LOCATION.search(line)
         overload = _OVERLOAD.search(line)
         if location and overload:
+            source_line = expression.split("\n")[int(location.group(1)) - 1] if expression else ""
             column = int(location.group(2)) - 1
             line = line[: overload.start()] + _overload_text(
-                overload.group(1), overload.group(2), _is_member_call(expression, column, overload.group(1))
+                overload.group(1), overload.group(2), _is_member_call(source_line, column, overload.group(1))
             ) + line[overload.end():]
         line = _UNDECLARED_DEVICE_FIELD.sub(lambda m: f"undefined field '{m.group(1)}'", line)
         out.append(line)
@@ -204,11 +205,10 @@ def _overload_text(function: str, args: str, member: bool) -> str:
     return f"found no matching overload for '{function}' applied to '{signature}'"
 
 
-def _is_member_call(expression: str, column: int, function: str) -> bool:
-    """The checker points at the call's '('; a member call has `.function` right before it."""
+def _is_member_call(text: str, column: int, function: str) -> bool:
+    """The checker points at the call's '(' in this line; a member call has `.function` before it."""
     if function.startswith("_"):  # operators are never member calls
         return False
-    text = expression.split("\n")[0]
     end = min(column, len(text))
     while end > 0 and text[end - 1].isspace():
         end -= 1
