@@ -177,7 +177,8 @@ def main() -> None:
     if args.case:
         count, cpu_seconds, wall_seconds = CASES[args.case](args.policy)
         peak_mb = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
-        print(f"# policy {args.policy}: {count} claims, {cpu_seconds:.2f} CPU s, {wall_seconds:.2f} wall s", flush=True)
+        print(f"# policy {args.policy}: {count} claims, {cpu_seconds:.2f} CPU s, {wall_seconds:.2f} wall s",
+              file=sys.stderr, flush=True)
         print(f"BENCH name={args.case} claims_per_s={count / cpu_seconds:.1f} peak_mb={peak_mb:.1f} "
               f"seconds={wall_seconds:.2f}", flush=True)
         return
