@@ -188,15 +188,15 @@ class InventoryService:
         self._heartbeat_sub = await self.connection.subscribe(self.names.heartbeat_wildcard, cb=self._on_heartbeat)
         self.ready.set()
 
-    async def stop(self) -> None:
+    async def stop(self, timeout: float = 10.0) -> None:
+        """Cancel every task and wait for them, but never forever: a hung one is logged and left."""
         if self._heartbeat_sub is not None:
             try:
-                await self._heartbeat_sub.unsubscribe()
-            except nats.errors.Error:
+                await asyncio.wait_for(self._heartbeat_sub.unsubscribe(), timeout)
+            except (nats.errors.Error, asyncio.TimeoutError):
                 pass
-        for task in self._tasks:
-            task.cancel()
-        await asyncio.gather(*self._tasks, return_exceptions=True)
+            self._heartbeat_sub = None
+        await _cancel_all(self._tasks, timeout)
         self._tasks = []
 
     async def wait_idle(self, timeout: float = 60.0) -> None:
@@ -484,6 +484,16 @@ class InventoryService:
             change = FeedChange(schema_version=SCHEMA_VERSION, key=key, kind="delete", revision=0)
         self.metrics.inc("feed_updates_total", kind=change.kind)
         await self.connection.publish(self.names.change_subject(key), encode(change))
+
+
+async def _cancel_all(tasks: list[asyncio.Task], timeout: float) -> None:
+    for task in tasks:
+        task.cancel()
+    if not tasks:
+        return
+    _, hung = await asyncio.wait(tasks, timeout=timeout)
+    for task in hung:
+        log.error("task %s did not stop within %.0fs of being cancelled", task.get_name(), timeout)
 
 
 def _owner_uid(slices: list[ResourceSlice]) -> str | None:

@@ -136,6 +136,10 @@ def _owner(node: NodeRef) -> OwnerReference:
     return OwnerReference(api_version="v1", kind="Node", name=node.name, uid=node.uid, controller=True)
 
 
+def _metadata(name: str, node: NodeRef, managed_by: str) -> ObjectMeta:
+    return ObjectMeta(name=name, labels={MANAGED_BY_LABEL: managed_by}, owner_references=[_owner(node)])
+
+
 def _owned_by(slice_: ResourceSlice, node: NodeRef) -> bool:
     return any(ref.kind == "Node" and ref.uid == node.uid for ref in slice_.metadata.owner_references or [])
 
@@ -161,22 +165,32 @@ def plan_pool(
     by_name = {s.metadata.name: s for s in existing}
     current_generation = max([s.spec.pool.generation for s in existing] + [last_generation, 0])
 
-    unchanged = (
-        set(by_name) == set(wanted)
-        and len({s.spec.pool.generation for s in existing}) <= 1
+    generations = {s.spec.pool.generation for s in existing}
+    matching = (
+        set(by_name) <= set(wanted)
+        and len(generations) <= 1
         and all(
-            _owned_by(by_name[name], node) and _comparable(by_name[name].spec) == _comparable(spec)
-            for name, spec in wanted.items()
+            _owned_by(by_name[name], node) and _comparable(by_name[name].spec) == _comparable(wanted[name])
+            for name in by_name
         )
     )
-    if unchanged:
-        return PoolPlan(driver=entry.driver, pool=node.name, generation=current_generation)
+    if matching and existing:
+        # Every slice present is right and only some are missing (a write was interrupted): add the
+        # missing ones at the same generation, which completes the pool without rewriting it.
+        generation = current_generation if generations == {current_generation} else None
+        if generation is not None:
+            plan = PoolPlan(driver=entry.driver, pool=node.name, generation=generation)
+            for name, spec in wanted.items():
+                if name not in by_name:
+                    spec.pool.generation = generation
+                    plan.creates.append(ResourceSlice(metadata=_metadata(name, node, managed_by), spec=spec))
+            return plan
 
     generation = current_generation + 1
     plan = PoolPlan(driver=entry.driver, pool=node.name, generation=generation)
     for name, spec in wanted.items():
         spec.pool.generation = generation
-        metadata = ObjectMeta(name=name, labels={MANAGED_BY_LABEL: managed_by}, owner_references=[_owner(node)])
+        metadata = _metadata(name, node, managed_by)
         old = by_name.get(name)
         if old is None:
             plan.creates.append(ResourceSlice(metadata=metadata, spec=spec))

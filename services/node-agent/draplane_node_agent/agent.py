@@ -80,7 +80,10 @@ class AgentFleet:
     async def stop(self) -> None:
         for task in self._tasks:
             task.cancel()
-        await asyncio.gather(*self._tasks, return_exceptions=True)
+        if self._tasks:
+            _, hung = await asyncio.wait(self._tasks, timeout=10)
+            for task in hung:
+                log.error("node agent task %s did not stop within 10s of being cancelled", task.get_name())
         self._tasks = []
         if self.connection is not None and not self.connection.is_closed:
             try:

@@ -143,3 +143,25 @@ def test_duplicate_driver_in_snapshot_is_an_error():
 def test_long_names_stay_valid():
     base = slice_name_base("n" * 250, "gpu.nvidia.com")
     assert len(base) + 4 <= 253
+
+
+def test_interrupted_first_write_is_completed_without_a_new_generation():
+    full = plan_pool(NODE, _devices(200), [])
+    partial = _apply([], [full])[:1]  # the second create never happened
+    plan = plan_pool(NODE, _devices(200), partial)
+    assert plan.generation == 1 and not plan.updates and not plan.deletes
+    assert [s.metadata.name for s in plan.creates] == [full.creates[1].metadata.name]
+    assert plan.creates[0].spec.pool.generation == 1
+
+
+def test_interrupted_update_is_rewritten_at_a_new_generation():
+    existing = _apply([], [plan_pool(NODE, _devices(200), [])])
+    changed = plan_pool(NODE, _devices(201), existing)
+    half = _apply(existing, [PoolPlanLike(changed.updates[:1])])
+    plan = plan_pool(NODE, _devices(201), half)
+    assert plan.generation == 3 and len(plan.updates) == 2
+
+
+class PoolPlanLike:
+    def __init__(self, updates):
+        self.creates, self.updates, self.deletes = [], updates, []

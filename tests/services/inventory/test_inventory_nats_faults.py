@@ -1,0 +1,172 @@
+"""NATS permissions per agent, and NATS restarting under load, on a nats-server of the test's own."""
+
+from __future__ import annotations
+
+import asyncio
+import secrets
+import urllib.request
+import uuid
+
+import nats as nats_py
+import nats.errors
+import pytest
+
+from draplane.localenv import binaries
+from draplane.localenv.processes import ServerProcess, free_port
+from draplane.messages.inventory import SCHEMA_VERSION, InventoryNames, NodeSnapshot, encode
+from draplane_inventory.natsauth import agent_user, authorization_block
+from draplane_inventory.service import InventoryService, InventorySettings
+from draplane_node_agent.agent import AgentFleet, SimulatedAgent
+from draplane_node_agent.hardware import driver_devices
+from draplane_node_agent.profile import load_profile
+
+from test_inventory_integration import create_nodes, eventually, node_slices
+
+pytestmark = [pytest.mark.integration, pytest.mark.timeout(240)]
+
+PREFIX = "draplane."
+SERVICE_USER, SERVICE_PASSWORD = "inventory", secrets.token_hex(8)
+
+
+class AuthNats:
+    """A nats-server with JetStream on disk and per-agent users; restartable on the same port."""
+
+    def __init__(self, workdir, agent_passwords: dict[str, str]):
+        self.port, self.monitor = free_port(), free_port()
+        self.workdir = workdir
+        self.config = workdir / "nats.conf"
+        self.config.write_text(
+            "\n".join([
+                f"listen: 127.0.0.1:{self.port}",
+                f"http: 127.0.0.1:{self.monitor}",
+                "jetstream { store_dir: " + repr(str(workdir / "js")).replace("'", '"') + " }",
+                authorization_block(InventoryNames(PREFIX), agent_passwords, service_user=SERVICE_USER, service_password=SERVICE_PASSWORD),
+            ])
+        )
+        self.process: ServerProcess | None = None
+
+    @property
+    def url(self) -> str:
+        return f"nats://127.0.0.1:{self.port}"
+
+    def start(self) -> None:
+        self.process = ServerProcess("nats-server", [str(binaries.require(binaries.NATS_SERVER)), "-c", str(self.config)],
+                                     self.workdir / "nats.log")
+        self.process.start()
+        self.process.wait_ready(
+            lambda: urllib.request.urlopen(f"http://127.0.0.1:{self.monitor}/healthz?js-enabled-only=true", timeout=1).status == 200,
+            30,
+        )
+
+    def stop(self) -> None:
+        if self.process:
+            self.process.stop()
+
+
+def _agent(profile: str, node: str, box: dict | None = None) -> SimulatedAgent:
+    if box is None:
+        devices = driver_devices(load_profile(profile).hardware(node))
+        return SimulatedAgent(node, lambda: devices)
+    return SimulatedAgent(node, lambda: driver_devices(load_profile(box["profile"]).hardware(node)))
+
+
+async def _service(kube, url: str, instance: str) -> tuple[InventoryService, nats_py.NATS]:
+    connection = await nats_py.connect(url, user=SERVICE_USER, password=SERVICE_PASSWORD, max_reconnect_attempts=-1,
+                                       reconnect_time_wait=0.2)
+    service = InventoryService(kube, connection, InventorySettings(prefix=PREFIX, instance=instance))
+    await service.start()
+    return service, connection
+
+
+async def test_agent_can_publish_only_for_its_own_node(kube, tmp_path):
+    suffix = uuid.uuid4().hex[:6]
+    mine, other = f"own-{suffix}", f"other-{suffix}"
+    passwords = {mine: secrets.token_hex(8), other: secrets.token_hex(8)}
+    server = AuthNats(tmp_path, passwords)
+    server.start()
+    await create_nodes(kube, [mine, other])
+    names = InventoryNames(PREFIX)
+    service, service_conn = await _service(kube, server.url, f"inv-{suffix}")
+    errors: list[Exception] = []
+
+    async def on_error(exc):
+        errors.append(exc)
+
+    agent_conn = await nats_py.connect(server.url, user=agent_user(mine), password=passwords[mine],
+                                       inbox_prefix=names.agent_inbox_prefix(mine), error_cb=on_error, allow_reconnect=False)
+    try:
+        js = agent_conn.jetstream()
+        snapshot = NodeSnapshot(schema_version=SCHEMA_VERSION, node=mine, agent_id="a", sequence=1, sent_at=1.0,
+                                drivers=driver_devices(load_profile("l4").hardware(mine)))
+        ack = await js.publish(names.snapshot_subject(mine), encode(snapshot), timeout=5)
+        assert ack.stream == names.stream
+        await eventually(lambda: node_slices(kube, mine))
+
+        forged = NodeSnapshot(schema_version=SCHEMA_VERSION, node=other, agent_id="a", sequence=2, sent_at=1.0,
+                              drivers=driver_devices(load_profile("dgx-h100").hardware(other)))
+        with pytest.raises((nats.errors.TimeoutError, nats.errors.NoRespondersError)):
+            await js.publish(names.snapshot_subject(other), encode(forged), timeout=2)
+        # The server refuses it as a permissions violation (nats-py then drops the connection).
+        await eventually(lambda: _async_true("permissions violation" in str(agent_conn.last_error).lower()), timeout=5)
+        await asyncio.sleep(0.5)
+        assert not await node_slices(kube, other)
+        assert service.metrics.total("messages_rejected_total") == 0  # it never even reached the service
+        # Nor may an agent read other nodes' snapshots.
+        await agent_conn.close()
+        agent_conn = await nats_py.connect(server.url, user=agent_user(mine), password=passwords[mine],
+                                           inbox_prefix=names.agent_inbox_prefix(mine), error_cb=on_error,
+                                           allow_reconnect=False)
+        await agent_conn.subscribe(names.snapshot_wildcard)
+        await eventually(lambda: _async_true("permissions violation" in str(agent_conn.last_error).lower()), timeout=5)
+    finally:
+        await asyncio.wait_for(agent_conn.close(), 10)
+        await service.stop()
+        await asyncio.wait_for(service_conn.close(), 10)
+        server.stop()
+
+
+async def _async_true(value):
+    return value
+
+
+async def test_nats_restart_under_load_loses_nothing(kube, tmp_path):
+    suffix = uuid.uuid4().hex[:6]
+    nodes = [f"load-{suffix}-{i:03d}" for i in range(120)]
+    server = AuthNats(tmp_path, {})
+    server.start()
+    await create_nodes(kube, nodes)
+    box = {"profile": "l4"}
+    service, service_conn = await _service(kube, server.url, f"inv-{suffix}")
+    fleet = AgentFleet(server.url, [_agent("", n, box) for n in nodes], names=InventoryNames(PREFIX),
+                       heartbeat_interval=2.0, rescan_interval=3600,
+                       connect_options={"user": SERVICE_USER, "password": SERVICE_PASSWORD})
+    await fleet.start()
+    try:
+        await fleet.wait_all_sent(60)
+        # Change every node's hardware and pull the server out from under the storm of snapshots.
+        box["profile"] = "dgx-h100"
+        assert fleet.rescan_now() == len(nodes)
+        await asyncio.sleep(0.3)
+        server.stop()
+        await asyncio.sleep(2.0)
+        server.start()
+        await eventually(lambda: _async_true(fleet.reconnects >= 1), timeout=30)
+        await fleet.wait_all_sent(90)
+
+        async def all_dgx():
+            for node in nodes:
+                slices = await node_slices(kube, node)
+                drivers = {s.spec.driver: s for s in slices}
+                if set(drivers) != {"gpu.nvidia.com", "dra.net"} or len(drivers["gpu.nvidia.com"].spec.devices) != 8:
+                    return False
+                if len(slices) != 2:
+                    return False
+            return True
+
+        await eventually(all_dgx, timeout=120, interval=1.0)
+        await service.wait_idle(60)
+    finally:
+        await fleet.stop()
+        await service.stop()
+        await asyncio.wait_for(service_conn.close(), 10)
+        server.stop()
