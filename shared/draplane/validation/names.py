@@ -111,6 +111,19 @@ def fully_qualified_device_name(value: str) -> list[str]:
     return errors
 
 
+def declared_fully_qualified_name(value: str) -> list[str]:
+    """A fully qualified name as Kubernetes 1.37 checks it declaratively (constraints, derived
+    attributes): a name with more than one '/' is not checked at all there, so it passes."""
+    if value.count("/") > 1:
+        return []
+    errors = fully_qualified_device_name(value)
+    domain = value.split("/", 1)[0] if "/" in value else ""
+    if domain and domain != domain.lower() and not driver_name(domain):
+        # Unlike a driver name, the domain here is case-sensitive: it must be lower-case.
+        errors.append(f"domain {domain!r} must be lower-case")
+    return errors
+
+
 def label_key(value: str) -> list[str]:
     """A label or annotation key (metav1 qualified name): optional DNS-subdomain prefix and '/'."""
     if not value:

@@ -46,8 +46,12 @@ def _duplicates(keys: list[Any], path: str, what: str, findings: Findings) -> No
         if key is None:
             continue
         if key in seen:
-            findings.duplicate(f"{path}[{index}]", key, f"{what} {key!r} is already used by {path}[{seen[key]}]; "
-                               f"{what}s must be unique", fix=f"rename one of them, e.g. {key}-{index}")
+            if key == "":
+                findings.duplicate(f"{path}[{index}]", key, f"has no {what}, like {path}[{seen[key]}]; "
+                                   f"{what}s must be set and unique", fix=f"give each entry its own {what}")
+            else:
+                findings.duplicate(f"{path}[{index}]", key, f"{what} {key!r} is already used by {path}[{seen[key]}]; "
+                                   f"{what}s must be unique", fix=f"rename one of them, e.g. {key}-{index}")
         else:
             seen[key] = index
 
@@ -162,7 +166,7 @@ def check_device_claim(devices: dict[str, Any], raw_devices: dict[str, Any], pat
             raw_request = raw_requests[index] if index < len(raw_requests) and isinstance(raw_requests[index], dict) else {}
             _check_request(request or {}, raw_request, f"{path}.requests[{index}]", findings, domains,
                            constraint_attributes)
-        _duplicates([(r or {}).get("name") for r in requests or []], f"{path}.requests", "request name", findings)
+        _duplicates([(r or {}).get("name") or "" for r in requests or []], f"{path}.requests", "request name", findings)
     constraints = devices.get("constraints")
     if not _too_many(constraints, limits.CONSTRAINTS_MAX, f"{path}.constraints", "constraints", findings):
         for index, constraint in enumerate(constraints or []):
@@ -255,7 +259,7 @@ def _check_request(request: dict[str, Any], raw_request: dict[str, Any], path: s
         _check_request_name(sub.get("name") or "", f"{sub_path}.name", findings)
         _check_exact(sub, sub_path, findings, domains, f"{name}/{sub.get('name') or ''}", constraint_attributes,
                      admin_access_allowed=False)
-    _duplicates([(s or {}).get("name") for s in subrequests], f"{path}.firstAvailable", "subrequest name", findings)
+    _duplicates([(s or {}).get("name") or "" for s in subrequests], f"{path}.firstAvailable", "subrequest name", findings)
 
 
 def _check_request_name(name: str, path: str, findings: Findings) -> None:
@@ -310,7 +314,7 @@ def _check_exact(request: dict[str, Any], path: str, findings: Findings, domains
         for index, attribute in enumerate(derived or []):
             _check_derived_attribute(attribute or {}, f"{path}.derivedAttributes[{index}]", request_name,
                                      constraint_attributes, findings)
-        _duplicates([(a or {}).get("name") for a in derived or []], f"{path}.derivedAttributes", "derived attribute",
+        _duplicates([(a or {}).get("name") or "" for a in derived or []], f"{path}.derivedAttributes", "derived attribute",
                     findings)
 
 
@@ -321,7 +325,7 @@ def _check_derived_attribute(attribute: dict[str, Any], path: str, request_name:
         findings.required(f"{path}.name", "a derived attribute needs a fully qualified name",
                           fix="name: derived/numaNode")
     else:
-        for message in names.fully_qualified_device_name(name):
+        for message in names.declared_fully_qualified_name(name):
             findings.invalid(f"{path}.name", name, message)
         parent = request_name.split("/", 1)[0]
         used = (name in constraint_attributes.get("", set()) or name in constraint_attributes.get(request_name, set())
@@ -370,7 +374,7 @@ def _check_constraint(constraint: dict[str, Any], path: str, request_names: Requ
     for key, value in (("matchAttribute", match), ("distinctAttribute", distinct if match is None else None)):
         if value is None:
             continue
-        for message in names.fully_qualified_device_name(value):
+        for message in names.declared_fully_qualified_name(value):
             fix = None
             if "/" not in value:
                 fix = f"{key}: <driver domain>/{value}, e.g. gpu.nvidia.com/{value}"
@@ -428,7 +432,7 @@ def _check_claim_status(status: dict[str, Any], request_names: RequestNames, fin
             for key in ("resource", "name", "uid"):
                 if not ref.get(key):
                     findings.required(f"status.reservedFor[{index}].{key}", f"a consumer reference needs its {key}")
-        _duplicates([(r or {}).get("uid") for r in reserved or []], "status.reservedFor", "consumer uid", findings)
+        _duplicates([(r or {}).get("uid") or "" for r in reserved or []], "status.reservedFor", "consumer uid", findings)
         if reserved and status.get("allocation") is None:
             findings.forbidden("status.reservedFor", "a claim can only be reserved once it is allocated",
                                fix="remove reservedFor, or add the allocation")
@@ -561,7 +565,7 @@ def check_resource_slice(obj: dict[str, Any], raw: dict[str, Any], findings: Fin
         for index, device in enumerate(devices or []):
             raw_device = raw_devices[index] if index < len(raw_devices) and isinstance(raw_devices[index], dict) else {}
             _check_device(device or {}, raw_device, f"spec.devices[{index}]", per_device, findings)
-        _duplicates([(d or {}).get("name") for d in devices or []], "spec.devices", "device name", findings)
+        _duplicates([(d or {}).get("name") or "" for d in devices or []], "spec.devices", "device name", findings)
     counter_sets = spec.get("sharedCounters")
     if not _too_many(counter_sets, limits.COUNTER_SETS_MAX, "spec.sharedCounters", "counter sets", findings,
                      fix="spread the counter sets over several slices of the same pool"):
@@ -571,11 +575,11 @@ def check_resource_slice(obj: dict[str, Any], raw: dict[str, Any], findings: Fin
             _check_counter_set_name(counter_set.get("name") or "", f"{set_path}.name", findings)
             _check_counters(counter_set.get("counters"), f"{set_path}.counters", limits.COUNTERS_PER_COUNTER_SET_MAX,
                             findings)
-        _duplicates([(c or {}).get("name") for c in counter_sets or []], "spec.sharedCounters", "counter set name",
+        _duplicates([(c or {}).get("name") or "" for c in counter_sets or []], "spec.sharedCounters", "counter set name",
                     findings)
     partition_attribute = spec.get("partitionTypeAttribute")
     if partition_attribute is not None:
-        for message in names.fully_qualified_device_name(partition_attribute):
+        for message in names.declared_fully_qualified_name(partition_attribute):
             findings.invalid("spec.partitionTypeAttribute", partition_attribute, message)
         if not any((d or {}).get("consumesCounters") for d in devices or []):
             findings.invalid("spec.partitionTypeAttribute", partition_attribute,
@@ -690,7 +694,7 @@ def _check_consumptions(consumptions: list[Any] | None, path: str, findings: Fin
         groups = consumption.get("compatibilityGroups")
         if not _too_many(groups, limits.COMPATIBILITY_GROUPS_MAX, f"{c_path}.compatibilityGroups", "groups", findings):
             _duplicates(list(groups or []), f"{c_path}.compatibilityGroups", "group", findings)
-    _duplicates([(c or {}).get("counterSet") for c in consumptions or []], path, "counter set", findings)
+    _duplicates([(c or {}).get("counterSet") or "" for c in consumptions or []], path, "counter set", findings)
 
 
 def _check_device_declaratively(device: dict[str, Any], path: str, findings: Findings) -> None:

@@ -75,6 +75,8 @@ CASES = {
         {"requests": ["gpu", "nope"], "matchAttribute": "resource.kubernetes.io/pcieRoot"},
         {"matchAttribute": "pcieRoot"}, {"requests": ["gpu"]},
         {"requests": ["gpu/a/b"], "distinctAttribute": "gpu.nvidia.com/uuid"}]),
+    "claim-constraint-names": lambda b: b.claim(constraints=[
+        {"matchAttribute": v} for v in ("a/b/c", "x/0bad", "/x", "a/", "A.io/x", "a.io/" + "x" * 33)]),
     "claim-33-constraints": lambda b: b.claim(constraints=[{"matchAttribute": "x.io/a"}] * 33),
     "claim-config": lambda b: b.claim(config=[
         {"requests": ["gpu"]}, {"opaque": {"driver": "gpu.nvidia.com"}},

@@ -27,6 +27,7 @@ AWKWARD = [
     "", "Bad_Name", "-x", "x" * 70, "a/b/c", "gpu.nvidia.com/", "gpu.nvidia.com/memory", "memory", "0abc",
     "All", "ExactCount", "Exists", "Equal", "NoSchedule", "NoExecute", "None", "PreferNoSchedule", "In",
     "1.2.3", "v1", "80Gi", "-1", "1e3", "10 Gi", 'device.driver == "x"', "device.driver", "true",
+    "gpu", "nic/fast", "nic/slow", "gpu/x", "FromClass", "derived/numa",
     -1, 0, 1, 33, 2**40, True, False, None, [], {}, ["x"], {"a": 1}, 1.5,
 ]
 
@@ -56,7 +57,11 @@ def base_objects(build, namespace: str) -> list[dict[str, Any]]:
         {"matchExpressions": [{"key": "zone", "operator": "In", "values": ["a"]}]}]})
     device_class = build.device_class('device.capacity["gpu.nvidia.com"].memory.isGreaterThan(quantity("40Gi"))',
                                       config=[{"opaque": {"driver": "gpu.nvidia.com", "parameters": {"a": 1}}}])
-    return [claim, slice_, counters, per_device, selector_slice, device_class]
+    template = {"apiVersion": "resource.k8s.io/v1", "kind": "ResourceClaimTemplate",
+                "metadata": {"name": "vllm", "namespace": namespace},
+                "spec": {"metadata": {"labels": {"app": "vllm"}}, "spec": copy.deepcopy(claim["spec"])}}
+    # Claims carry the most rules, so they are drawn most often.
+    return [claim, claim, template, slice_, counters, per_device, selector_slice, device_class]
 
 
 def _nodes(value: Any, path: tuple = ()) -> list[tuple]:

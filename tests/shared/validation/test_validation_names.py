@@ -83,3 +83,10 @@ def test_fix_helpers_produce_valid_names():
     assert names.dns1123_label(names.to_dns_label("My_GPU 0")) == []
     assert names.dns1123_subdomain(names.to_dns_subdomain("High.Memory_GPU")) == []
     assert names.c_identifier(names.to_c_identifier("0-memory")) == []
+
+
+def test_declared_fully_qualified_name_skips_names_with_several_slashes():
+    # What kube-apiserver v1.37 does for matchAttribute and friends (checked in the conformance test).
+    assert names.declared_fully_qualified_name("a/b/c") == []
+    assert names.declared_fully_qualified_name("x.io/0bad")
+    assert names.fully_qualified_device_name("a/b/c")
