@@ -100,7 +100,7 @@ def _parse_cached(text: str) -> Quantity:
     suffix = match["suffix"] or ""
     if suffix in _BINARY_SUFFIXES:
         return Quantity(number * (2 ** _BINARY_SUFFIXES[suffix]), QuantityFormat.BINARY_SI)
-    if suffix[:1] in ("e", "E"):
+    if suffix[:1] in ("e", "E") and len(suffix) > 1:  # a lone "E" is the exa suffix
         return Quantity(number * Fraction(10) ** int(suffix[1:]), QuantityFormat.DECIMAL_EXPONENT)
     return Quantity(number * Fraction(10) ** _DECIMAL_SUFFIXES[suffix], QuantityFormat.DECIMAL_SI)
 

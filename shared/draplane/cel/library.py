@@ -16,17 +16,16 @@ get one runtime overload that dispatches on the tag, as the Go runtime dispatche
 
 from __future__ import annotations
 
-import math
 import re
-from fractions import Fraction
 
 from cel_expr_python import cel
 
-from draplane.api.quantity import Quantity, QuantityError, parse_quantity
+from draplane.api.quantity import QuantityError, parse_quantity
 
 from .errors import CELFunctionError
+from .kube_quantity import FORMAT_ERROR, KubeQuantity, parse_kube_quantity
 from .semver import SemverError, parse_semver, parse_semver_normalized
-from .rewrite import OPAQUE_EQUALS, OPAQUE_SIZE, OPAQUE_STRING
+from .rewrite import OPAQUE_EQUALS, OPAQUE_NOT_EQUALS, OPAQUE_SIZE, OPAQUE_STRING
 from .values import (
     QUANTITY_TAG,
     SEMVER_TAG,
@@ -41,7 +40,6 @@ T = cel.Type
 QUANTITY = T.AbstractType("kubernetes.Quantity")
 SEMVER = T.AbstractType("kubernetes.Semver")
 
-_INT64_MIN, _INT64_MAX = -(2**63), 2**63 - 1
 
 # Kubernetes' base environment for stored expressions (k8s.io/apiserver/pkg/cel/environment,
 # v1.37): strings v2, sets, lists v3, two-variable comprehensions, optional types; the DRA
@@ -69,7 +67,7 @@ def _as_bytes(value: object) -> bytes | None:
     return value if isinstance(value, bytes) else None
 
 
-def _quantity(value: object, function: str = "quantity", *others: object) -> Quantity:
+def _quantity(value: object, function: str = "quantity", *others: object) -> KubeQuantity:
     encoded = _as_bytes(value)
     quantity = decode_quantity(encoded) if encoded is not None else None
     if quantity is None:
@@ -82,18 +80,17 @@ def _quantity(value: object, function: str = "quantity", *others: object) -> Qua
 
 def _string_to_quantity(text: str) -> bytes:
     try:
-        return encode_quantity(parse_quantity(text))
-    except QuantityError:
-        # resource.ErrFormatWrong, word for word.
-        raise CELFunctionError(
-            "quantities must match the regular expression '^([+-]?[0-9.]+)([eEinumkKMGTP]*[-+]?[0-9]*)$'"
-        ) from None
+        parse_quantity(text)  # the format check, with Kubernetes' message
+        return encode_quantity(parse_kube_quantity(text))
+    except (QuantityError, ValueError) as err:
+        raise CELFunctionError(str(err) if "suffix" in str(err) else FORMAT_ERROR) from None
 
 
 def _is_quantity(text: str) -> bool:
     try:
         parse_quantity(text)
-    except QuantityError:
+        parse_kube_quantity(text)
+    except (QuantityError, ValueError):
         return False
     return True
 
@@ -102,39 +99,34 @@ def _quantity_sign(value: bytes) -> int:
     return _quantity(value, "sign").sign()
 
 
-def _fits_int64(value: Fraction) -> bool:
-    return value.denominator == 1 and _INT64_MIN <= value.numerator <= _INT64_MAX
-
-
 def _quantity_is_integer(value: bytes) -> bool:
-    return _fits_int64(_quantity(value, "isInteger").value)
+    return _quantity(value, "isInteger").as_int64() is not None
 
 
 def _quantity_as_integer(value: bytes) -> int:
-    amount = _quantity(value, "asInteger").value
-    if not _fits_int64(amount):
+    result = _quantity(value, "asInteger").as_int64()
+    if result is None:
         raise CELFunctionError("cannot convert value to integer")
-    return amount.numerator
+    return result
 
 
 def _quantity_as_float(value: bytes) -> float:
-    amount = _quantity(value, "asApproximateFloat").value
-    try:
-        return amount.numerator / amount.denominator
-    except OverflowError:
-        return math.copysign(math.inf, amount)
+    return _quantity(value, "asApproximateFloat").as_approximate_float()
+
+
+def _operand(right: object, function: str, left: object) -> KubeQuantity:
+    if isinstance(right, int) and not isinstance(right, bool):
+        # resource.NewQuantity(n, DecimalExponent): the int64 form at scale 0.
+        return KubeQuantity("int", right, 0)
+    return _quantity(right, function, left)
 
 
 def _quantity_add(left: bytes, right: bytes | int) -> bytes:
-    base = _quantity(left, "add", right).value
-    other = Fraction(right) if isinstance(right, int) and not isinstance(right, bool) else _quantity(right, "add", left).value
-    return encode_quantity(Quantity(base + other))
+    return encode_quantity(_quantity(left, "add", right).add(_operand(right, "add", left)))
 
 
 def _quantity_sub(left: bytes, right: bytes | int) -> bytes:
-    base = _quantity(left, "sub", right).value
-    other = Fraction(right) if isinstance(right, int) and not isinstance(right, bool) else _quantity(right, "sub", left).value
-    return encode_quantity(Quantity(base - other))
+    return encode_quantity(_quantity(left, "sub", right).sub(_operand(right, "sub", left)))
 
 
 # --- semver library (k8s.io/apiserver/pkg/cel/library/semverlib.go) -----------------------------
@@ -172,7 +164,7 @@ def _compare(left: object, right: object, function: str = "compareTo") -> int:
     if left_bytes is not None and right_bytes is not None:
         lq, rq = decode_quantity(left_bytes), decode_quantity(right_bytes)
         if lq is not None and rq is not None:
-            return (lq.value > rq.value) - (lq.value < rq.value)
+            return lq.compare(rq)
         ls, rs = decode_semver(left_bytes), decode_semver(right_bytes)
         if ls is not None and rs is not None:
             return ls.compare(rs)
@@ -241,12 +233,25 @@ def _string_find_all(text: str, pattern: str, limit: int = -1) -> list[str]:
 
 def _opaque_equals(left: object, right: object) -> bool:
     left_bytes, right_bytes = _as_bytes(left), _as_bytes(right)
-    tag = QUANTITY_TAG if left_bytes.startswith(QUANTITY_TAG) else SEMVER_TAG if left_bytes.startswith(SEMVER_TAG) else None
-    if tag is None:  # real bytes: CEL's heterogeneous equality
-        return right_bytes is not None and left_bytes == right_bytes
-    if right_bytes is None or not right_bytes.startswith(tag):
-        raise CELFunctionError("no such overload")
-    return left_bytes == right_bytes
+    if left_bytes.startswith(QUANTITY_TAG):
+        right_quantity = decode_quantity(right_bytes) if right_bytes is not None else None
+        # add() and sub() return *Quantity in Kubernetes, and Quantity.Equal rejects a pointer.
+        if right_quantity is None or right_quantity.pointer:
+            raise CELFunctionError("no such overload")
+        return decode_quantity(left_bytes).compare(right_quantity) == 0
+    if left_bytes.startswith(SEMVER_TAG):
+        if right_bytes is None or not right_bytes.startswith(SEMVER_TAG):
+            raise CELFunctionError("no such overload")
+        return left_bytes == right_bytes
+    return right_bytes is not None and left_bytes == right_bytes  # real bytes
+
+
+def _opaque_not_equals(left: object, right: object) -> bool:
+    """cel-go's != is true whenever Equal is not true, an error included."""
+    try:
+        return not _opaque_equals(left, right)
+    except CELFunctionError:
+        return True
 
 
 def _opaque_size(value: object) -> int:
@@ -467,6 +472,13 @@ def _runtime_functions() -> list[cel.FunctionDecl]:
             OPAQUE_EQUALS,
             [
                 overload(f"opaque_equals_bytes_{name}", B, [X, kind], _opaque_equals)
+                for name, kind in {**_OTHER_KINDS, "bytes": X}.items()
+            ],
+        ),
+        cel.FunctionDecl(
+            OPAQUE_NOT_EQUALS,
+            [
+                overload(f"opaque_not_equals_bytes_{name}", B, [X, kind], _opaque_not_equals)
                 for name, kind in {**_OTHER_KINDS, "bytes": X}.items()
             ],
         ),

@@ -17,11 +17,12 @@ follows the maps through `cel.bind` (`cel.bind(a, device.attributes, a["x"].y)`,
 comprehension's range, a conditional) keeps plain CEL map semantics.
 
 Equality: cel-go compares a Semver or Quantity with its own Equal, which fails with "no such
-overload" when the other side is not of the same type (`version_attribute == "1.0.0"`), while
-`!=` says true (the oracle shows it). CEL's own `==` on the byte encoding would say false. Where the checker could not rule that out (the left
-side is dyn, or opaque with a dyn right side), `L == R` becomes
-`cel.bind(@l, L, type(@l) == bytes ? EQUALS(@l, R) : @l == R)`: only byte values reach the Python
-implementation, everything else keeps the C++ comparison.
+overload" when the other side is not of the same type (`version_attribute == "1.0.0"`) or is the
+*pointer* that add() and sub() return, while `!=` is true whenever Equal is not. Quantities are
+compared by value although their encodings keep the representation. So where the left side may be
+a Quantity or Semver (typed so, or dyn), `L == R` becomes
+`cel.bind(@l, L, type(@l) == bytes ? EQUALS(@l, R) : @l == R)`, and `!=` likewise: only byte
+values reach the Python comparison, everything else keeps the C++ one.
 """
 
 from __future__ import annotations
@@ -33,9 +34,10 @@ DEVICE_MAPS = ("attributes", "capacity")
 # Runtime functions (library.py) that treat a byte-encoded operand as Kubernetes treats the
 # Semver or Quantity it stands for.
 OPAQUE_EQUALS = "@draplane.opaque_equals"
+OPAQUE_NOT_EQUALS = "@draplane.opaque_not_equals"
 OPAQUE_SIZE = "@draplane.opaque_size"
 OPAQUE_STRING = "@draplane.opaque_string"
-_LEFT = "@draplane.left"
+_LEFT = "@draplane_left"
 _OPAQUE = ("kubernetes.Quantity", "kubernetes.Semver")
 
 # What a name in scope stands for.
@@ -85,6 +87,12 @@ def comprehension_scopes(kind: Comprehension, scope: dict[str, str]) -> tuple[di
 
 ROOT_SCOPE = {"device": DEVICE}
 
+# cel-cpp initializes a cel.bind variable lazily, in a slot that an earlier comprehension which
+# stopped early (all() meeting a false) leaves looking initialized: `[1, 2].all(k, k > 5) ||
+# cel.bind(l, 5, l == 5)` gives false there. It recognizes a bind by the iteration variable name the
+# macro uses ("#unused"); any other name makes the accumulator eager, as in cel-go.
+EAGER_BIND = "#bind"
+
 
 class _Ids:
     def __init__(self, start: int, types: dict[int, CelType] | None = None):
@@ -111,13 +119,16 @@ def rewrite_for_runtime(expr: Expr, first_free_id: int, types: dict[int, CelType
     return _rewrite(expr, ROOT_SCOPE, _Ids(first_free_id - 1, types))
 
 
-def _may_compare_opaque(ids: _Ids, left: Expr, right: Expr) -> bool:
+def _may_compare_opaque(ids: _Ids, function: str, left: Expr, right: Expr) -> bool:
+    """Whether the left operand may be a Quantity or Semver whose comparison differs from bytes'."""
     left_type, right_type = ids.types.get(left.id), ids.types.get(right.id)
     if left_type is None:
         return False
-    if left_type.name == "dyn":
+    if left_type.name in ("dyn", "kubernetes.Quantity"):
+        # Quantities: equal values may have different encodings ("1" and "1.0").
         return True
-    return left_type.name in _OPAQUE and right_type is not None and right_type.name == "dyn"
+    # A Semver's encoding is canonical: only == against another type must fail.
+    return function == "_==_" and left_type.name == "kubernetes.Semver" and right_type is not None and right_type.name == "dyn"
 
 
 def _guarded(ids: _Ids, left: Expr, opaque_call, plain_call) -> Expr:
@@ -127,7 +138,7 @@ def _guarded(ids: _Ids, left: Expr, opaque_call, plain_call) -> Expr:
     body = ids.new(Call("_?_:_", [is_bytes, opaque_call(held()), plain_call(held())]))
     return ids.new(
         Comprehension(
-            iter_var="#unused",
+            iter_var=EAGER_BIND,
             iter_range=ids.new(CreateList([])),
             accu_var=_LEFT,
             accu_init=left,
@@ -138,11 +149,12 @@ def _guarded(ids: _Ids, left: Expr, opaque_call, plain_call) -> Expr:
     )
 
 
-def _guarded_equality(ids: _Ids, left: Expr, right: Expr) -> Expr:
+def _guarded_equality(ids: _Ids, function: str, left: Expr, right: Expr) -> Expr:
+    opaque = OPAQUE_EQUALS if function == "_==_" else OPAQUE_NOT_EQUALS
     return _guarded(
         ids, left,
-        lambda held: ids.new(Call(OPAQUE_EQUALS, [held, right])),
-        lambda held: ids.new(Call("_==_", [held, _copy(ids, right)])),
+        lambda held: ids.new(Call(opaque, [held, right])),
+        lambda held: ids.new(Call(function, [held, _copy(ids, right)])),
     )
 
 
@@ -200,11 +212,11 @@ def _rewrite(node: Expr, scope: dict[str, str], ids: _Ids) -> Expr:
             if kind.function in ("_[?_]", "_?._"):
                 return _optional_of(ids, _lookup_with_default(ids, kind.args[0], key))
         if (
-            kind.function == "_==_" and kind.target is None and len(kind.args) == 2
-            and _may_compare_opaque(ids, kind.args[0], kind.args[1])
+            kind.function in ("_==_", "_!=_") and kind.target is None and len(kind.args) == 2
+            and _may_compare_opaque(ids, kind.function, kind.args[0], kind.args[1])
         ):
             left, right = (_rewrite(arg, scope, ids) for arg in kind.args)
-            return _guarded_equality(ids, left, right)
+            return _guarded_equality(ids, kind.function, left, right)
         # size() and string() of a dyn value: a Semver has neither in Kubernetes.
         if kind.function in ("size", "string"):
             operand = kind.target if kind.target is not None and not kind.args else (
@@ -234,6 +246,8 @@ def _rewrite(node: Expr, scope: dict[str, str], ids: _Ids) -> Expr:
         return node
     if isinstance(kind, Comprehension):
         loop_scope, result_scope = comprehension_scopes(kind, scope)
+        if is_bind(kind):
+            kind.iter_var = EAGER_BIND
         # The range and the accumulator's start are evaluated outside the loop.
         kind.iter_range = _rewrite(kind.iter_range, scope, ids)
         kind.accu_init = _rewrite(kind.accu_init, scope, ids)

@@ -175,6 +175,8 @@ def compile_message(raw: str, expression: str) -> str:
                 overload.group(1), overload.group(2), _is_member_call(source_line, column, overload.group(1))
             ) + line[overload.end():]
         line = _UNDECLARED_DEVICE_FIELD.sub(lambda m: f"undefined field '{m.group(1)}'", line)
+        if line.startswith("ERROR"):
+            line = line.replace("*error*", "!error!")  # cel-go's name for the error type
         out.append(line)
     return "\n".join(out)
 

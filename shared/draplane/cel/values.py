@@ -1,20 +1,21 @@
 """How Kubernetes' opaque CEL types travel through the C++ runtime.
 
 cel-expr-python cannot carry Python objects as CEL values, so Quantity and Semver values are encoded
-as tagged bytes while an expression runs. The encoding is canonical — equal quantities ("1Gi",
-"1024Mi") and equal versions ("1.0.0", "1.0.0+build") encode to equal bytes — so CEL's own `==` on
-them agrees with Kubernetes' Quantity.Equal and Semver.Equal. The type checker still sees the
-declared types kubernetes.Quantity and kubernetes.Semver, so a statically typed expression cannot
-mix them with real bytes.
+as tagged bytes while an expression runs. A version's encoding is canonical — "1.0.0" and
+"1.0.0+build" encode to equal bytes, as Semver.Equal ignores build metadata. A quantity's encoding
+keeps Kubernetes' representation, which some quantity functions depend on (kube_quantity.py). The
+type checker still sees the declared types kubernetes.Quantity and kubernetes.Semver, so a
+statically typed expression cannot mix them with real bytes.
 """
 
 from __future__ import annotations
 
 import datetime
-from fractions import Fraction
 from functools import lru_cache
 
 from draplane.api.quantity import Quantity
+
+from .kube_quantity import KubeQuantity, kube_quantity_of
 
 from .semver import Semver, parse_semver
 
@@ -23,20 +24,19 @@ QUANTITY_TAG = b"\xffkubernetes.Quantity:"
 SEMVER_TAG = b"\xffkubernetes.Semver:"
 
 
-def encode_quantity(quantity: Quantity) -> bytes:
-    # Only the value: a quantity's format (DecimalSI, BinarySI) is invisible inside CEL, which can
-    # neither print a Quantity nor convert it to a string.
-    value = quantity.value
-    return QUANTITY_TAG + f"{value.numerator}/{value.denominator}".encode()
+def encode_quantity(quantity: Quantity | KubeQuantity) -> bytes:
+    """Tag and Kubernetes representation (kube_quantity.py). Two encodings of equal values can
+    differ ("1" and "1.0"), so quantity equality is decided in Python (rewrite.py), not on bytes."""
+    if isinstance(quantity, Quantity):
+        quantity = kube_quantity_of(quantity)
+    return QUANTITY_TAG + quantity.encode().encode()
 
 
 @lru_cache(maxsize=16384)
-def decode_quantity(encoded: bytes) -> Quantity | None:
+def decode_quantity(encoded: bytes) -> KubeQuantity | None:
     if not encoded.startswith(QUANTITY_TAG):
         return None
-    numerator, denominator = encoded[len(QUANTITY_TAG):].split(b"/")
-    value = Fraction(int(numerator), int(denominator))
-    return Quantity(value)
+    return KubeQuantity.decode(encoded[len(QUANTITY_TAG):].decode())
 
 
 def encode_semver(version: Semver) -> bytes:
