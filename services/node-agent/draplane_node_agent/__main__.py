@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import functools
 import logging
 import os
 import signal
@@ -34,9 +35,15 @@ class ProfileDiscovery:
         path = Path(self.source)
         mtime = path.stat().st_mtime if path.exists() else 0.0
         if self._devices is None or mtime != self._mtime:
-            self._devices = driver_devices(load_profile(self.source).hardware(self.node))
+            self._devices = driver_devices(_load_profile_cached(self.source, mtime).hardware(self.node))
             self._mtime = mtime
         return self._devices
+
+
+@functools.lru_cache(maxsize=16)
+def _load_profile_cached(source: str, mtime: float):
+    # A thousand simulated nodes share one profile: parse the YAML once per version of the file.
+    return load_profile(source)
 
 
 def nvml_discovery():
@@ -115,6 +122,11 @@ def main(argv: list[str] | None = None) -> int:
     except ProfileError as exc:
         print(f"draplane-node-agent: {exc}", file=sys.stderr)
         return 2
+    except Exception as exc:
+        if type(exc).__module__ == "pynvml" or type(exc).__name__.startswith("NVMLError"):
+            print(f"draplane-node-agent: NVML discovery failed: {exc} (no NVIDIA driver or GPU here?)", file=sys.stderr)
+            return 1
+        raise
 
 
 if __name__ == "__main__":

@@ -315,3 +315,60 @@ async def _complete(kube, nodes, instance):
             if len(pool) != pool[0].spec.pool.resource_slice_count or len({s.metadata.name for s in pool}) != len(pool):
                 return False
     return len(items) == sum(len(v) for k, v in by_node.items() if k in set(nodes)) and set(by_node) <= set(nodes)
+
+
+async def test_feed_includes_other_drivers_slices_and_announces_changes(kube, control_plane, subject_prefix, nats):
+    from draplane.api.resource import Device, ResourcePool, ResourceSliceSpec
+    from draplane.messages.inventory import decode_feed_change
+
+    suffix = uuid.uuid4().hex[:6]
+    node = f"feed-{suffix}"
+    await create_nodes(kube, [node])
+    names = InventoryNames(subject_prefix)
+    changes = []
+    async def collect(msg):
+        changes.append(decode_feed_change(msg.data))
+
+    sub = await nats.subscribe(names.change_wildcard, cb=collect)
+    try:
+        async with running_inventory(kube, control_plane.nats_url, subject_prefix, f"inv-{suffix}") as service, \
+                running_fleet(control_plane.nats_url, subject_prefix, [profile_agent("l4", node)]):
+            # A slice on the same node from some other DRA driver, and a network-attached pool.
+            await kube.create(ResourceSlice(
+                metadata=ObjectMeta(name=f"{node}-fpga"),
+                spec=ResourceSliceSpec(driver="fpga.example.com", pool=ResourcePool(name=node, generation=1, resource_slice_count=1),
+                                       node_name=node, devices=[Device(name="fpga-0")]),
+            ))
+            await kube.create(ResourceSlice(
+                metadata=ObjectMeta(name=f"shared-{suffix}"),
+                spec=ResourceSliceSpec(driver="storage.example.com", pool=ResourcePool(name=f"san-{suffix}", generation=1, resource_slice_count=1),
+                                       all_nodes=True, devices=[Device(name="lun-0")]),
+            ))
+
+            async def node_entry_has_both():
+                entry = await service.kv.get(InventoryNames.node_key(node))
+                drivers = {s.spec.driver for s in decode_feed_entry(entry.value).slices}
+                return drivers == {"gpu.nvidia.com", "fpga.example.com"}
+
+            await eventually(_tolerant(node_entry_has_both), timeout=20)
+            pool_key = InventoryNames.pool_key("storage.example.com", f"san-{suffix}")
+            pool_entry = decode_feed_entry((await eventually(_tolerant(lambda: service.kv.get(pool_key)), timeout=20)).value)
+            assert pool_entry.node is None and pool_entry.slices[0].spec.all_nodes
+            # Deleting the other driver's pool removes its key and announces it.
+            await kube.delete(ResourceSlice, f"shared-{suffix}")
+            await eventually(lambda: _async(any(c.key == pool_key and c.kind == "delete" for c in changes)), timeout=20)
+            assert any(c.key == InventoryNames.node_key(node) and c.kind == "put" and c.revision > 0 for c in changes)
+            assert all(c.schema_version == SCHEMA_VERSION for c in changes)
+    finally:
+        await sub.unsubscribe()
+        await kube.delete(ResourceSlice, f"{node}-fpga")
+
+
+def _tolerant(check):
+    async def run():
+        try:
+            return await check()
+        except Exception:  # the key does not exist yet
+            return False
+
+    return run
