@@ -160,6 +160,10 @@ def check_device_claim(devices: dict[str, Any], raw_devices: dict[str, Any], pat
     raw_requests = raw_devices.get("requests") if isinstance(raw_devices.get("requests"), list) else []
     request_names = _gather_request_names(requests or [])
     constraint_attributes = _constraint_attributes(devices.get("constraints") or [])
+    # Unknown fields are the decoder's business, so they are reported even in a list that is too long.
+    for index, raw_request in enumerate(raw_requests):
+        if isinstance(raw_request, dict):
+            _report_v1beta1_shape(raw_request, f"{path}.requests[{index}]", findings)
     if not _too_many(requests, limits.REQUESTS_MAX, f"{path}.requests", "requests", findings,
                      fix="split the claim into several ResourceClaims, or ask for more devices per request with count"):
         for index, request in enumerate(requests or []):
@@ -216,25 +220,33 @@ def _exactly_snippet(raw_request: dict[str, Any], moved: list[str]) -> str:
     return "requests:\n" + text
 
 
+def _report_v1beta1_shape(raw_request: dict[str, Any], path: str, findings: Findings) -> None:
+    """ExactDeviceRequest fields directly in the request: one problem for all of them, with the YAML."""
+    moved = _v1beta1_fields(raw_request)
+    if not moved:
+        return
+    fields = " and ".join(", ".join(moved).rsplit(", ", 1)) if len(moved) > 1 else moved[0]
+    paths = ", ".join(f"{path}.{key}" for key in moved)
+    verb = "sit" if len(moved) > 1 else "sits"
+    findings.add(
+        path, UNKNOWN_FIELD,
+        f"{fields} {verb} directly under the request: that is the v1beta1 shape. In resource.k8s.io/v1 "
+        f"they belong under `exactly:` (or under each `firstAvailable` entry), so {paths} "
+        f"{'are unknown fields' if len(moved) > 1 else 'is an unknown field'}: the apiserver rejects "
+        f"{'them' if len(moved) > 1 else 'it'}, or silently drops {'them' if len(moved) > 1 else 'it'}"
+        + ("" if "exactly" in raw_request or "firstAvailable" in raw_request
+           else " and then finds neither `exactly` nor `firstAvailable`"),
+        fix=f"move {'them' if len(moved) > 1 else 'it'} under exactly:\n" + _exactly_snippet(raw_request, moved),
+    )
+
+
 def _check_request(request: dict[str, Any], raw_request: dict[str, Any], path: str, findings: Findings,
                    domains: Domains, constraint_attributes: dict[str, set[str]]) -> None:
     name = request.get("name") or ""
     _check_request_name(name, f"{path}.name", findings)
-    moved = _v1beta1_fields(raw_request)
+    moved = _v1beta1_fields(raw_request)  # reported by _report_v1beta1_shape
     has_exactly = request.get("exactly") is not None
     has_first = bool(request.get("firstAvailable"))
-    if moved:
-        fields = " and ".join(", ".join(moved).rsplit(", ", 1)) if len(moved) > 1 else moved[0]
-        paths = ", ".join(f"{path}.{key}" for key in moved)
-        verb = "sit" if len(moved) > 1 else "sits"
-        findings.add(
-            path, UNKNOWN_FIELD,
-            f"{fields} {verb} directly under the request: that is the v1beta1 shape. In resource.k8s.io/v1 "
-            f"they belong under `exactly:` (or under each `firstAvailable` entry), so {paths} are unknown "
-            f"fields: the apiserver rejects them, or drops them and then finds neither `exactly` nor "
-            f"`firstAvailable`",
-            fix="move them under exactly:\n" + _exactly_snippet(raw_request, moved),
-        )
     if not has_exactly and not has_first:
         if not moved:  # already explained above, with the fix
             findings.required(path, "a request needs either `exactly` (a fixed set of devices) or `firstAvailable` "
@@ -552,6 +564,13 @@ def check_resource_slice(obj: dict[str, Any], raw: dict[str, Any], findings: Fin
     devices = spec.get("devices")
     raw_devices = ((raw.get("spec") or {}) if isinstance(raw.get("spec"), dict) else {}).get("devices")
     raw_devices = raw_devices if isinstance(raw_devices, list) else []
+    for index, raw_device in enumerate(raw_devices):
+        # Unknown fields are the decoder's business, so even in a list that is too long.
+        if isinstance(raw_device, dict) and "basic" in raw_device:
+            findings.add(f"spec.devices[{index}].basic", UNKNOWN_FIELD,
+                         "`basic` is the v1beta1 device shape; in resource.k8s.io/v1 its fields (attributes, "
+                         "capacity, ...) sit directly in the device",
+                         fix="move the contents of basic: up one level into the device and remove basic:")
     advanced = any(_uses_advanced_features(d or {}) for d in devices or [])
     limit = limits.DEVICES_MAX_WITH_ADVANCED_FEATURES if advanced else limits.DEVICES_MAX
     why = " (64 because some device uses taints, consumesCounters or list attributes)" if advanced else ""
@@ -563,8 +582,7 @@ def check_resource_slice(obj: dict[str, Any], raw: dict[str, Any], findings: Fin
     else:
         per_device = spec.get("perDeviceNodeSelection") is True
         for index, device in enumerate(devices or []):
-            raw_device = raw_devices[index] if index < len(raw_devices) and isinstance(raw_devices[index], dict) else {}
-            _check_device(device or {}, raw_device, f"spec.devices[{index}]", per_device, findings)
+            _check_device(device or {}, f"spec.devices[{index}]", per_device, findings)
         _duplicates([(d or {}).get("name") or "" for d in devices or []], "spec.devices", "device name", findings)
     counter_sets = spec.get("sharedCounters")
     if not _too_many(counter_sets, limits.COUNTER_SETS_MAX, "spec.sharedCounters", "counter sets", findings,
@@ -630,19 +648,13 @@ def _uses_advanced_features(device: dict[str, Any]) -> bool:
     )
 
 
-def _check_device(device: dict[str, Any], raw_device: dict[str, Any], path: str, per_device_node_selection: bool,
-                  findings: Findings) -> None:
+def _check_device(device: dict[str, Any], path: str, per_device_node_selection: bool, findings: Findings) -> None:
     name = device.get("name") or ""
     if not name:
         findings.required(f"{path}.name", "every device needs a name, unique in its pool", fix="name: gpu-0")
     else:
         for message in names.dns1123_label(name):
             findings.invalid(f"{path}.name", name, message, fix=f"name: {names.to_dns_label(name)}")
-    if "basic" in raw_device:
-        findings.add(f"{path}.basic", UNKNOWN_FIELD,
-                     "`basic` is the v1beta1 device shape; in resource.k8s.io/v1 its fields (attributes, capacity, "
-                     "...) sit directly in the device",
-                     fix="move the contents of basic: up one level into the device and remove basic:")
     attributes = device.get("attributes") or {}
     capacity = device.get("capacity") or {}
     total = len(attributes) + len(capacity)

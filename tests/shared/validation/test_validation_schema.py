@@ -100,3 +100,19 @@ def test_validate_typed_checks_decoded_models(build):
     assert [(p.field, p.reason) for p in problems] == [("spec.devices[1]", "Duplicate value")]
     assert validate_typed(decode_object(build.slice())) == []
     assert isinstance(obj, msgspec.Struct)
+
+
+def test_v1beta1_fields_next_to_exactly_are_merged_into_the_snippet(build):
+    claim = build.claim([{"name": "gpu", "exactly": {"deviceClassName": "c"}, "count": 2}])
+    problems = validate_object(claim)
+    assert [(p.field, p.reason) for p in problems] == [("spec.devices.requests[0]", UNKNOWN_FIELD)]
+    assert "neither" not in problems[0].message
+    assert problems[0].fix == "move it under exactly:\nrequests:\n- name: gpu\n  exactly:\n    deviceClassName: c\n    count: 2"
+
+
+def test_v1beta1_shape_is_reported_even_in_an_oversized_request_list(build):
+    requests = [build.exact(f"r{i}") for i in range(33)]
+    requests[20] = {"name": "r20", "deviceClassName": "c"}
+    problems = validate_object(build.claim(requests))
+    assert [(p.field, p.reason) for p in problems] == [
+        ("spec.devices.requests[20]", UNKNOWN_FIELD), ("spec.devices.requests", "Too many")]
