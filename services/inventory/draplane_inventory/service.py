@@ -116,10 +116,13 @@ class SliceCache:
         self.by_key[key].add(name)
         return key
 
-    def remove(self, name: str) -> str | None:
-        old = self.by_name.pop(name, None)
+    def remove(self, name: str, resource_version: str | None = None) -> str | None:
+        old = self.by_name.get(name)
         if old is None:
             return None
+        if resource_version is not None and _rv(old) > _rv_text(resource_version):
+            return None  # the deletion of an earlier incarnation; the name was created again since
+        del self.by_name[name]
         key = self.key_of(old)
         self.by_key[key].discard(name)
         return key
@@ -135,8 +138,13 @@ class SliceCache:
 
 
 def _rv(s: ResourceSlice) -> int:
+    return _rv_text(s.metadata.resource_version)
+
+
+def _rv_text(text: str | None) -> int:
+    # etcd revisions: comparable as numbers, which only ordering stale watch events needs.
     try:
-        return int(s.metadata.resource_version or 0)
+        return int(text or 0)
     except ValueError:
         return 0
 
@@ -345,15 +353,21 @@ class InventoryService:
                 self.nodes.pop(name, None)
             elif self.nodes.get(name) != uid:
                 self.nodes[name] = uid
-                if self._synced["nodes"].is_set() and name in self.liveness.records:
-                    self._mark_dirty(name)  # its snapshot was waiting for the Node
+            else:
+                continue
+            if self._synced["nodes"].is_set() and (name in self.liveness.records or self.slices.managed_for_node(name)):
+                # A snapshot was waiting for this Node, or the Node is gone and its slices must go.
+                self._mark_dirty(name)
 
     async def _watch_slices(self) -> None:
         async for event in watch_objects(self.kube, ResourceSlice):
             if event.type == "SYNCED":
                 self._synced["slices"].set()
                 continue
-            key = self.slices.remove(event.object.metadata.name) if event.type == "DELETED" else self.slices.put(event.object)
+            if event.type == "DELETED":
+                key = self.slices.remove(event.object.metadata.name, event.object.metadata.resource_version)
+            else:
+                key = self.slices.put(event.object)
             if key is not None:
                 self._feed_dirty.add(key)
                 if event.type == "DELETED" and is_managed(event.object, self.settings.instance) and self._synced["slices"].is_set():
@@ -397,15 +411,16 @@ class InventoryService:
         desired = self.liveness.desired(node)
         existing = self.slices.managed_for_node(node)
         uid = self.nodes.get(node)
+        drivers = desired.drivers
         if uid is None:
-            if desired.drivers and self.liveness.liveness(node) is not Liveness.REMOVED:
+            # No Node object (not registered yet, or deleted): no slices, since nothing could own them.
+            if drivers:
                 self.metrics.inc("nodes_without_node_object_total")
-                log.info("inventory: node %s has devices but no Node object yet; waiting for it", node)
-            uid = _owner_uid(existing)
-            if uid is None:
-                return
+                log.info("inventory: node %s has devices but no Node object; publishing none until it exists", node)
+            drivers = []
+            uid = _owner_uid(existing) or ""
         plans = plan_node(
-            NodeRef(node, uid), desired.drivers, existing, taint=desired.taint,
+            NodeRef(node, uid), drivers, existing, taint=desired.taint,
             last_generations={d: g for (n, d), g in self.generations.items() if n == node},
             managed_by=self.settings.instance,
         )

@@ -372,3 +372,23 @@ def _tolerant(check):
             return False
 
     return run
+
+
+async def test_slices_follow_the_node_object(kube, control_plane, subject_prefix):
+    node = f"late-{uuid.uuid4().hex[:6]}"
+    async with running_inventory(kube, control_plane.nats_url, subject_prefix, f"inv-{node}") as service, \
+            running_fleet(control_plane.nats_url, subject_prefix, [profile_agent("l4", node)]) as fleet:
+        await fleet.wait_all_sent()
+        await eventually(lambda: _async(service.metrics.total("nodes_without_node_object_total") >= 1), timeout=10)
+        assert not await node_slices(kube, node)  # nothing could own them yet
+        uids = await create_nodes(kube, [node])
+        await eventually(lambda: node_slices(kube, node), timeout=20)
+        (s,) = await node_slices(kube, node)
+        assert s.metadata.owner_references[0].uid == uids[node]
+        # The node leaves the cluster (no garbage collector runs here): its slices go with it.
+        await kube.delete(Node, node)
+
+        async def gone():
+            return not await node_slices(kube, node)
+
+        await eventually(gone, timeout=20)
