@@ -271,6 +271,68 @@ def _opaque_string(value: object) -> str:
         raise CELFunctionError("invalid UTF-8 in bytes, cannot convert to string") from None
 
 
+# --- strings extension functions where cel-cpp and cel-go disagree (rewrite.py CEL_GO_STRINGS) ----
+# cel-go's ext/strings.go (version 2, as Kubernetes configures it), in runes.
+
+
+def _out_of_range(index: int) -> CELFunctionError:
+    return CELFunctionError(f"index out of range: {index}")
+
+
+def _substring(text: str, start: int, end: int | None = None) -> str:
+    size = len(text)
+    if end is None:
+        if start < 0 or start > size:
+            raise _out_of_range(start)
+        return text[start:]
+    if start > end:
+        raise CELFunctionError(f"invalid substring range. start: {start}, end: {end}")
+    if start < 0 or start > size:
+        raise _out_of_range(start)
+    if end < 0 or end > size:
+        raise _out_of_range(end)
+    return text[start:end]
+
+
+def _index_of(text: str, sub: str, offset: int = 0) -> int:
+    if offset < 0:
+        raise _out_of_range(offset)
+    if sub == "":
+        return min(offset, len(text))
+    if offset >= len(text):
+        return -1
+    return text.find(sub, offset)
+
+
+def _last_index_of(text: str, sub: str, offset: int | None = None) -> int:
+    if offset is None:
+        if sub == "":
+            return len(text)
+        # cel-go compares byte lengths here.
+        if len(text.encode()) < len(sub.encode()):
+            return -1
+        offset = len(text) - 1
+    if offset < 0:
+        raise _out_of_range(offset)
+    if sub == "":
+        return min(offset, len(text))
+    if offset >= len(text):
+        return -1
+    return text.rfind(sub, 0, min(offset, len(text) - len(sub)) + len(sub))
+
+
+def _split(text: str, separator: str, limit: int = -1) -> list[str]:
+    """Go's strings.SplitN: n == 0 gives no parts, n < 0 all of them, "" splits into runes."""
+    if limit == 0:
+        return []
+    if separator == "":
+        runes = list(text)
+        if limit < 0 or limit >= len(runes):
+            return runes
+        return runes[: limit - 1] + ["".join(runes[limit - 1:])]
+    return text.split(separator) if limit < 0 else text.split(separator, limit - 1)
+
+
 # --- the declarations -------------------------------------------------------------------------------
 
 
@@ -480,6 +542,34 @@ def _runtime_functions() -> list[cel.FunctionDecl]:
             [
                 overload(f"opaque_not_equals_bytes_{name}", B, [X, kind], _opaque_not_equals)
                 for name, kind in {**_OTHER_KINDS, "bytes": X}.items()
+            ],
+        ),
+        cel.FunctionDecl(
+            "@draplane.substring",
+            [
+                overload("draplane_substring_int", S, [S, I], _substring),
+                overload("draplane_substring_int_int", S, [S, I, I], _substring),
+            ],
+        ),
+        cel.FunctionDecl(
+            "@draplane.index_of",
+            [
+                overload("draplane_index_of", I, [S, S], _index_of),
+                overload("draplane_index_of_int", I, [S, S, I], _index_of),
+            ],
+        ),
+        cel.FunctionDecl(
+            "@draplane.last_index_of",
+            [
+                overload("draplane_last_index_of", I, [S, S], _last_index_of),
+                overload("draplane_last_index_of_int", I, [S, S, I], _last_index_of),
+            ],
+        ),
+        cel.FunctionDecl(
+            "@draplane.split",
+            [
+                overload("draplane_split", T.List(S), [S, S], _split),
+                overload("draplane_split_int", T.List(S), [S, S, I], _split),
             ],
         ),
         cel.FunctionDecl(OPAQUE_SIZE, [overload("opaque_size_bytes", I, [X], _opaque_size)]),

@@ -37,6 +37,20 @@ OPAQUE_EQUALS = "@draplane.opaque_equals"
 OPAQUE_NOT_EQUALS = "@draplane.opaque_not_equals"
 OPAQUE_SIZE = "@draplane.opaque_size"
 OPAQUE_STRING = "@draplane.opaque_string"
+
+# Strings-extension overloads whose cel-cpp behaviour differs from cel-go's (substring to the end
+# of the string fails in cel-cpp; indexOf past the end, split on "" differ), and the global
+# function with cel-go's behaviour (library.py) each member call is rewritten to.
+CEL_GO_STRINGS = {
+    "string_substring_int": "@draplane.substring",
+    "string_substring_int_int": "@draplane.substring",
+    "string_index_of_string": "@draplane.index_of",
+    "string_index_of_string_int": "@draplane.index_of",
+    "string_last_index_of_string": "@draplane.last_index_of",
+    "string_last_index_of_string_int": "@draplane.last_index_of",
+    "string_split_string": "@draplane.split",
+    "string_split_string_int": "@draplane.split",
+}
 _LEFT = "@draplane_left"
 _OPAQUE = ("kubernetes.Quantity", "kubernetes.Semver")
 
@@ -95,9 +109,10 @@ EAGER_BIND = "#bind"
 
 
 class _Ids:
-    def __init__(self, start: int, types: dict[int, CelType] | None = None):
+    def __init__(self, start: int, types: dict[int, CelType] | None = None, overloads: dict[int, tuple[str, ...]] | None = None):
         self.last = start
         self.types = types or {}
+        self.overloads = overloads or {}
 
     def new(self, kind) -> Expr:
         self.last += 1
@@ -114,9 +129,12 @@ def _optional_of(ids: _Ids, value: Expr) -> Expr:
     return ids.new(Call("of", [value], target=ids.new(Ident("optional"))))
 
 
-def rewrite_for_runtime(expr: Expr, first_free_id: int, types: dict[int, CelType]) -> Expr:
-    """The expression, parsed from the same text the checker saw, with checked `types` by id."""
-    return _rewrite(expr, ROOT_SCOPE, _Ids(first_free_id - 1, types))
+def rewrite_for_runtime(
+    expr: Expr, first_free_id: int, types: dict[int, CelType], overloads: dict[int, tuple[str, ...]]
+) -> Expr:
+    """The expression, parsed from the same text the checker saw, with the checked types and
+    overload ids by node id."""
+    return _rewrite(expr, ROOT_SCOPE, _Ids(first_free_id - 1, types, overloads))
 
 
 def _may_compare_opaque(ids: _Ids, function: str, left: Expr, right: Expr) -> bool:
@@ -156,6 +174,14 @@ def _guarded_equality(ids: _Ids, function: str, left: Expr, right: Expr) -> Expr
         lambda held: ids.new(Call(opaque, [held, right])),
         lambda held: ids.new(Call(function, [held, _copy(ids, right)])),
     )
+
+
+def _cel_go_string_function(ids: _Ids, node: Expr) -> str | None:
+    overload_ids = ids.overloads.get(node.id, ())
+    names = {CEL_GO_STRINGS.get(overload_id) for overload_id in overload_ids}
+    if len(names) == 1 and None not in names:
+        return names.pop()
+    return None
 
 
 def _is_dyn(ids: _Ids, node: Expr) -> bool:
@@ -217,6 +243,11 @@ def _rewrite(node: Expr, scope: dict[str, str], ids: _Ids) -> Expr:
         ):
             left, right = (_rewrite(arg, scope, ids) for arg in kind.args)
             return _guarded_equality(ids, kind.function, left, right)
+        replacement = _cel_go_string_function(ids, node)
+        if replacement is not None and kind.target is not None:
+            target = _rewrite(kind.target, scope, ids)
+            args = [_rewrite(arg, scope, ids) for arg in kind.args]
+            return Expr(node.id, Call(replacement, [target, *args]))
         # size() and string() of a dyn value: a Semver has neither in Kubernetes.
         if kind.function in ("size", "string"):
             operand = kind.target if kind.target is not None and not kind.args else (

@@ -141,7 +141,8 @@ def compile_selector(expression: str) -> DeviceSelectorProgram:
         # Parsed from the checker's text, so that node ids match the checked types; the replaced
         # has(device.f) are `true`, which they always are.
         parsed = decode_serialized(runtime_env.compile(checking_text, disable_check=True).serialize())
-        parsed.expr = rewrite_for_runtime(parsed.expr, parsed.max_id() + 1, checked_ast.types)
+        overloads = {node_id: ref.overload_ids for node_id, ref in checked_ast.references.items()}
+        parsed.expr = rewrite_for_runtime(parsed.expr, parsed.max_id() + 1, checked_ast.types, overloads)
         program = runtime_env.deserialize(encode_parsed(parsed))
     except (RuntimeError, ValueError) as err:  # the checker accepted it, so this is draplane's fault
         raise CELCompileError(expression, "internal error preparing the expression: " + str(err), "internal") from None

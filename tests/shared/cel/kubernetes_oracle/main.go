@@ -1,11 +1,13 @@
 // Evaluates DRA CEL selectors with Kubernetes' own compiler, as an oracle for draplane's tests.
-// Input (stdin): JSON {"devices": {name: {driver, allowMultipleAllocations, attributes: {qualifiedName: {int|bool|string|version}}, capacity: {qualifiedName: "quantity"}}}, "cases": [{"expression", "device"}]}
-// Output (stdout): JSON list of {"compileError", "result", "runtimeError", "maxCost"}.
+// Input (stdin): JSON {"devices": {name: {driver, allowMultipleAllocations, attributes: {qualifiedName: {int|bool|string|version}}, capacity: {qualifiedName: "quantity"}}}, "cases": [{"expression", "device", "raw"}]}
+// Output (stdout): JSON list of {"compileError", "result", "runtimeError", "maxCost"}, and for a
+// raw case {"value", "type"}: the result of any type, printed with Go's %#v.
 package main
 
 import (
 	"context"
 	"encoding/json"
+	"fmt"
 	"os"
 
 	resourceapi "k8s.io/api/resource/v1"
@@ -30,6 +32,8 @@ type device struct {
 type testCase struct {
 	Expression string `json:"expression"`
 	Device     string `json:"device"`
+	// Raw evaluates the expression without a device and reports its value, whatever its type.
+	Raw bool `json:"raw,omitempty"`
 }
 
 type input struct {
@@ -44,6 +48,8 @@ type output struct {
 	Result       *bool  `json:"result,omitempty"`
 	RuntimeError string `json:"runtimeError,omitempty"`
 	MaxCost      uint64 `json:"maxCost"`
+	Value        any    `json:"value,omitempty"`
+	Type         string `json:"type,omitempty"`
 }
 
 func main() {
@@ -59,6 +65,17 @@ func main() {
 		o.MaxCost = result.MaxCost
 		if result.Error != nil {
 			o.CompileError = result.Error.Error()
+			out = append(out, o)
+			continue
+		}
+		if c.Raw {
+			val, _, err := result.Program.Eval(map[string]any{"device": map[string]any{}})
+			if err != nil {
+				o.RuntimeError = err.Error()
+			} else {
+				o.Type = val.Type().TypeName()
+				o.Value = fmt.Sprintf("%#v", val.Value())
+			}
 			out = append(out, o)
 			continue
 		}
