@@ -29,6 +29,8 @@ from typing import Iterable, Sequence
 
 import numpy as np
 
+from draplane.allocation.scoring import DraplanePolicy, register_policy
+
 MILLI = 1000
 # The FGD paper's normalisation constants for best-fit (its largest node: 128 CPUs, 8 GPUs).
 MAX_SPEC_CPU_MILLI = 128_000
@@ -372,3 +374,78 @@ class DraplaneFragmentation:
         before = float(self.stranded(total, state.cpu_free, state.memory_free))
         after_ = float(self.stranded(total - shape.gpu_demand, state.cpu_free - shape.cpu_milli, state.memory_free - shape.memory_mib))
         return Placement(sliver[0] + before - after_, sliver[1])
+
+
+# --- the allocator core's `draplane` policy: topology first, then fragmentation ------------------
+
+
+class FragmentationAwareDraplane(DraplanePolicy):
+    """The allocator service's default policy: the core's topology-first `draplane`, plus the
+    sliver term of `DraplaneFragmentation` for shares of multi-allocatable devices.
+
+    The service sees devices and claims, not a trace, so the workload's share sizes are learned from
+    the capacity requests it is asked to place (as fractions of the device's capacity, in
+    milli), and a candidate device is ranked by the part of its remainder those sizes cannot fill.
+    Only the order among devices that the base policy ranks equal on topology changes, and ordering
+    never changes whether a claim fits. The CPU/memory stranding term needs node resources, which
+    the core's NodeView does not carry; the simulator applies it (see DraplaneFragmentation).
+    """
+
+    name = "draplane"
+    REFRESH_EVERY = 64  # requests between rebuilds of the waste table
+
+    def __init__(self) -> None:
+        self.sizes: Counter[int] = Counter()
+        self.waste = packing_waste_table([])
+        self._since_refresh = 0
+
+    def _learn(self, milli: int) -> None:
+        self.sizes[milli] += 1
+        self._since_refresh += 1
+        if self._since_refresh >= self.REFRESH_EVERY or len(self.sizes) == 1:
+            total = sum(self.sizes.values())
+            self.waste = packing_waste_table(
+                [z for z, n in self.sizes.items() if n >= DraplaneFragmentation.SHARE_MIN_FREQUENCY * total]
+            )
+            self._since_refresh = 0
+
+    @staticmethod
+    def _share_milli(record, requested) -> tuple[str, int, int] | None:
+        """(capacity name, requested milli of it, free milli of it) for a share of this device."""
+        if not record.allow_multiple or not requested:
+            return None
+        for name, amount in requested.items():
+            cap = record.capacity.get(name)
+            if cap is None or cap.value.value <= 0:
+                continue
+            return name, int(amount.value * MILLI / cap.value.value), MILLI
+        return None
+
+    def order_candidates(self, request, candidates, view):
+        ordered = super().order_candidates(request, candidates, view)
+        if len(ordered) <= 1 or not request.capacity or request.count != 1:
+            return ordered
+        first = self._share_milli(ordered[0].record, request.capacity)
+        if first is None:
+            return ordered
+        name, milli, _ = first
+        self._learn(milli)
+        waste = self.waste
+
+        def remainder_waste(candidate) -> int:
+            record = candidate.record
+            cap = record.capacity.get(name)
+            if not record.allow_multiple or cap is None:
+                return MILLI
+            used = (view.state.shared_capacity(record.id) or {}).get(name, 0)
+            free = int((cap.value.value - used) * MILLI / cap.value.value)
+            left = free - milli
+            return waste[left] if 0 <= left <= MILLI else MILLI
+
+        # Stable: devices the base policy put first (already shared, tightest topology) stay first
+        # among equals; a partly used device whose remainder stays fillable beats one whose doesn't.
+        split_rank = {id(c): (view.state.shared_capacity(c.record.id) is None) for c in ordered}
+        return sorted(ordered, key=lambda c: (split_rank[id(c)], remainder_waste(c)))
+
+
+register_policy(FragmentationAwareDraplane())

@@ -20,6 +20,7 @@ from draplane.allocation.fragmentation import (
     PodShape,
     typical_shapes,
 )
+from draplane.simulation.binding import CoreBinder, CoreInventory
 from draplane.simulation.engine import Replay, build_arrays
 from draplane.simulation.trace import TraceNode, TracePod
 from draplane.simulation.workload import AllocationCurve, arrival_sequence
@@ -71,7 +72,23 @@ def make_policy(name: str, shapes: Sequence[PodShape]):
     raise ValueError(f"unknown policy {name!r} (known: {', '.join(POLICIES + EXTRA_POLICIES)})")
 
 
-def run_one(nodes: Sequence[TraceNode], pods: Sequence[TracePod], policy_name: str, seed: int, inflate: float) -> RunResult:
+_CORE: dict[tuple[str, ...], CoreInventory] = {}
+
+
+def core_inventory(nodes: Sequence[TraceNode]) -> CoreInventory:
+    """The allocator core's inventory of these nodes, built once per process."""
+    key = tuple(n.name for n in nodes)
+    found = _CORE.get(key)
+    if found is None:
+        _CORE.clear()
+        found = _CORE[key] = CoreInventory(nodes)
+    return found
+
+
+def run_one(nodes: Sequence[TraceNode], pods: Sequence[TracePod], policy_name: str, seed: int, inflate: float,
+            through_core: bool = True) -> RunResult:
+    """One (policy, seed) run. Every placement is confirmed and recorded by the allocator core
+    (`CoreBinder`) unless `through_core` is off, which only tests use to compare the two."""
     capacity = sum(n.gpus for n in nodes) * 1000
     arrivals = arrival_sequence(pods, capacity, seed, inflate)
     shapes = [shape_of(p) for p in arrivals]
@@ -82,7 +99,9 @@ def run_one(nodes: Sequence[TraceNode], pods: Sequence[TracePod], policy_name: s
         [n.name for n in ordered], [n.model for n in ordered], [n.cpu_milli for n in ordered],
         [n.memory_mib for n in ordered], [n.gpus for n in ordered],
     )
-    replay = Replay(arrays, policy, cpu_thresholds=cpu_thr, memory_thresholds=mem_thr)
+    binder = CoreBinder(core_inventory(nodes), order) if through_core else None
+    replay = Replay(arrays, policy, cpu_thresholds=cpu_thr, memory_thresholds=mem_thr,
+                    confirm=binder.confirm if binder else None)
     curve = AllocationCurve.empty(capacity)
     arrived = allocated = failed = failed_gpu = 0
     for shape in shapes:

@@ -53,7 +53,7 @@ from draplane.api.resource import (
 DRIVER = "gpu.nvidia.com"
 DEVICE_CLASS = "gpu.nvidia.com"
 MODEL_ATTRIBUTE = "model"
-COMPUTE = "compute"  # the sharable capacity: one GPU is 1000 milli
+COMPUTE = "compute"  # the sharable capacity, in milli-GPU: one GPU is 1000
 MILLI_PER_GPU = 1000
 CLAIM_NAME = "gpu"  # the pod's claim entry and the claim's request
 NAMESPACE = "trace"
@@ -261,13 +261,22 @@ def node_objects(node: TraceNode) -> tuple[Node, ResourceSlice | None]:
             name=device_name(i),
             attributes={MODEL_ATTRIBUTE: DeviceAttribute(string_value=node.model)},
             capacity={
-                "memory": DeviceCapacity(value=f"{GPU_MEMORY_MIB[node.model]}Mi"),
+                # Shares are metered in compute only (the trace gives no GPU memory per pod): a
+                # claim that names no memory consumes none, instead of all of it, which would make
+                # the GPU unsharable.
+                "memory": DeviceCapacity(
+                    value=f"{GPU_MEMORY_MIB[node.model]}Mi",
+                    request_policy=CapacityRequestPolicy(default="0", valid_range=CapacityRequestPolicyRange(min="0")),
+                ),
+                # Counted in milli-GPU as whole units: request policies round to whole units of
+                # the quantity, so a step of "1m" would round every share up to a whole GPU.
+                # A request that names no compute takes all 1000 (the default): whole-GPU pods and
+                # sharing pods never land on the same device.
                 COMPUTE: DeviceCapacity(
-                    value="1",
-                    # A request that names no compute takes the whole GPU, so whole-GPU pods and
-                    # sharing pods never land on the same device.
+                    value=str(MILLI_PER_GPU),
                     request_policy=CapacityRequestPolicy(
-                        default="1", valid_range=CapacityRequestPolicyRange(min="1m", max="1", step="1m")
+                        default=str(MILLI_PER_GPU),
+                        valid_range=CapacityRequestPolicyRange(min="1", max=str(MILLI_PER_GPU), step="1"),
                     ),
                 ),
             },
@@ -322,7 +331,7 @@ def pod_objects(pod: TracePod) -> tuple[Pod, ResourceClaim | None]:
             device_class_name=DEVICE_CLASS,
             selectors=selectors,
             count=1,
-            capacity=CapacityRequirements(requests={COMPUTE: f"{pod.gpu_milli}m"}),
+            capacity=CapacityRequirements(requests={COMPUTE: str(pod.gpu_milli)}),
         )
     else:
         exact = ExactDeviceRequest(device_class_name=DEVICE_CLASS, selectors=selectors, count=pod.num_gpu)
@@ -338,6 +347,11 @@ def pod_objects(pod: TracePod) -> tuple[Pod, ResourceClaim | None]:
 
 def _milli(text: str) -> int:
     value = parse_quantity(text).value * 1000
+    return -((-value.numerator) // value.denominator)
+
+
+def _units(text: str) -> int:
+    value = parse_quantity(text).value
     return -((-value.numerator) // value.denominator)
 
 
@@ -382,7 +396,7 @@ def trace_pod_of(pod: Pod, claim: ResourceClaim | None) -> TracePod:
             raise TraceError(f"claim {claim.metadata.name}: spec.devices.requests[0]: not an `exactly` request")
         num_gpu = exact.count or 1
         share = (exact.capacity.requests or {}).get(COMPUTE) if exact.capacity else None
-        gpu_milli = _milli(share) if share is not None else MILLI_PER_GPU
+        gpu_milli = _units(share) if share is not None else MILLI_PER_GPU
         for selector in exact.selectors or []:
             if selector.cel is not None:
                 spec = _models_of_selector(selector.cel.expression)

@@ -56,13 +56,13 @@ def test_objects_are_what_the_issue_asks_for():
     gpu = slice_.spec.devices[0]
     assert gpu.allow_multiple_allocations is True
     assert gpu.attributes["model"].string_value == "G2"
-    assert gpu.capacity["memory"].value == "20000Mi"
+    assert gpu.capacity["memory"].value == "20000Mi" and gpu.capacity["memory"].request_policy.default == "0"
     policy = gpu.capacity[COMPUTE].request_policy
-    assert gpu.capacity[COMPUTE].value == "1" and policy.default == "1" and policy.valid_range.step == "1m"
+    assert gpu.capacity[COMPUTE].value == "1000" and policy.default == "1000" and policy.valid_range.step == "1"
 
     _, share = pod_objects(TracePod("p", 4000, 1024, 1, 470, ("T4", "P100")))
     exact = share.spec.devices.requests[0].exactly
-    assert exact.count == 1 and exact.capacity.requests == {COMPUTE: "470m"}
+    assert exact.count == 1 and exact.capacity.requests == {COMPUTE: "470"}
     assert exact.selectors[0].cel.expression == 'device.attributes["gpu.nvidia.com"].model in ["T4", "P100"]'
     _, whole = pod_objects(TracePod("q", 4000, 1024, 4, 1000))
     assert whole.spec.devices.requests[0].exactly.count == 4
