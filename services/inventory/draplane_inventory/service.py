@@ -328,7 +328,13 @@ class InventoryService:
     async def _on_heartbeat(self, msg) -> None:
         self.metrics.inc("messages_received_total", kind="heartbeat")
         message = self._decode(msg.subject, msg.data)
-        if message is not None and self.liveness.apply_heartbeat(message, time.monotonic()):
+        if message is None:
+            return
+        record = self.liveness.records.get(message.node)
+        if record is not None and record.agent_id == message.agent_id and record.digest != message.snapshot_digest:
+            # The agent vouches for a snapshot we never applied; it is still in the stream or on its way.
+            self.metrics.inc("heartbeat_digest_mismatch_total")
+        if self.liveness.apply_heartbeat(message, time.monotonic()):
             log.info("inventory: node %s is back; removing the stale taint", message.node)
             self._mark_dirty(message.node)
 
