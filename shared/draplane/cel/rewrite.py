@@ -237,6 +237,9 @@ def _rewrite(node: Expr, scope: dict[str, str], ids: _Ids) -> Expr:
                 return _lookup_with_default(ids, kind.args[0], key)
             if kind.function in ("_[?_]", "_?._"):
                 return _optional_of(ids, _lookup_with_default(ids, kind.args[0], key))
+        if kind.function == "@in" and len(kind.args) == 2 and isinstance(kind.args[1].kind, CreateList) and not kind.args[1].kind.elements:
+            # cel-go turns `x in []` into false while building the program: x is never evaluated.
+            return Expr(node.id, Constant("bool", False))
         if (
             kind.function in ("_==_", "_!=_") and kind.target is None and len(kind.args) == 2
             and _may_compare_opaque(ids, kind.function, kind.args[0], kind.args[1])

@@ -19,6 +19,7 @@ from .device import CELDevice
 from .errors import CELCompileError, CELRuntimeError
 from .library import DEVICE_FIELDS, new_checking_env, new_runtime_env
 from .rewrite import rewrite_for_runtime
+from .program_checks import ProgramError, conversion_message, fold_constants, validate_literals
 from .static_checks import first_static_error
 from .values import cel_type_name
 
@@ -122,12 +123,22 @@ def compile_selector(expression: str) -> DeviceSelectorProgram:
         reason = "syntax" if "Syntax error" in message else "type"
         raise CELCompileError(expression, "compilation failed: " + message, reason) from None
     checked_ast = decode_serialized(checked.serialize())
-    result_type = checked_ast.types.get(checked_ast.expr.id)
-    if result_type is not None and result_type.name not in ("bool", "dyn"):
-        raise CELCompileError(expression, f"must evaluate to bool or the unknown type, not {result_type}", "result")
+    # In the apiserver's order: the checker's own validators, the result type, building the
+    # program, and the cost estimate.
     static_error = first_static_error(checked_ast, expression)
     if static_error:
         raise CELCompileError(expression, "compilation failed: " + static_error)
+    try:
+        validate_literals(checked_ast, expression, runtime_env)
+    except ProgramError as err:
+        raise CELCompileError(expression, err.message) from None
+    result_type = checked_ast.types.get(checked_ast.expr.id)
+    if result_type is not None and result_type.name not in ("bool", "dyn"):
+        raise CELCompileError(expression, f"must evaluate to bool or the unknown type, not {result_type}", "result")
+    try:
+        fold_constants(checked_ast, runtime_env)
+    except ProgramError as err:
+        raise CELCompileError(expression, err.message) from None
     # Each replaced has(device.f) costs what cel-go charges for it: the identifier `device`.
     min_cost, max_cost = estimate_cost(checked_ast)
     max_cost = min(max_cost + replaced_presence_tests, 2**64 - 1)
@@ -245,7 +256,7 @@ def runtime_message(raw: str) -> str:
     index = _INDEX_ERROR.search(text)
     if index:
         return f"index out of bounds: {index.group(1)}"
-    return text
+    return conversion_message(text)
 
 
 _INDEX_ERROR = re.compile(r"^Index error: index=(-?\d+)")

@@ -60,6 +60,25 @@ def _exempt_lists(root: Expr) -> set[int]:
     return exempt
 
 
+def _equivalent(a, b) -> bool:
+    """cel-go's IsEquivalentType, lenient where cel-cpp's inference is more precise than cel-go's:
+    inside a list or map type, dyn or a type parameter stands for anything (a flattened list is
+    list(dyn) to cel-go, list(string) to cel-cpp). At the top level, dyn is its own type."""
+    if a == b:
+        return True
+    if a is None or b is None:
+        return a is b
+    return a.name == b.name and len(a.params) == len(b.params) and all(_nested_equivalent(x, y) for x, y in zip(a.params, b.params))
+
+
+def _nested_equivalent(a, b) -> bool:
+    if a is None or b is None:
+        return True
+    if a.name == "dyn" or b.name == "dyn" or a.name.startswith("type_param:") or b.name.startswith("type_param:"):
+        return True
+    return _equivalent(a, b)
+
+
 def _element_type(ast: ParsedAst, node: Expr, optional: bool):
     cel_type = ast.types.get(node.id)
     if optional and cel_type is not None and cel_type.params:
@@ -77,7 +96,7 @@ def _aggregate_literal_error(ast: ParsedAst) -> tuple[int, str] | None:
                 element_type = _element_type(ast, element, index in kind.optional_indices)
                 if first is None:
                     first = element_type
-                elif element_type != first:
+                elif not _equivalent(element_type, first):
                     return element.id, f"expected type '{first}' but found '{element_type}'"
         elif isinstance(kind, CreateStruct) and not kind.message_name:
             key_type = value_type = None
@@ -87,8 +106,8 @@ def _aggregate_literal_error(ast: ParsedAst) -> tuple[int, str] | None:
                 if key_type is None and value_type is None:
                     key_type, value_type = entry_key, entry_value
                     continue
-                if entry_key != key_type:
+                if not _equivalent(entry_key, key_type):
                     return entry.map_key.id, f"expected type '{key_type}' but found '{entry_key}'"
-                if entry_value != value_type:
+                if not _equivalent(entry_value, value_type):
                     return entry.value.id, f"expected type '{value_type}' but found '{entry_value}'"
     return None
