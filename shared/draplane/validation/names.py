@@ -6,7 +6,9 @@ to say what a valid name looks like rather than only which regular expression fa
 
 from __future__ import annotations
 
+import functools
 import re
+from typing import Callable
 
 DNS1123_LABEL_MAX = 63
 DNS1123_SUBDOMAIN_MAX = 253
@@ -32,6 +34,18 @@ SEMVER = re.compile(
 )
 
 
+def _cached(check: Callable[[str], list[str]]) -> Callable[[str], list[str]]:
+    """Names repeat across thousands of devices (the same attribute names, driver, pool): check each once."""
+    cached = functools.lru_cache(maxsize=16384)(lambda value: tuple(check(value)))
+
+    @functools.wraps(check)
+    def wrapper(value: str) -> list[str]:
+        return list(cached(value))
+
+    return wrapper
+
+
+@_cached
 def dns1123_label(value: str) -> list[str]:
     errors = []
     if len(value) > DNS1123_LABEL_MAX:
@@ -44,6 +58,7 @@ def dns1123_label(value: str) -> list[str]:
     return errors
 
 
+@_cached
 def dns1123_subdomain(value: str) -> list[str]:
     errors = []
     if len(value) > DNS1123_SUBDOMAIN_MAX:
@@ -56,6 +71,7 @@ def dns1123_subdomain(value: str) -> list[str]:
     return errors
 
 
+@_cached
 def driver_name(value: str) -> list[str]:
     """A CSI-style driver name: a DNS subdomain of at most 63 characters, compared case-insensitively."""
     errors = []
@@ -69,6 +85,7 @@ def driver_name(value: str) -> list[str]:
     return errors
 
 
+@_cached
 def c_identifier(value: str) -> list[str]:
     errors = []
     if len(value) > DEVICE_MAX_ID_LENGTH:
@@ -81,6 +98,7 @@ def c_identifier(value: str) -> list[str]:
     return errors
 
 
+@_cached
 def qualified_device_name(value: str) -> list[str]:
     """An attribute or capacity name: `identifier` or `domain/identifier` (resource.QualifiedName)."""
     parts = value.split("/")
@@ -124,6 +142,7 @@ def declared_fully_qualified_name(value: str) -> list[str]:
     return errors
 
 
+@_cached
 def label_key(value: str) -> list[str]:
     """A label or annotation key (metav1 qualified name): optional DNS-subdomain prefix and '/'."""
     if not value:
@@ -151,6 +170,7 @@ def label_key(value: str) -> list[str]:
     return errors
 
 
+@_cached
 def label_value(value: str) -> list[str]:
     errors = []
     if len(value) > LABEL_VALUE_MAX:
