@@ -21,7 +21,6 @@ import dataclasses
 import logging
 import time
 
-import msgspec
 import nats
 import nats.errors
 import nats.js.errors
@@ -194,6 +193,7 @@ class InventoryService:
         self._spawn(self._expire_loop(), "expire")
         self._spawn(self._feed_loop(), "feed")
         self._heartbeat_sub = await self.connection.subscribe(self.names.heartbeat_wildcard, cb=self._on_heartbeat)
+        await self.connection.flush()  # "ready" means the server has our subscription
         self.ready.set()
 
     async def stop(self, timeout: float = 10.0) -> None:

@@ -28,7 +28,6 @@ import msgspec
 
 from draplane.api.meta import ObjectMeta, OwnerReference
 from draplane.api.resource import (
-    CounterSet,
     Device,
     DeviceTaint,
     ResourcePool,
