@@ -80,7 +80,11 @@ class Findings:
             self.invalid(field, value, message, fix)
 
     def unsupported(self, field: str, value: Any, supported: Iterable[str], fix: str | None = None) -> None:
+        supported = list(supported)
         options = ", ".join(f'"{s}"' for s in supported)
+        same_letters = [s for s in supported if isinstance(value, str) and s.lower() == value.lower()]
+        if same_letters:  # the commonest slip: the right word in the wrong case
+            fix = f"{field.rsplit('.', 1)[-1]}: {same_letters[0]} (values are case-sensitive)"
         self.add(field, UNSUPPORTED, f"{show_value(value)} is not one of the supported values {options}", fix)
 
     def duplicate(self, field: str, value: Any, message: str, fix: str | None = None) -> None:

@@ -7,6 +7,7 @@ user can act on, and most carry a concrete fix.
 
 from __future__ import annotations
 
+import difflib
 import json
 import uuid
 from fractions import Fraction
@@ -19,7 +20,7 @@ from draplane.validation import limits, names
 from draplane.validation.meta import check_node_selector, check_object_meta
 from draplane.validation.problem import UNKNOWN_FIELD, Findings
 from draplane.validation.schema import EXACT_FIELDS
-from draplane.validation.selectors import check_expression
+from draplane.validation.selectors import check_expression, domain_for
 
 ALLOCATION_MODES = ("All", "ExactCount")
 TOLERATION_OPERATORS = ("Equal", "Exists")
@@ -174,7 +175,7 @@ def check_device_claim(devices: dict[str, Any], raw_devices: dict[str, Any], pat
     constraints = devices.get("constraints")
     if not _too_many(constraints, limits.CONSTRAINTS_MAX, f"{path}.constraints", "constraints", findings):
         for index, constraint in enumerate(constraints or []):
-            _check_constraint(constraint or {}, f"{path}.constraints[{index}]", request_names, findings)
+            _check_constraint(constraint or {}, f"{path}.constraints[{index}]", request_names, findings, domains)
     config = devices.get("config")
     if not _too_many(config, limits.CONFIG_MAX, f"{path}.config", "config entries", findings):
         for index, entry in enumerate(config or []):
@@ -374,7 +375,8 @@ def check_toleration(toleration: dict[str, Any], path: str, findings: Findings) 
         findings.unsupported(f"{path}.effect", effect, TAINT_EFFECTS, fix=fix)
 
 
-def _check_constraint(constraint: dict[str, Any], path: str, request_names: RequestNames, findings: Findings) -> None:
+def _check_constraint(constraint: dict[str, Any], path: str, request_names: RequestNames, findings: Findings,
+                      domains: Domains) -> None:
     _check_request_refs(constraint.get("requests"), f"{path}.requests", request_names, findings)
     match = constraint.get("matchAttribute")
     distinct = constraint.get("distinctAttribute")
@@ -389,7 +391,9 @@ def _check_constraint(constraint: dict[str, Any], path: str, request_names: Requ
         for message in names.declared_fully_qualified_name(value):
             fix = None
             if "/" not in value:
-                fix = f"{key}: <driver domain>/{value}, e.g. gpu.nvidia.com/{value}"
+                domain = domain_for(value, domains)
+                fix = f"{key}: {domain}/{value}" + (" (the domain of the driver that publishes it)"
+                                                     if domain.startswith("<") else "")
             findings.invalid(f"{path}.{key}", value, message, fix=fix)
 
 
@@ -412,9 +416,10 @@ def _check_request_ref(ref: str, path: str, request_names: RequestNames, finding
             findings.invalid(path, ref, message)
     if not _has_request(request_names, ref):
         known = sorted(_reference_names(request_names))
+        close = difflib.get_close_matches(ref, known, n=1, cutoff=0.6)
+        fix = f"did you mean {close[0]!r}?" if close else (f"use one of: {', '.join(known)}" if known else None)
         findings.invalid(path, ref, "names no request of this claim"
-                         + (f" (it has: {', '.join(known)})" if known else ""),
-                         fix=f"use one of: {', '.join(known)}" if known else None)
+                         + (f" (it has: {', '.join(known)})" if known else ""), fix=fix)
 
 
 def _reference_names(request_names: RequestNames) -> list[str]:

@@ -366,6 +366,7 @@ def _check_scalar(raw: Any, schema: Scalar, path: str, findings: Findings) -> An
             findings.add(
                 path, WRONG_TYPE,
                 f"{text!r} is not a quantity: write a number with an optional suffix, such as 80Gi, 500M, 1.5 or 100m",
+                fix=_quantity_fix(text),
             )
             return None
         return text
@@ -389,3 +390,22 @@ def _unknown_fix(key: str, schema: Struct) -> str | None:
         return f"did you mean {close[0]!r}? Rename {key!r} to {close[0]!r}"
     known = ", ".join(sorted(schema.fields))
     return f"remove {key!r}; {schema.name} fields are: {known}"
+
+
+_UNIT_SLIPS = re.compile(r"^\s*([+-]?[0-9.]+)\s*([KkMGTPE])(i?)[Bb]?\s*$")
+
+
+def _quantity_fix(text: str) -> str | None:
+    """80GB -> 80G or 80Gi, '10 Gi' -> 10Gi: units written the way people write them elsewhere."""
+    match = _UNIT_SLIPS.match(text)
+    if not match:
+        return None
+    number, prefix, binary = match.groups()
+    prefix = "k" if prefix in "Kk" and not binary else prefix.upper()
+    decimal, binary_form = f"{number}{prefix}", f"{number}{prefix.upper()}i"
+    try:
+        parse_quantity(decimal)
+        parse_quantity(binary_form)
+    except QuantityError:
+        return None
+    return f"value: {binary_form} (binary, 1024-based, as memory is usually meant) or {decimal} (decimal)"

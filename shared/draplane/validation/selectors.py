@@ -96,7 +96,8 @@ def _bare_lookup_message(bare: list[re.Match[str]], engine_message: str) -> str:
     )
 
 
-def _domain_for(name: str, domains_by_name: dict[str, list[str]]) -> str:
+def domain_for(name: str, domains_by_name: dict[str, list[str]]) -> str:
+    """The domain that publishes `name`: from the slices at hand, else from the well-known drivers."""
     known = domains_by_name.get(name)
     if known:
         return known[0]
@@ -108,7 +109,7 @@ def _domain_for(name: str, domains_by_name: dict[str, list[str]]) -> str:
 
 def _bare_lookup_fix(expression: str, bare: list[re.Match[str]], domains_by_name: dict[str, list[str]]) -> str:
     qualified = _BARE_LOOKUP.sub(
-        lambda m: f'device.{m["map"]}["{_domain_for(m["key"], domains_by_name)}"].{m["key"]}', expression
+        lambda m: f'device.{m["map"]}["{domain_for(m["key"], domains_by_name)}"].{m["key"]}', expression
     )
     neutral_body = _BARE_LOOKUP.sub(lambda m: f'device.{m["map"]}[device.driver].{m["key"]}', expression)
     guards = []

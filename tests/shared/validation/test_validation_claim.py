@@ -125,7 +125,7 @@ def test_constraints(build):
         ("spec.devices.constraints[3].requests[0]", INVALID),
     ]
     assert "gpu, nic" in problems[0].message
-    assert problems[1].fix.startswith("matchAttribute: <driver domain>/pcieRoot")
+    assert problems[1].fix == "matchAttribute: resource.kubernetes.io/pcieRoot"  # a well-known attribute
     problems = validate_object(build.claim(requests, constraints=[{"matchAttribute": "x.io/a"}] * 33))
     assert [(p.field, p.reason) for p in problems] == [("spec.devices.constraints", TOO_MANY)]
 
@@ -207,3 +207,13 @@ def test_capacity_request_names(build):
     assert validate_object(build.claim([odd])) == []
     bad = build.exact("gpu", capacity={"requests": {"memory": "ten"}})
     assert build.fields(validate_object(build.claim([bad]))) == ["spec.devices.requests[0].exactly.capacity.requests[memory]"]
+
+
+def test_fixes_for_common_slips(build):
+    problems = validate_object(build.claim([build.exact("gpu", allocationMode="exactCount")]))
+    assert problems[0].fix == "allocationMode: ExactCount (values are case-sensitive)"
+    problems = validate_object(build.claim([build.exact("gpu"), build.exact("nic")],
+                                           constraints=[{"requests": ["nics"], "matchAttribute": "x.io/numa"}]))
+    assert problems[0].fix == "did you mean 'nic'?"
+    problems = validate_object(build.claim(constraints=[{"matchAttribute": "numa"}]))
+    assert problems[0].fix.startswith("matchAttribute: <driver domain>/numa")

@@ -70,6 +70,7 @@ def test_bad_quantity(build):
     device["capacity"]["memory"] = {"value": "80 GB"}
     problems = validate_object(build.slice([device]))
     assert [(p.field, p.reason) for p in problems] == [("spec.devices[0].capacity[memory].value", WRONG_TYPE)]
+    assert problems[0].fix == "value: 80Gi (binary, 1024-based, as memory is usually meant) or 80G (decimal)"
 
 
 def test_numbers_are_accepted_as_quantities(build):
