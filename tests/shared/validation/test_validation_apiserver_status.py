@@ -1,0 +1,58 @@
+"""Claim status (what draplane allocate reads as "in use" and the binder writes) against the real
+kube-apiserver v1.37: a claim is created, then its status is updated with dryRun=All, so the
+apiserver validates the allocation exactly as it would validate the binder's write."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from draplane.kube import KubeApiError
+from draplane.validation import validate_object
+
+pytestmark = pytest.mark.integration
+
+RESULT = {"request": "gpu", "driver": "gpu.nvidia.com", "pool": "node-1", "device": "gpu-0"}
+SELECTOR = {"nodeSelectorTerms": [{"matchFields": [{"key": "metadata.name", "operator": "In", "values": ["node-1"]}]}]}
+CONFIG = {"source": "FromClaim", "requests": ["gpu"], "opaque": {"driver": "gpu.nvidia.com", "parameters": {"a": 1}}}
+
+STATUSES = {
+    "valid": {"allocation": {"devices": {"results": [RESULT], "config": [CONFIG]}, "nodeSelector": SELECTOR}},
+    "valid-reserved": {"allocation": {"devices": {"results": [RESULT]}},
+                       "reservedFor": [{"resource": "pods", "name": "p", "uid": "8b1c6d1e-0b0c-4a47-9d3f-0e4c9a1f2b3c"}]},
+    "33-results": {"allocation": {"devices": {"results": [dict(RESULT, device=f"gpu-{i}") for i in range(33)]}}},
+    "unknown-request": {"allocation": {"devices": {"results": [dict(RESULT, request="tpu")]}}},
+    "bad-names": {"allocation": {"devices": {"results": [dict(RESULT, driver="Bad_Driver", pool="Node_1",
+                                                              device="GPU_0")]}}},
+    "bad-share-id": {"allocation": {"devices": {"results": [dict(RESULT, shareID="NOT-A-UUID")]}}},
+    "upper-share-id": {"allocation": {"devices": {"results": [dict(RESULT, shareID="8B1C6D1E-0B0C-4A47-9D3F-0E4C9A1F2B3C")]}}},
+    "bad-config": {"allocation": {"devices": {"results": [RESULT], "config": [
+        {"source": "FromSomewhere", "opaque": {"driver": "gpu.nvidia.com", "parameters": {"a": 1}}},
+        {"source": "FromClass"}, {"source": "FromClaim", "requests": ["nope"],
+                                  "opaque": {"driver": "gpu.nvidia.com", "parameters": {}}}]}}},
+    "reserved-without-allocation": {"reservedFor": [{"resource": "pods", "name": "p",
+                                                     "uid": "8b1c6d1e-0b0c-4a47-9d3f-0e4c9a1f2b3c"}]},
+    "reserved-incomplete": {"allocation": {"devices": {"results": [RESULT]}}, "reservedFor": [{"resource": "pods"}]},
+    "binding-conditions": {"allocation": {"devices": {"results": [dict(RESULT, bindingConditions=["Ready"])]}}},
+    "bad-node-selector": {"allocation": {"devices": {"results": [RESULT]}, "nodeSelector": {"nodeSelectorTerms": []}}},
+    "bad-toleration": {"allocation": {"devices": {"results": [dict(RESULT, tolerations=[{"operator": "Exists", "value": "x"}])]}}},
+}
+
+
+@pytest.mark.parametrize("case", list(STATUSES))
+async def test_claim_status_verdict_matches_the_apiserver(case, build, kube, namespace):
+    claim = build.claim()
+    claim["metadata"]["namespace"] = namespace
+    claim["metadata"]["name"] = f"claim-{case}"
+    base = f"/apis/resource.k8s.io/v1/namespaces/{namespace}/resourceclaims"
+    created = json.loads(await kube.request("POST", base, body=claim))
+    created["status"] = STATUSES[case]
+    mine = {p.field for p in validate_object(created)}
+    try:
+        await kube.request("PUT", f"{base}/{claim['metadata']['name']}/status", body=created, query={"dryRun": "All"})
+        theirs = set()
+    except KubeApiError as error:
+        assert error.status == 422, error
+        theirs = {c.get("field") for c in (error.details or {}).get("causes") or []}
+    assert mine == theirs, f"apiserver {sorted(theirs)}; draplane {sorted(mine)}"
