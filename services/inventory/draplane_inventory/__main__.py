@@ -2,7 +2,7 @@
 
     draplane-inventory --nats nats://127.0.0.1:4222 --kubeconfig ~/.kube/config --taint-after 30 --remove-after 120
 
-Serves /metrics (Prometheus text) and /healthz on --listen.
+Serves /metrics (Prometheus text), /readyz (started and reconciled) and /healthz (no task died) on --listen.
 """
 
 from __future__ import annotations
@@ -23,6 +23,8 @@ SERVICE = web.AppKey("service", InventoryService)
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(prog="draplane-inventory", description=__doc__.splitlines()[0])
     parser.add_argument("--nats", default=os.environ.get("DRAPLANE_NATS_URL", "nats://127.0.0.1:4222"))
+    parser.add_argument("--nkey-seed", default=os.environ.get("DRAPLANE_NATS_NKEY_SEED"),
+                        help="file with this service's NATS nkey seed (draplane nats-auth issue)")
     parser.add_argument("--nats-user", default=os.environ.get("DRAPLANE_NATS_USER"))
     parser.add_argument("--nats-password", default=os.environ.get("DRAPLANE_NATS_PASSWORD"))
     parser.add_argument("--kubeconfig", default=os.environ.get("KUBECONFIG"))
@@ -47,6 +49,8 @@ def build_app(args: argparse.Namespace) -> web.Application:
 
         kube = await KubeClient.from_environment(args.kubeconfig)
         options = {"user": args.nats_user, "password": args.nats_password} if args.nats_user else {}
+        if args.nkey_seed:
+            options["nkeys_seed"] = args.nkey_seed
         connection = await nats.connect(args.nats, name="draplane-inventory", max_reconnect_attempts=-1, **options)
         service = InventoryService(kube, connection, InventorySettings(
             prefix=args.prefix, taint_after=args.taint_after, remove_after=args.remove_after, workers=args.workers))
@@ -60,13 +64,18 @@ def build_app(args: argparse.Namespace) -> web.Application:
     async def metrics(request: web.Request) -> web.Response:
         return web.Response(text=request.app[SERVICE].metrics.render(), content_type="text/plain")
 
-    async def healthz(request: web.Request) -> web.Response:
+    async def readyz(request: web.Request) -> web.Response:
         ready = request.app[SERVICE].ready.is_set()
         return web.Response(text="ok\n" if ready else "starting\n", status=200 if ready else 503)
+
+    async def healthz(request: web.Request) -> web.Response:
+        dead = request.app[SERVICE].dead_tasks()
+        return web.Response(text=f"dead: {', '.join(dead)}\n" if dead else "ok\n", status=500 if dead else 200)
 
     app.cleanup_ctx.append(service_ctx)
     app.router.add_get("/metrics", metrics)
     app.router.add_get("/healthz", healthz)
+    app.router.add_get("/readyz", readyz)
     return app
 
 

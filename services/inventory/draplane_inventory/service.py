@@ -207,6 +207,10 @@ class InventoryService:
         await _cancel_all(self._tasks, timeout)
         self._tasks = []
 
+    def dead_tasks(self) -> list[str]:
+        """Names of tasks that ended: none should while the service runs."""
+        return [t.get_name() for t in self._tasks if t.done()]
+
     async def wait_idle(self, timeout: float = 60.0) -> None:
         """Until no node is queued or being written and the feed is flushed (tests, benchmarks)."""
         deadline = time.monotonic() + timeout

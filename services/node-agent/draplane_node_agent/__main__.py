@@ -68,6 +68,10 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument("--node-prefix", default="sim", help="simulated node names: <prefix>-0000, ...")
     parser.add_argument("--heartbeat-interval", type=float, default=5.0)
     parser.add_argument("--rescan-interval", type=float, default=10.0)
+    parser.add_argument("--nkey-seed", default=os.environ.get("DRAPLANE_NATS_NKEY_SEED"),
+                        help="file with this node's NATS nkey seed (draplane nats-auth issue node NODE)")
+    parser.add_argument("--listen", default=None,
+                        help="host:port for /readyz and /healthz; default 0.0.0.0:8080 for one node, off for --nodes; '' turns it off")
     parser.add_argument("--user", default=os.environ.get("DRAPLANE_NATS_USER"))
     parser.add_argument("--password", default=os.environ.get("DRAPLANE_NATS_PASSWORD"))
     parser.add_argument("--print", action="store_true", help="print the discovered devices as JSON and exit")
@@ -80,6 +84,8 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     if not args.nodes and not args.node:
         parser.error("name the node with --node (or NODE_NAME), or simulate with --nodes N")
     args.backend = backend
+    if args.listen is None:
+        args.listen = "" if args.nodes else "0.0.0.0:8080"
     return args
 
 
@@ -92,7 +98,12 @@ async def run(args: argparse.Namespace) -> int:
     names = InventoryNames(args.prefix)
     options = {}
     if args.user:
-        options.update(user=args.user, password=args.password, inbox_prefix=names.agent_inbox_prefix(nodes[0]))
+        options.update(user=args.user, password=args.password)
+    if args.nkey_seed:
+        options["nkeys_seed"] = args.nkey_seed
+    if options and len(nodes) == 1:
+        # A node's credentials only let it read replies under its own inbox prefix.
+        options["inbox_prefix"] = names.agent_inbox_prefix(nodes[0])
     fleet = AgentFleet(args.nats, agents, names=names, heartbeat_interval=args.heartbeat_interval,
                        rescan_interval=args.rescan_interval, connect_options=options)
     stop = asyncio.Event()
@@ -100,10 +111,35 @@ async def run(args: argparse.Namespace) -> int:
     for sig in (signal.SIGINT, signal.SIGTERM):
         loop.add_signal_handler(sig, stop.set)
     await fleet.start()
+    runner = await serve_probes(fleet, args.listen) if args.listen else None
     logging.info("node agents for %d node(s) started against %s", len(agents), args.nats)
     await stop.wait()
+    if runner is not None:
+        await runner.cleanup()
     await fleet.stop()
     return 0
+
+
+async def serve_probes(fleet: AgentFleet, listen: str):
+    """/readyz: connected and every snapshot acknowledged; /healthz: no loop has died."""
+    from aiohttp import web
+
+    async def readyz(request: web.Request) -> web.Response:
+        ready = fleet.connected.is_set() and not any(a.state.snapshot_due for a in fleet.agents)
+        return web.Response(text="ok\n" if ready else "not ready\n", status=200 if ready else 503)
+
+    async def healthz(request: web.Request) -> web.Response:
+        dead = fleet.dead_tasks()
+        return web.Response(text=f"dead: {', '.join(dead)}\n" if dead else "ok\n", status=500 if dead else 200)
+
+    app = web.Application()
+    app.router.add_get("/readyz", readyz)
+    app.router.add_get("/healthz", healthz)
+    runner = web.AppRunner(app)
+    await runner.setup()
+    host, _, port = listen.rpartition(":")
+    await web.TCPSite(runner, host or "0.0.0.0", int(port)).start()
+    return runner
 
 
 def main(argv: list[str] | None = None) -> int:

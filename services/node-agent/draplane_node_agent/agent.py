@@ -92,6 +92,9 @@ class AgentFleet:
                 pass
         self.connection = None
 
+    def dead_tasks(self) -> list[str]:
+        return [t.get_name() for t in self._tasks if t.done()]
+
     async def wait_all_sent(self, timeout: float = 60.0) -> None:
         """Until every agent's current snapshot has been acknowledged by JetStream."""
         deadline = time.monotonic() + timeout

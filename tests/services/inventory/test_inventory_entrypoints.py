@@ -76,3 +76,61 @@ def test_inventory_arguments_are_checked():
     with pytest.raises(SystemExit):
         parse_args(["--taint-after", "60", "--remove-after", "30"])
     assert parse_args(["--taint-after", "5", "--remove-after", "9"]).remove_after == 9
+
+
+async def test_entry_points_authenticate_with_nkey_seeds_as_deployed(kube, control_plane, tmp_path):
+    """DRAPLANE_NATS_NKEY_SEED, as deploy/ sets it: the inventory with a service key, one real-style
+    agent (--node, probes on --listen) with its node's key, which only allows its own subjects."""
+    import json
+
+    from draplane import natsauth
+    from draplane.localenv import binaries
+    from draplane.localenv.processes import ServerProcess
+    from draplane.messages.inventory import InventoryNames
+
+    node = f"nk-{uuid.uuid4().hex[:6]}"
+    await create_nodes(kube, [node])
+    names = InventoryNames("draplane.")
+    service_key, node_key = natsauth.new_user_key(), natsauth.new_user_key()
+    (tmp_path / "inventory.seed").write_bytes(service_key.seed)
+    (tmp_path / "node.seed").write_bytes(node_key.seed)
+    nats_port, monitor = free_port(), free_port()
+    users = [{"nkey": service_key.public_key},
+             {"nkey": node_key.public_key, "permissions": names.agent_permissions(node)}]
+    (tmp_path / "nats.conf").write_text("\n".join([
+        f"listen: 127.0.0.1:{nats_port}", f"http: 127.0.0.1:{monitor}",
+        "jetstream { store_dir: " + json.dumps(str(tmp_path / "js")) + " }",
+        "authorization " + json.dumps({"users": users}),
+    ]))
+    server = ServerProcess("nats-server", [str(binaries.require(binaries.NATS_SERVER)), "-c", str(tmp_path / "nats.conf")],
+                           tmp_path / "nats.log")
+    server.start()
+    server.wait_ready(lambda: _get(f"http://127.0.0.1:{monitor}/healthz?js-enabled-only=true")[0] == 200, 30)
+    url = f"nats://127.0.0.1:{nats_port}"
+    inventory_port, agent_port = free_port(), free_port()
+    env = {**os.environ, "KUBECONFIG": str(control_plane.kubeconfig)}
+    inventory = subprocess.Popen(
+        [sys.executable, "-m", "draplane_inventory", "--nats", url, "--listen", f"127.0.0.1:{inventory_port}"],
+        env={**env, "DRAPLANE_NATS_NKEY_SEED": str(tmp_path / "inventory.seed")},
+        stdout=subprocess.DEVNULL, stderr=open(tmp_path / "inventory.log", "wb"),
+    )
+    agent = None
+    try:
+        await eventually(lambda: _ready(inventory_port), timeout=60, interval=0.3)
+        agent = subprocess.Popen(
+            [sys.executable, "-m", "draplane_node_agent", "--nats", url, "--node", node, "--profile", "dgx-h100",
+             "--listen", f"127.0.0.1:{agent_port}"],
+            env={**env, "DRAPLANE_NATS_NKEY_SEED": str(tmp_path / "node.seed")},
+            stdout=subprocess.DEVNULL, stderr=open(tmp_path / "agent.log", "wb"),
+        )
+        await eventually(lambda: _ready(agent_port), timeout=60, interval=0.3)
+        assert (await asyncio.to_thread(_get, f"http://127.0.0.1:{agent_port}/healthz"))[0] == 200
+        await eventually(lambda: node_slices(kube, node), timeout=60, interval=0.5)
+        assert len(await node_slices(kube, node)) == 2
+    finally:
+        for process in (agent, inventory):
+            if process is not None:
+                process.terminate()
+                process.wait(15)
+        server.stop()
+    assert agent.returncode == 0, (tmp_path / "agent.log").read_text()[-2000:]
