@@ -9,7 +9,7 @@ from typing import Any
 
 from draplane.validation import names
 from draplane.validation.meta import check_object_meta
-from draplane.validation.problem import Findings
+from draplane.validation.problem import NOT_FOUND, Findings
 
 
 def check_pod(raw: dict[str, Any], findings: Findings) -> None:
@@ -65,14 +65,21 @@ def check_pod(raw: dict[str, Any], findings: Findings) -> None:
             refs = resources.get("claims") if isinstance(resources, dict) else None
             if not isinstance(refs, list):
                 continue
+            seen: set[tuple[str, str]] = set()
             for r_index, ref in enumerate(refs):
-                ref_name = ref.get("name") if isinstance(ref, dict) else None
-                path = f"spec.{list_name}[{c_index}].resources.claims[{r_index}].name"
+                ref = ref if isinstance(ref, dict) else {}
+                ref_name, request = ref.get("name") or "", ref.get("request") or ""
+                path = f"spec.{list_name}[{c_index}].resources.claims[{r_index}]"
                 if not ref_name:
-                    findings.required(path, "names one of the pod's spec.resourceClaims")
+                    findings.required(path, "a container's claim reference names one of the pod's spec.resourceClaims",
+                                      fix=f"name: {claim_names[0]}" if claim_names else None)
                 elif ref_name not in claim_names:
                     known = ", ".join(claim_names) or "none"
-                    findings.invalid(path, ref_name, f"must be the name of one of the pod's spec.resourceClaims "
-                                     f"(it has: {known})",
-                                     fix=f"name: {claim_names[0]}" if claim_names else
-                                     f"add {{name: {ref_name}, resourceClaimName: <claim>}} to spec.resourceClaims")
+                    findings.add(path, NOT_FOUND, f"{ref_name!r} must be the name of one of the pod's "
+                                 f"spec.resourceClaims (it has: {known})",
+                                 fix=f"name: {claim_names[0]}" if claim_names else
+                                 f"add {{name: {ref_name}, resourceClaimName: <claim>}} to spec.resourceClaims")
+                elif (ref_name, request) in seen:
+                    findings.duplicate(path, ref_name, "the container already refers to this claim"
+                                       + (f" and request {request!r}" if request else ""), fix="remove the repeat")
+                seen.add((ref_name, request))

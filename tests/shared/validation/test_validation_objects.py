@@ -47,7 +47,7 @@ def pod(claims, container_claims):
 def test_pod_claim_references():
     assert validate_object(pod([{"name": "gpu", "resourceClaimName": "c"}], [{"name": "gpu"}])) == []
     problems = validate_object(pod([{"name": "gpu", "resourceClaimName": "c"}], [{"name": "tpu"}]))
-    assert [p.field for p in problems] == ["spec.containers[0].resources.claims[0].name"]
+    assert [(p.field, p.reason) for p in problems] == [("spec.containers[0].resources.claims[0]", "Not found")]
     assert problems[0].fix == "name: gpu"
     problems = validate_object(pod([{"name": "gpu"}, {"name": "gpu", "resourceClaimName": "a",
                                                       "resourceClaimTemplateName": "b"}], []))
