@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import asyncio
-import secrets
+import json
 import urllib.request
 import uuid
 
@@ -11,10 +11,10 @@ import nats as nats_py
 import nats.errors
 import pytest
 
+from draplane import natsauth
 from draplane.localenv import binaries
 from draplane.localenv.processes import ServerProcess, free_port
 from draplane.messages.inventory import SCHEMA_VERSION, InventoryNames, NodeSnapshot, encode
-from draplane_inventory.natsauth import agent_user, authorization_block
 from draplane_inventory.service import InventoryService, InventorySettings
 from draplane_node_agent.agent import AgentFleet, SimulatedAgent
 from draplane_node_agent.hardware import driver_devices
@@ -25,13 +25,14 @@ from test_inventory_integration import create_nodes, eventually, node_slices
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(240)]
 
 PREFIX = "draplane."
-SERVICE_USER, SERVICE_PASSWORD = "inventory", secrets.token_hex(8)
+SERVICE_KEY = natsauth.new_user_key()
 
 
 class AuthNats:
-    """A nats-server with JetStream on disk and per-agent users; restartable on the same port."""
+    """A nats-server with JetStream on disk and nkey users (the service, and one per agent with the
+    inventory contract's permissions); restartable on the same port and store."""
 
-    def __init__(self, workdir, agent_passwords: dict[str, str]):
+    def __init__(self, workdir, agent_keys: dict[str, natsauth.UserKey]):
         self.port, self.monitor = free_port(), free_port()
         self.workdir = workdir
         self.config = workdir / "nats.conf"
@@ -39,8 +40,11 @@ class AuthNats:
             "\n".join([
                 f"listen: 127.0.0.1:{self.port}",
                 f"http: 127.0.0.1:{self.monitor}",
-                "jetstream { store_dir: " + repr(str(workdir / "js")).replace("'", '"') + " }",
-                authorization_block(InventoryNames(PREFIX), agent_passwords, service_user=SERVICE_USER, service_password=SERVICE_PASSWORD),
+                "jetstream { store_dir: " + json.dumps(str(workdir / "js")) + " }",
+                "authorization " + json.dumps({"users": [{"nkey": SERVICE_KEY.public_key}] + [
+                    {"nkey": key.public_key, "permissions": InventoryNames(PREFIX).agent_permissions(node)}
+                    for node, key in agent_keys.items()
+                ]}),
             ])
         )
         self.process: ServerProcess | None = None
@@ -70,9 +74,14 @@ def _agent(profile: str, node: str, box: dict | None = None) -> SimulatedAgent:
     return SimulatedAgent(node, lambda: driver_devices(load_profile(box["profile"]).hardware(node)))
 
 
-async def _service(kube, url: str, instance: str) -> tuple[InventoryService, nats_py.NATS]:
-    connection = await nats_py.connect(url, user=SERVICE_USER, password=SERVICE_PASSWORD, max_reconnect_attempts=-1,
-                                       reconnect_time_wait=0.2)
+def _seed_file(tmp_path, name: str, key: natsauth.UserKey) -> str:
+    path = tmp_path / f"{name}.seed"
+    path.write_bytes(key.seed)
+    return str(path)
+
+
+async def _service(kube, url: str, instance: str, seed_file: str) -> tuple[InventoryService, nats_py.NATS]:
+    connection = await nats_py.connect(url, nkeys_seed=seed_file, max_reconnect_attempts=-1, reconnect_time_wait=0.2)
     service = InventoryService(kube, connection, InventorySettings(prefix=PREFIX, instance=instance))
     await service.start()
     return service, connection
@@ -81,18 +90,19 @@ async def _service(kube, url: str, instance: str) -> tuple[InventoryService, nat
 async def test_agent_can_publish_only_for_its_own_node(kube, tmp_path):
     suffix = uuid.uuid4().hex[:6]
     mine, other = f"own-{suffix}", f"other-{suffix}"
-    passwords = {mine: secrets.token_hex(8), other: secrets.token_hex(8)}
-    server = AuthNats(tmp_path, passwords)
+    keys = {mine: natsauth.new_user_key(), other: natsauth.new_user_key()}
+    server = AuthNats(tmp_path, keys)
     server.start()
     await create_nodes(kube, [mine, other])
     names = InventoryNames(PREFIX)
-    service, service_conn = await _service(kube, server.url, f"inv-{suffix}")
+    service, service_conn = await _service(kube, server.url, f"inv-{suffix}", _seed_file(tmp_path, "inventory", SERVICE_KEY))
+    mine_seed = _seed_file(tmp_path, mine, keys[mine])
     errors: list[Exception] = []
 
     async def on_error(exc):
         errors.append(exc)
 
-    agent_conn = await nats_py.connect(server.url, user=agent_user(mine), password=passwords[mine],
+    agent_conn = await nats_py.connect(server.url, nkeys_seed=mine_seed,
                                        inbox_prefix=names.agent_inbox_prefix(mine), error_cb=on_error, allow_reconnect=False)
     try:
         js = agent_conn.jetstream()
@@ -113,7 +123,7 @@ async def test_agent_can_publish_only_for_its_own_node(kube, tmp_path):
         assert service.metrics.total("messages_rejected_total") == 0  # it never even reached the service
         # Nor may an agent read other nodes' snapshots.
         await agent_conn.close()
-        agent_conn = await nats_py.connect(server.url, user=agent_user(mine), password=passwords[mine],
+        agent_conn = await nats_py.connect(server.url, nkeys_seed=mine_seed,
                                            inbox_prefix=names.agent_inbox_prefix(mine), error_cb=on_error,
                                            allow_reconnect=False)
         await agent_conn.subscribe(names.snapshot_wildcard)
@@ -136,10 +146,11 @@ async def test_nats_restart_under_load_loses_nothing(kube, tmp_path):
     server.start()
     await create_nodes(kube, nodes)
     box = {"profile": "l4"}
-    service, service_conn = await _service(kube, server.url, f"inv-{suffix}")
+    seed = _seed_file(tmp_path, "inventory", SERVICE_KEY)
+    service, service_conn = await _service(kube, server.url, f"inv-{suffix}", seed)
     fleet = AgentFleet(server.url, [_agent("", n, box) for n in nodes], names=InventoryNames(PREFIX),
                        heartbeat_interval=2.0, rescan_interval=3600,
-                       connect_options={"user": SERVICE_USER, "password": SERVICE_PASSWORD})
+                       connect_options={"nkeys_seed": seed})
     await fleet.start()
     try:
         await fleet.wait_all_sent(60)
