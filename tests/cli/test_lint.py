@@ -77,6 +77,23 @@ def test_fixed_seed_is_clean(capsys):
     assert out == "3 objects checked: no problems\n"
 
 
+def test_a_folder_is_linted_file_by_file(capsys, seed_dir):
+    code, out, _ = lint(capsys, seed_dir)
+    assert code == 1
+    assert "2 problems in 2 of 3 objects" in out
+    code, out, _ = lint(capsys, FIXED)
+    assert (code, out) == (0, "3 objects checked: no problems\n")
+
+
+def test_stdin(capsys, monkeypatch, seed_dir):
+    import io
+
+    monkeypatch.setattr(sys, "stdin", io.StringIO((seed_dir / "resourceclaim.yaml").read_text()))
+    code, out, _ = lint(capsys, "-")
+    assert code == 1
+    assert "<stdin>: ResourceClaim vllm-gpu-claim" in out
+
+
 def test_json_output(capsys, seed_dir):
     code, out, _ = lint(capsys, "-o", "json", seed_dir / "resourceclaim.yaml")
     assert code == 1

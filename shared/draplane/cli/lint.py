@@ -31,19 +31,37 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         "CEL compile and type errors. Each problem names the object and the field and suggests a fix. "
         "Exit 0: no problems; 1: problems found; 2: a file could not be read or parsed.",
     )
-    parser.add_argument("files", nargs="+", metavar="FILE", help="YAML or JSON files, multi-document, List kinds allowed")
+    parser.add_argument("files", nargs="+", metavar="FILE",
+                        help="YAML or JSON files (multi-document, List kinds allowed), folders of them, or - for stdin")
     parser.add_argument("-o", "--output", choices=("text", "json"), default="text",
                         help="text for people (default), json for scripts: a list of problems")
     parser.set_defaults(handler=run)
 
 
+MANIFEST_SUFFIXES = (".yaml", ".yml", ".json")
+
+
+def expand_paths(paths: list[str]) -> list[str]:
+    """Folders stand for the manifests directly in them, in name order; everything else as given."""
+    expanded = []
+    for path in paths:
+        folder = Path(path)
+        if path != "-" and folder.is_dir():
+            expanded.extend(str(p) for p in sorted(folder.iterdir()) if p.suffix in MANIFEST_SUFFIXES and p.is_file())
+        else:
+            expanded.append(path)
+    return expanded
+
+
 def read_documents(path: str) -> list[tuple[str, Any]]:
     """(source, raw document) pairs; `List` kinds are flattened so each item is checked on its own."""
     try:
-        text = Path(path).read_text()
+        text = sys.stdin.read() if path == "-" else Path(path).read_text()
     except (OSError, UnicodeDecodeError) as exc:
         reason = exc.strerror if isinstance(exc, OSError) and exc.strerror else str(exc)
         raise UnreadableFile(f"{path}: cannot read: {reason}") from None
+    if path == "-":
+        path = "<stdin>"
     try:
         documents = [d for d in yaml.safe_load_all(text) if d is not None]
     except yaml.YAMLError as exc:
@@ -63,7 +81,7 @@ def lint_files(paths: list[str]) -> tuple[list[Problem], list[str], int]:
     """(problems, unreadable-file messages, number of objects checked)."""
     documents: list[tuple[str, Any]] = []
     unreadable: list[str] = []
-    for path in paths:
+    for path in expand_paths(paths):
         try:
             documents.extend(read_documents(path))
         except UnreadableFile as exc:
