@@ -14,8 +14,11 @@ from draplane.cli.demo import DemoError, load_objects, running_up_kubeconfig
 
 def _demo(*args, env_extra=None, timeout=150):
     env = dict(os.environ, **(env_extra or {}))
-    return subprocess.run([sys.executable, "-m", "draplane.cli", "demo", *args], capture_output=True, text=True,
-                          timeout=timeout, env=env)
+    started = time.monotonic()
+    result = subprocess.run([sys.executable, "-m", "draplane.cli", "demo", *args], capture_output=True, text=True,
+                            timeout=timeout, env=env)
+    print(f"draplane demo {' '.join(args)}: exit {result.returncode} in {time.monotonic() - started:.1f}s")
+    return result
 
 
 def test_a_missing_seed_folder_is_one_line_and_exit_2(tmp_path):
@@ -95,10 +98,13 @@ def test_demo_with_its_own_environment_tells_the_whole_story_and_stops_it(tmp_pa
 async def test_demo_on_a_running_environment_leaves_objects_and_runs_twice(tmp_path, shared_dir):
     """The `draplane up` case: the objects stay for kubectl, and a second demo replaces the first's."""
     from draplane.api import core, resource
+    from draplane.api.meta import ObjectMeta
     from draplane.kube import KubeClient
     from draplane.localenv import environment
 
+    started = time.monotonic()
     env = await environment.start(node_count=4, workdir=tmp_path / "up", progress=lambda m: None)
+    print(f"environment up in {time.monotonic() - started:.1f}s")
     try:
         extra = {"DRAPLANE_STATE": str(tmp_path / "elsewhere"), "DRAPLANE_SHARED_DIR": str(shared_dir)}
         first = await asyncio.to_thread(_demo, f"--kubeconfig={env.kubeconfig}", env_extra=extra)
@@ -119,6 +125,37 @@ async def test_demo_on_a_running_environment_leaves_objects_and_runs_twice(tmp_p
         # The first claim's GPU was freed before the second was placed: no GPU is taken twice, and
         # the score (which counts free GPUs) is what the first run saw.
         assert (again["node"], again["score"]) == (story["node"], story["score"])
+
+        # Every GPU over 40Gi taken by someone else: the demo ends with the scheduler's reason, exit 1.
+        async with await KubeClient.from_kubeconfig(env.kubeconfig) as kube:
+            await kube.create_namespace("others")
+            await kube.create(resource.ResourceClaimTemplate(
+                metadata=ObjectMeta(name="big-gpu", namespace="others"),
+                spec=resource.ResourceClaimTemplateSpec(spec=resource.ResourceClaimSpec(devices=resource.DeviceClaim(requests=[
+                    resource.DeviceRequest(name="gpu", exactly=resource.ExactDeviceRequest(device_class_name="high-memory-gpu")),
+                ]))),
+            ))
+            for i in range(10):  # 8 on the dgx-h100 node, 2 on the mixed one; the demo's own is freed first
+                await kube.create(core.Pod(
+                    metadata=ObjectMeta(name=f"taker-{i}", namespace="others"),
+                    spec=core.PodSpec(
+                        containers=[core.Container(name="c", image="busybox",
+                                                   resources=core.ResourceRequirements(claims=[core.ResourceClaimRef(name="gpu")]))],
+                        resource_claims=[core.PodResourceClaim(name="gpu", resource_claim_template_name="big-gpu")],
+                    ),
+                ))
+            deadline = time.monotonic() + 30
+            while time.monotonic() < deadline:  # the 9 GPUs not the demo's are taken before it runs
+                pods, _ = await kube.list(core.Pod, "others")
+                if sum(bool(p.spec.node_name) for p in pods) == 9:
+                    break
+                await asyncio.sleep(0.3)
+            else:
+                raise AssertionError("the takers were not bound")
+        third = await asyncio.to_thread(_demo, f"--kubeconfig={env.kubeconfig}", "--timeout=5", env_extra=extra)
+        assert third.returncode == 1, third.stdout + third.stderr
+        assert "Traceback" not in third.stderr
+        assert third.stderr.startswith("draplane demo: Pod default/vllm-inference was not bound within 5s: Unschedulable:"), third.stderr
     finally:
         await asyncio.to_thread(env.stop)
 
