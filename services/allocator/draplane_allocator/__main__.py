@@ -8,9 +8,9 @@ runs; /readyz once every shard has synced its state.
 from __future__ import annotations
 
 import argparse
-import asyncio
 import logging
 import os
+import socket
 import sys
 from pathlib import Path
 
@@ -101,17 +101,14 @@ def main(argv: list[str] | None = None) -> int:
     import uvloop
 
     uvloop.install()
-    web.run_app(build_app(args), host="127.0.0.1", port=args.port or None, print=None,
-                **({} if args.port else {"sock": _unused_socket()}))
+    if args.port:
+        web.run_app(build_app(args), host="127.0.0.1", port=args.port, print=None)
+    else:
+        # port 0: any free port (several shard processes on one machine in tests and benchmarks)
+        sock = socket.socket()
+        sock.bind(("127.0.0.1", 0))
+        web.run_app(build_app(args), sock=sock, print=None)
     return 0
-
-
-def _unused_socket():
-    import socket
-
-    sock = socket.socket()
-    sock.bind(("127.0.0.1", 0))
-    return sock
 
 
 if __name__ == "__main__":

@@ -40,7 +40,7 @@ from draplane.scheduling.messages import (
     encode_message,
 )
 from draplane.scheduling.reservation_store import ReservationStore, StaleRevision
-from draplane_allocator.placing import ClusterState, NotPlaced, Placed
+from draplane.scheduling.placing import ClusterState, NotPlaced, Placed
 
 log = logging.getLogger(__name__)
 

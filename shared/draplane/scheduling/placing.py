@@ -1,4 +1,5 @@
-"""A shard's pure core: the cluster as it knows it, and where a pod with its claims can go.
+"""A shard's pure core, shared with `draplane explain`: the cluster as it is known, and where a pod
+with its claims can go.
 
 `ClusterState` is what a shard holds in memory: the inventory (from the inventory feed), device
 classes, nodes, pods bound per node, every claim's allocation in the cluster (whoever made it) and

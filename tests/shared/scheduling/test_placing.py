@@ -7,7 +7,7 @@ from draplane.api.resource import ResourceClaimStatus
 from draplane.scheduling import reservations as rv
 from draplane.scheduling import scenario
 from draplane.scheduling.unschedulable import FailureReason
-from draplane_allocator.placing import ClusterState, NotPlaced, Placed
+from draplane.scheduling.placing import ClusterState, NotPlaced, Placed
 
 
 def seed_state() -> ClusterState:

@@ -1,0 +1,225 @@
+"""`draplane explain CLAIM|POD`: why a claim is pending, or where it went and why, per node class.
+
+Kubernetes says "cannot allocate all claims". This reads the cluster (ResourceSlices, DeviceClasses,
+Nodes, every claim and pod), re-runs the shards' placement for the pod or claim against it, and
+prints, per failure class, which nodes failed and the first concrete reason, next to what the
+binder last wrote on the pod. Reading and placing are separate: `gather` does the I/O, `explain_*`
+are pure functions of a `Snapshot`, and the tests call them directly.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import dataclasses
+import sys
+
+from draplane.api.core import Node, Pod
+from draplane.api.meta import ObjectMeta
+from draplane.api.resource import DeviceClass, ResourceClaim, ResourceSlice
+from draplane.scheduling.placing import ClusterState, NotPlaced, Placed, allocation_node
+from draplane.scheduling.unschedulable import FailureReason
+
+# How many node names to list per failure class before "and N more".
+NODES_SHOWN = 5
+
+
+@dataclasses.dataclass(slots=True)
+class Snapshot:
+    slices: list[ResourceSlice]
+    classes: list[DeviceClass]
+    nodes: list[Node]
+    claims: list[ResourceClaim]
+    pods: list[Pod]
+
+    def state(self, *, without: set[str] = frozenset()) -> ClusterState:
+        """The shards' view, minus the claims being explained (so they are placed afresh)."""
+        state = ClusterState()
+        for c in self.classes:
+            state.set_class(c)
+        for n in self.nodes:
+            state.set_node(n)
+        by_node: dict[str, list[ResourceSlice]] = {}
+        for s in self.slices:
+            by_node.setdefault(s.spec.node_name or f"pool:{s.spec.driver}/{s.spec.pool.name}", []).append(s)
+        for key, slices in by_node.items():
+            state.set_feed_entry(key, slices)
+        for claim in self.claims:
+            if claim.metadata.uid not in without:
+                state.set_claim(claim)
+        for pod in self.pods:
+            state.set_pod(pod)
+        return state
+
+
+def _claim_name(claim: ResourceClaim) -> str:
+    return f"{claim.metadata.namespace}/{claim.metadata.name}"
+
+
+def _describe_allocation(claim: ResourceClaim) -> list[str]:
+    allocation = claim.status.allocation
+    lines = [f"ResourceClaim {_claim_name(claim)} is allocated"
+             + (f" on node {allocation_node(allocation)}" if allocation_node(allocation) else " (not tied to a node)")
+             + ":"]
+    for r in (allocation.devices.results if allocation.devices else None) or ():
+        extra = []
+        if r.admin_access:
+            extra.append("admin access")
+        if r.share_id:
+            extra.append(f"share {r.share_id}")
+        if r.consumed_capacity:
+            extra.append("consumes " + ", ".join(f"{k}={v}" for k, v in sorted(r.consumed_capacity.items())))
+        lines.append(f"  request {r.request}: {r.driver} pool {r.pool} device {r.device}"
+                     + (f" ({'; '.join(extra)})" if extra else ""))
+    consumers = claim.status.reserved_for or []
+    if consumers:
+        lines.append("  reserved for: " + ", ".join(f"{c.resource}/{c.name}" for c in consumers))
+    else:
+        lines.append("  reserved for nobody: it will be deallocated")
+    return lines
+
+
+def _describe_failures(outcome: NotPlaced) -> list[str]:
+    if outcome.claim_error:
+        return [f"No node can help: {outcome.claim_error}"]
+    lines = [outcome.message, "Per node class:"]
+    groups: dict[str, list] = {}
+    for f in outcome.failures:
+        groups.setdefault(f.reason, []).append(f)
+    for reason, failures in sorted(groups.items(), key=lambda kv: (-len(kv[1]), kv[0])):
+        try:
+            words = FailureReason(reason).words
+        except ValueError:
+            words = reason
+        names = [f.node for f in failures]
+        shown = ", ".join(names[:NODES_SHOWN]) + (f" and {len(names) - NODES_SHOWN} more" if len(names) > NODES_SHOWN else "")
+        lines.append(f"  {words}: {len(names)} node{'s' if len(names) != 1 else ''} ({shown})")
+        detail = next((f.detail for f in failures if f.detail), "")
+        if detail:
+            lines.append(f"    e.g. {failures[0].node}: {detail}")
+    return lines
+
+
+def _pod_claims(snapshot: Snapshot, pod: Pod) -> tuple[list[ResourceClaim], list[str]]:
+    namespace = pod.metadata.namespace
+    by_name = {c.metadata.name: c for c in snapshot.claims if c.metadata.namespace == namespace}
+    recorded = {s.name: s.resource_claim_name for s in (pod.status.resource_claim_statuses if pod.status else None) or ()}
+    claims, missing = [], []
+    for pc in pod.spec.resource_claims or ():
+        name = pc.resource_claim_name or recorded.get(pc.name)
+        if name and name in by_name:
+            claims.append(by_name[name])
+        elif pc.resource_claim_template_name and not name:
+            missing.append(f"pod claim {pc.name}: no claim created yet from template {pc.resource_claim_template_name}")
+        else:
+            missing.append(f"pod claim {pc.name}: resourceclaim {name!r} not found")
+    return claims, missing
+
+
+def _pod_status_lines(pod: Pod) -> list[str]:
+    lines = []
+    for c in (pod.status.conditions if pod.status else None) or ():
+        if c.type == "PodScheduled" and c.status == "False":
+            lines.append(f"The scheduler said ({c.reason}): {c.message}")
+    return lines
+
+
+def explain_claim(snapshot: Snapshot, claim: ResourceClaim) -> list[str]:
+    if claim.status and claim.status.allocation:
+        return _describe_allocation(claim)
+    lines = [f"ResourceClaim {_claim_name(claim)} is pending (not allocated)."]
+    users = [p for p in snapshot.pods if p.metadata.namespace == claim.metadata.namespace
+             and claim in _pod_claims(snapshot, p)[0]]
+    pod = users[0] if users else Pod(metadata=ObjectMeta(name="(no pod)", namespace=claim.metadata.namespace, uid="-"))
+    if users:
+        lines.append(f"Used by pod {pod.metadata.name}.")
+        lines.extend(_pod_status_lines(pod))
+    else:
+        lines.append("No pod uses it yet, so nothing asks for it to be allocated; what would happen if one did:")
+    outcome = snapshot.state(without={claim.metadata.uid}).place_pod(pod, [claim])
+    if isinstance(outcome, Placed):
+        lines.append(f"It fits now: node {outcome.node} can take it; the next scheduling attempt should place it.")
+    else:
+        lines.extend(_describe_failures(outcome))
+    return lines
+
+
+def explain_pod(snapshot: Snapshot, pod: Pod) -> list[str]:
+    name = f"{pod.metadata.namespace}/{pod.metadata.name}"
+    claims, missing = _pod_claims(snapshot, pod)
+    if pod.spec.node_name:
+        lines = [f"Pod {name} is bound to node {pod.spec.node_name}."]
+        for claim in claims:
+            lines.extend(_describe_allocation(claim) if claim.status and claim.status.allocation
+                         else [f"ResourceClaim {_claim_name(claim)} is NOT allocated although the pod is bound"])
+        return lines
+    lines = [f"Pod {name} is pending (scheduler {pod.spec.scheduler_name or 'default-scheduler'})."]
+    lines.extend(_pod_status_lines(pod))
+    if missing:
+        lines.extend(f"Cannot be scheduled yet: {m}" for m in missing)
+        return lines
+    outcome = snapshot.state(without={c.metadata.uid for c in claims
+                                      if not (c.status and c.status.allocation)}).place_pod(pod, claims)
+    if isinstance(outcome, Placed):
+        lines.append(f"It fits now: node {outcome.node}; the next scheduling attempt should bind it.")
+    else:
+        lines.extend(_describe_failures(outcome))
+    return lines
+
+
+# --- I/O -----------------------------------------------------------------------------------------
+
+
+async def gather(kubeconfig) -> Snapshot:
+    from draplane.kube import KubeClient
+
+    async with await KubeClient.from_environment(kubeconfig) as kube:
+        results = await asyncio.gather(
+            kube.list(ResourceSlice), kube.list(DeviceClass), kube.list(Node), kube.list(ResourceClaim), kube.list(Pod)
+        )
+    return Snapshot(*(items for items, _ in results))
+
+
+def find_target(snapshot: Snapshot, target: str, namespace: str) -> ResourceClaim | Pod | None:
+    kind, _, name = target.rpartition("/")
+    kind = kind.lower()
+    if kind in ("", "claim", "resourceclaim", "resourceclaims"):
+        for c in snapshot.claims:
+            if c.metadata.namespace == namespace and c.metadata.name == name:
+                return c
+    if kind in ("", "pod", "pods"):
+        for p in snapshot.pods:
+            if p.metadata.namespace == namespace and p.metadata.name == name:
+                return p
+    return None
+
+
+def register(subparsers: argparse._SubParsersAction) -> None:
+    parser = subparsers.add_parser(
+        "explain", help="why a ResourceClaim or pod is pending, or where it went, per node class",
+        description="Explain a ResourceClaim or Pod: pending (why, per node class) or allocated (where).",
+    )
+    parser.add_argument("target", metavar="CLAIM|POD", help="a name, or claim/NAME or pod/NAME")
+    parser.add_argument("-n", "--namespace", default="default")
+    parser.add_argument("--kubeconfig", default=None)
+    parser.set_defaults(handler=run)
+
+
+def run(args: argparse.Namespace) -> int:
+    from draplane.kube import KubeApiError
+
+    try:
+        snapshot = asyncio.run(gather(args.kubeconfig))
+    except (KubeApiError, OSError) as exc:
+        print(f"draplane explain: cannot read the cluster: {exc}", file=sys.stderr)
+        return 2
+    except Exception as exc:  # noqa: BLE001 - a missing kubeconfig raises the client's own types
+        print(f"draplane explain: cannot connect: {exc}", file=sys.stderr)
+        return 2
+    obj = find_target(snapshot, args.target, args.namespace)
+    if obj is None:
+        print(f"draplane explain: no ResourceClaim or Pod {args.target!r} in namespace {args.namespace}", file=sys.stderr)
+        return 1
+    lines = explain_claim(snapshot, obj) if isinstance(obj, ResourceClaim) else explain_pod(snapshot, obj)
+    print("\n".join(lines))
+    return 0
