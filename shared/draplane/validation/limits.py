@@ -4,7 +4,7 @@
 REQUESTS_MAX = 32  # DeviceRequestsMaxSize == AllocationResultsMaxSize
 FIRST_AVAILABLE_MAX = 8
 SELECTORS_MAX = 32
-TOLERATIONS_MAX = 16
+TOLERATIONS_MAX = 16  # documented, but not enforced by the v1.37 apiserver, so not checked
 DERIVED_ATTRIBUTES_MAX = 32
 CONSTRAINTS_MAX = 32
 CONFIG_MAX = 32

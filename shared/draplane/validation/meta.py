@@ -38,15 +38,15 @@ def check_object_meta(meta: dict[str, Any] | None, findings: Findings, name_rule
                 findings.invalid(f"{path}.namespace", namespace, message)
     for key, value in (meta.get("labels") or {}).items():
         for message in names.label_key(key):
-            findings.invalid(f"{path}.labels", key, f"label key {message}")
+            findings.invalid(f"{path}.labels", key, f"not a valid label key: {message}")
         for message in names.label_value(value):
-            findings.invalid(f"{path}.labels", value, f"label value of {key!r} {message}")
+            findings.invalid(f"{path}.labels", value, f"not a valid value for label {key!r}: it {message}")
     annotations = meta.get("annotations") or {}
     size = 0
     for key, value in annotations.items():
         size += len(key.encode()) + len(value.encode())
         for message in names.label_key(key):
-            findings.invalid(f"{path}.annotations", key, f"annotation key {message}")
+            findings.invalid(f"{path}.annotations", key, f"not a valid annotation key: {message}")
     if size > ANNOTATIONS_MAX_BYTES:
         findings.too_long(f"{path}.annotations", size, ANNOTATIONS_MAX_BYTES, "the annotations together")
 

@@ -73,7 +73,8 @@ class Findings:
         self.add(field, REQUIRED, message, fix)
 
     def invalid(self, field: str, value: Any, message: str, fix: str | None = None) -> None:
-        self.add(field, INVALID, f"{show_value(value)}: {message}", fix)
+        # None: the problem is the combination of fields, not one value worth quoting.
+        self.add(field, INVALID, message if value is None else f"{show_value(value)}: {message}", fix)
 
     def invalid_each(self, field: str, value: Any, messages: Iterable[str], fix: str | None = None) -> None:
         for message in messages:

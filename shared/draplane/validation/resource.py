@@ -41,7 +41,7 @@ def _too_many(items: list[Any] | None, limit: int, path: str, what: str, finding
     return False
 
 
-def _duplicates(keys: list[Any], path: str, what: str, findings: Findings) -> None:
+def _duplicates(keys: list[Any], path: str, what: str, findings: Findings, fix: str | None = None) -> None:
     seen: dict[Any, int] = {}
     for index, key in enumerate(keys):
         if key is None:
@@ -52,7 +52,7 @@ def _duplicates(keys: list[Any], path: str, what: str, findings: Findings) -> No
                                    f"{what}s must be set and unique", fix=f"give each entry its own {what}")
             else:
                 findings.duplicate(f"{path}[{index}]", key, f"{what} {key!r} is already used by {path}[{seen[key]}]; "
-                                   f"{what}s must be unique", fix=f"rename one of them, e.g. {key}-{index}")
+                                   f"{what}s must be unique", fix=fix or f"rename one of them, e.g. {key}-{index}")
         else:
             seen[key] = index
 
@@ -520,7 +520,8 @@ def check_pool_name(pool: str, path: str, findings: Findings) -> None:
         findings.too_long(path, len(pool), limits.POOL_NAME_MAX_LENGTH, "the pool name")
     for part in pool.split("/"):
         for message in names.dns1123_subdomain(part):
-            findings.invalid(path, pool, f"each '/'-separated part {message}")
+            fixed = "/".join(names.to_dns_subdomain(p) for p in pool.split("/"))
+            findings.invalid(path, pool, f"each '/'-separated part {message}", fix=f"name: {fixed}")
 
 
 def check_binding_conditions(owner: dict[str, Any], path: str, findings: Findings) -> None:
@@ -711,7 +712,8 @@ def _check_consumptions(consumptions: list[Any] | None, path: str, findings: Fin
         groups = consumption.get("compatibilityGroups")
         if not _too_many(groups, limits.COMPATIBILITY_GROUPS_MAX, f"{c_path}.compatibilityGroups", "groups", findings):
             _duplicates(list(groups or []), f"{c_path}.compatibilityGroups", "group", findings)
-    _duplicates([(c or {}).get("counterSet") or "" for c in consumptions or []], path, "counter set", findings)
+    _duplicates([(c or {}).get("counterSet") or "" for c in consumptions or []], path, "counter set", findings,
+                fix="list all counters this device takes from one counter set in a single entry")
 
 
 def _check_device_declaratively(device: dict[str, Any], path: str, findings: Findings) -> None:
@@ -875,8 +877,12 @@ def _check_range_step(valid_range: dict[str, Any], default: str, maximum: Fracti
             return
     for key in ("default", "max"):
         if key in values and (values[key] - low) % step != 0:
+            # The next valid value up for a default; the last one below for a max.
+            steps = -(-(values[key] - low) // step) if key == "default" else (values[key] - low) // step
+            suggestion = parse_quantity(named[key])
+            suggestion = type(suggestion)(low + steps * step, suggestion.format)
             findings.invalid(f"{path}.step", named[key], f"is not min ({named['min']}) plus a multiple of step "
-                             f"({named['step']})", fix=f"{key}: {named['min']} plus a multiple of {named['step']}")
+                             f"({named['step']})", fix=f"{key}: {suggestion}")
 
 
 def check_taint(taint: dict[str, Any], path: str, findings: Findings) -> None:
