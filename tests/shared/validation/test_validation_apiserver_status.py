@@ -56,3 +56,24 @@ async def test_claim_status_verdict_matches_the_apiserver(case, build, kube, nam
         assert error.status == 422, error
         theirs = {c.get("field") for c in (error.details or {}).get("causes") or []}
     assert mine == theirs, f"apiserver {sorted(theirs)}; draplane {sorted(mine)}"
+
+
+async def test_objects_as_the_apiserver_returns_them_are_valid(build, kube, namespace):
+    """Server-filled fields (uid, resourceVersion, managedFields, timeAdded, defaults) pass the schema."""
+    slice_ = build.slice([build.device("gpu-0", taints=[{"key": "example.com/t", "effect": "NoSchedule"}])])
+    slice_["metadata"]["name"] = f"returned-{namespace}"[:63]
+    claim = build.claim([build.exact("gpu", tolerations=[{"operator": "Exists"}])])
+    claim["metadata"]["namespace"] = namespace
+    returned = [
+        json.loads(await kube.request("POST", "/apis/resource.k8s.io/v1/resourceslices", body=slice_,
+                                      query={"dryRun": "All"})),
+        json.loads(await kube.request("POST", f"/apis/resource.k8s.io/v1/namespaces/{namespace}/resourceclaims",
+                                      body=claim, query={"dryRun": "All"})),
+        json.loads(await kube.request("POST", "/apis/resource.k8s.io/v1/deviceclasses",
+                                      body=build.device_class('device.driver == "gpu.nvidia.com"'),
+                                      query={"dryRun": "All"})),
+    ]
+    assert returned[0]["spec"]["devices"][0]["taints"][0].get("timeAdded")  # filled in by the server
+    assert returned[1]["spec"]["devices"]["requests"][0]["exactly"]["allocationMode"] == "ExactCount"
+    for obj in returned:
+        assert validate_object(obj) == [], obj
