@@ -22,6 +22,7 @@ function of (state, shape) and callers may cache them.
 
 from __future__ import annotations
 
+import bisect
 import math
 from collections import Counter
 from dataclasses import dataclass
@@ -266,15 +267,26 @@ class FragmentationGradientDescent:
 
     def __init__(self, profile: WorkloadProfile):
         self.profile = profile
+        self._cpu_steps = sorted({s.cpu_milli for s in profile.shapes})
+        self._memo: dict[tuple, float] = {}
+
+    def fragmentation(self, state: NodeState) -> float:
+        """expected_fragmentation, remembered: it depends on the free CPU only through which typical
+        shapes it covers, so states that differ below that resolution share one value."""
+        key = (state.model, bisect.bisect_right(self._cpu_steps, state.cpu_free), tuple(sorted(state.gpus)))
+        found = self._memo.get(key)
+        if found is None:
+            found = self._memo[key] = expected_fragmentation(state, self.profile)
+        return found
 
     def place(self, state: NodeState, shape: PodShape) -> Placement | None:
         choices = candidate_gpus(state, shape) if fits(state, shape) else None
         if not choices:
             return None
-        before = expected_fragmentation(state, self.profile)
+        before = self.fragmentation(state)
         best: Placement | None = None
         for gpus in choices:
-            drop = before - expected_fragmentation(after(state, shape, gpus), self.profile)
+            drop = before - self.fragmentation(after(state, shape, gpus))
             score = float(int(_sigmoid(drop / MILLI) * 100))
             # Equal scores: the fuller GPU (the paper's code takes the lowest index; by value, the
             # choice depends on the node's state alone, which is what lets the simulator share it).
