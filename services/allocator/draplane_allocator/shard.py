@@ -45,6 +45,7 @@ from draplane.scheduling.placing import ClusterState, NotPlaced, Placed
 log = logging.getLogger(__name__)
 
 COMMIT_ATTEMPTS = 20
+PRUNE_INTERVAL_SECONDS = 5.0
 
 
 class Shard:
@@ -85,6 +86,7 @@ class Shard:
         self._spawn(lambda: self._watch(Pod, "pods", self._on_pod), "pods watch")
         self._spawn(lambda: self._watch(ResourceClaim, "claims", self._on_claim), "claims watch")
         self._spawn(self._consume, "pending consumer")
+        self._spawn(self._prune_expired, "lease reconciler")
 
     @property
     def ready(self) -> bool:
@@ -181,7 +183,30 @@ class Shard:
                     continue
                 self.state.set_feed_entry(update.key, entry.slices)
         finally:
-            await watcher.stop()
+            try:
+                await asyncio.wait_for(watcher.stop(), 2.0)
+            except (Exception, asyncio.CancelledError):  # noqa: BLE001 - the connection may be gone already
+                pass
+
+    async def _prune_expired(self) -> None:
+        """Release reservations whose lease ran out before their placement reached Kubernetes.
+
+        Commits prune the node they write anyway; this covers nodes nobody commits to any more,
+        where a lapsed reservation would otherwise hold its device for ever."""
+        await self.wait_ready(timeout=3600)
+        while True:
+            await asyncio.sleep(PRUNE_INTERVAL_SECONDS)
+            now = time.time()
+            for node, (_, entry) in list(self.store.entries.items()):
+                if any(r.expires_at is not None and r.expires_at <= now for r in entry.claims.values()):
+                    def edit(current: rv.NodeReservations) -> rv.NodeReservations | None:
+                        pruned, dropped = rv.prune(current, time.time(), self.state.claim_is_allocated)
+                        confirmed = sum(1 for u, r in current.claims.items()
+                                        if r.expires_at is not None and u in pruned.claims and pruned.claims[u].confirmed)
+                        return pruned if dropped or confirmed else None
+
+                    if await self.store.change(node, edit):
+                        log.info("shard %d: node %s: lapsed reservations released or confirmed", self.index, node)
 
     # --- pending pods ------------------------------------------------------------------------------
 
@@ -198,6 +223,7 @@ class Shard:
                 messages = await sub.fetch(32, timeout=1.0)
             except (nats.errors.TimeoutError, asyncio.TimeoutError):
                 continue
+            decoded = []
             for msg in messages:
                 try:
                     pending = decode_message(msg.data)
@@ -207,8 +233,15 @@ class Shard:
                     log.error("shard %d: dropping a pending message: %s", self.index, exc)
                     await msg.term()
                     continue
+                decoded.append((msg, pending))
+            # Reads of pods and claims the watches have not delivered yet go out together; the
+            # placing and committing that follow stay one pod at a time.
+            fetched = await asyncio.gather(*(self._inputs(p) for _, p in decoded), return_exceptions=True)
+            for (msg, pending), inputs in zip(decoded, fetched):
                 try:
-                    await self.handle(pending)
+                    if isinstance(inputs, BaseException):
+                        raise inputs
+                    await self.handle(pending, inputs)
                 except Exception:
                     log.exception("shard %d: pod %s: handling failed; redelivering", self.index, pending.pod.key())
                     await msg.nak(delay=1.0)
@@ -246,13 +279,25 @@ class Shard:
             claims.append(claim)
         return claims
 
-    async def handle(self, pending: PendingPod) -> None:
+    async def _inputs(self, pending: PendingPod) -> tuple[Pod, list[ResourceClaim]] | None:
         pod = await self._pod(pending)
         if pod is None or pod.spec.node_name:
-            return  # gone, or bound meanwhile: nothing to place
+            return None  # gone, or bound meanwhile: nothing to place
         claims = await self._claims(pending)
         if claims is None:
-            return  # a claim vanished; the binder sends the pod again once its claims exist
+            return None  # a claim vanished; the binder sends the pod again once its claims exist
+        return pod, claims
+
+    async def handle(self, pending: PendingPod, inputs: tuple[Pod, list[ResourceClaim]] | None = None) -> None:
+        if inputs is None:
+            inputs = await self._inputs(pending)
+            if inputs is None:
+                return
+        pod, claims = inputs
+        # the watch may have seen the pod bound while the inputs were read
+        current = self.pods.get(pending.pod.uid)
+        if current is not None and current.spec.node_name:
+            return
         for _ in range(COMMIT_ATTEMPTS):
             outcome = self.state.place_pod(pod, claims)
             if isinstance(outcome, NotPlaced):

@@ -75,8 +75,8 @@ class ReservationStore:
                 await asyncio.sleep(0.5)
             finally:
                 try:
-                    await watcher.stop()
-                except Exception:  # noqa: BLE001 - the connection may be gone already
+                    await asyncio.wait_for(watcher.stop(), 2.0)
+                except (Exception, asyncio.CancelledError):  # noqa: BLE001 - the connection may be gone already
                     pass
 
     async def refresh(self, node: str) -> tuple[int, rv.NodeReservations]:
