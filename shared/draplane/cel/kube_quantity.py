@@ -150,14 +150,20 @@ def _to_float(value: int) -> float:
         return math.copysign(math.inf, value)
 
 
+NUMERIC_ERROR = "unable to parse numeric part of quantity"
+_MAX_EXPONENT = 10_000
+SUFFIX_ERROR = "unable to parse quantity's suffix"
+
+
 @lru_cache(maxsize=16384)
 def parse_kube_quantity(text: str) -> KubeQuantity:
-    """resource.ParseQuantity's form choice. Raises QuantityError with Kubernetes' message."""
+    """resource.ParseQuantity: what it accepts (more than its documented regular expression: "k"
+    alone is zero) and which form it chooses. Raises QuantityError with Kubernetes' messages."""
     if not text:
         raise QuantityError(FORMAT_ERROR)
     if text == "0":
         return KubeQuantity("int", 0, 0)
-    positive, number, whole, fraction, suffix = _split(text)
+    positive, value, whole, fraction, suffix = _split(text)
     if suffix in _DECIMAL_SUFFIXES:
         base, exponent, binary = 10, _DECIMAL_SUFFIXES[suffix], False
     elif suffix in _BINARY_SUFFIXES:
@@ -166,12 +172,16 @@ def parse_kube_quantity(text: str) -> KubeQuantity:
         try:
             exponent = int(suffix[1:])
         except ValueError:
-            raise QuantityError("unable to parse quantity's suffix") from None
-        if not -(2**31) <= exponent < 2**31:
-            raise QuantityError("unable to parse quantity's suffix")
+            raise QuantityError(SUFFIX_ERROR) from None
+        if not -(2**63) <= exponent < 2**63:
+            raise QuantityError(SUFFIX_ERROR)
+        exponent = (exponent + 2**31) % 2**32 - 2**31  # int32(parsed), as Go truncates it
+        if abs(exponent) > _MAX_EXPONENT:
+            # Kubernetes accepts these; exact arithmetic on them would not finish. A known limit.
+            raise QuantityError(NUMERIC_ERROR)
         base, binary = 10, False
     else:
-        raise QuantityError("unable to parse quantity's suffix")
+        raise QuantityError(SUFFIX_ERROR)
 
     mantissa = 1
     if binary:
@@ -188,13 +198,18 @@ def parse_kube_quantity(text: str) -> KubeQuantity:
         scale -= len(fraction)
         if scale >= _NANO_SCALE:
             digits = int(whole + fraction)
+            if not _fits(digits):
+                raise QuantityError(NUMERIC_ERROR)
             result = digits * mantissa
             if _fits(result):
                 return KubeQuantity("int", result if positive else -result, scale)
 
-    # inf.Dec: the written number, the suffix applied, rounded up to nano precision.
-    digits, decimals = (number.split(".") + [""])[:2] if "." in number else (number, "")
-    unscaled, dec_scale = int((digits or "0") + decimals), len(decimals)
+    # inf.Dec: the written number (sign included), the suffix applied, rounded up to nano precision.
+    unsigned = value[1:] if value[:1] in "+-" else value
+    integer_part, _, decimals = unsigned.partition(".")
+    if not (integer_part + decimals) or not (integer_part + decimals).isdigit():
+        raise QuantityError(NUMERIC_ERROR)
+    unscaled, dec_scale = int(integer_part + decimals), len(decimals)
     if base == 10:
         dec_scale -= exponent
     else:
@@ -205,49 +220,59 @@ def parse_kube_quantity(text: str) -> KubeQuantity:
             unscaled *= 10 ** (9 - dec_scale)
         else:
             divisor = 10 ** (dec_scale - 9)
-            unscaled = -((-unscaled) // divisor)  # ceil for the magnitude (sign applied below)
+            unscaled = -((-unscaled) // divisor)
         dec_scale = 9
     if binary and Fraction(unscaled, 10**dec_scale) > _BINARY_MAX:
         unscaled, dec_scale = INT64_MAX, 0
-    return KubeQuantity("dec", unscaled if positive else -unscaled, dec_scale)
+    negative = value.startswith("-")
+    return KubeQuantity("dec", -unscaled if negative else unscaled, dec_scale)
 
 
 def _split(text: str) -> tuple[bool, str, str, str, str]:
-    """parseQuantityString: sign, the numeric text, its integer digits (leading zeros dropped),
-    its fraction digits, and the suffix."""
+    """parseQuantityString, step by step: (positive, value, whole digits, fraction digits, suffix)."""
     pos, end, positive = 0, len(text), True
-    if text[0] in "+-":
-        positive = text[0] == "+"
+    if text[0] == "-":
+        positive, pos = False, 1
+    elif text[0] == "+":
         pos = 1
+    while True:  # leading zeros
+        if pos >= end:
+            return positive, "0", "0", "", ""
+        if text[pos] != "0":
+            break
+        pos += 1
     start = pos
-    while pos < end and text[pos] == "0":
+    while True:
+        if pos >= end:
+            return positive, text, text[start:], "", ""
+        if not text[pos].isdigit() or not text[pos].isascii():
+            break
         pos += 1
-    if pos >= end:
-        return positive, "0", "0", "", ""
-    whole_start = pos
-    while pos < end and text[pos].isdigit():
-        pos += 1
-    whole = text[whole_start:pos] or "0"
+    whole = text[start:pos] or "0"
     fraction = ""
-    if pos < end and text[pos] == ".":
+    if text[pos] == ".":
         pos += 1
         fraction_start = pos
-        while pos < end and text[pos].isdigit():
+        while True:
+            if pos >= end:
+                return positive, text, whole, text[fraction_start:], ""
+            if not text[pos].isdigit() or not text[pos].isascii():
+                break
             pos += 1
         fraction = text[fraction_start:pos]
-    number = text[start:pos]
+    value = text[:pos]
     suffix_start = pos
     while pos < end and text[pos] in "eEinumkKMGTP":
         pos += 1
-    if pos < end and text[pos] in "+-":
+    if pos >= end:
+        return positive, value, whole, fraction, text[suffix_start:]
+    if text[pos] in "+-":
         pos += 1
-    while pos < end and text[pos].isdigit():
+    while pos < end and text[pos].isdigit() and text[pos].isascii():
         pos += 1
-    if pos < end or not number or number == ".":
+    if pos < end:
         raise QuantityError(FORMAT_ERROR)
-    if not any(ch.isdigit() for ch in number):
-        raise QuantityError(FORMAT_ERROR)
-    return positive, number, whole, fraction, text[suffix_start:end]
+    return positive, value, whole, fraction, text[suffix_start:]
 
 
 def kube_quantity_of(quantity: Quantity) -> KubeQuantity:

@@ -20,10 +20,10 @@ import re
 
 from cel_expr_python import cel
 
-from draplane.api.quantity import QuantityError, parse_quantity
+from draplane.api.quantity import QuantityError
 
 from .errors import CELFunctionError
-from .kube_quantity import FORMAT_ERROR, KubeQuantity, parse_kube_quantity
+from .kube_quantity import KubeQuantity, parse_kube_quantity
 from .semver import SemverError, parse_semver, parse_semver_normalized
 from .rewrite import OPAQUE_EQUALS, OPAQUE_NOT_EQUALS, OPAQUE_SIZE, OPAQUE_STRING
 from .values import (
@@ -80,17 +80,15 @@ def _quantity(value: object, function: str = "quantity", *others: object) -> Kub
 
 def _string_to_quantity(text: str) -> bytes:
     try:
-        parse_quantity(text)  # the format check, with Kubernetes' message
         return encode_quantity(parse_kube_quantity(text))
-    except (QuantityError, ValueError) as err:
-        raise CELFunctionError(str(err) if "suffix" in str(err) else FORMAT_ERROR) from None
+    except QuantityError as err:
+        raise CELFunctionError(str(err)) from None
 
 
 def _is_quantity(text: str) -> bool:
     try:
-        parse_quantity(text)
         parse_kube_quantity(text)
-    except (QuantityError, ValueError):
+    except QuantityError:
         return False
     return True
 

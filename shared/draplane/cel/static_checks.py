@@ -61,22 +61,21 @@ def _exempt_lists(root: Expr) -> set[int]:
 
 
 def _equivalent(a, b) -> bool:
-    """cel-go's IsEquivalentType, lenient where cel-cpp's inference is more precise than cel-go's:
-    inside a list or map type, dyn or a type parameter stands for anything (a flattened list is
-    list(dyn) to cel-go, list(string) to cel-cpp). At the top level, dyn is its own type."""
-    if a == b:
-        return True
+    """cel-go's IsEquivalentType: the same type, type parameter names aside."""
     if a is None or b is None:
         return a is b
-    return a.name == b.name and len(a.params) == len(b.params) and all(_nested_equivalent(x, y) for x, y in zip(a.params, b.params))
+    if a.name.startswith("type_param:") and b.name.startswith("type_param:"):
+        return True
+    return a.name == b.name and len(a.params) == len(b.params) and all(_equivalent(x, y) for x, y in zip(a.params, b.params))
 
 
-def _nested_equivalent(a, b) -> bool:
-    if a is None or b is None:
-        return True
-    if a.name == "dyn" or b.name == "dyn" or a.name.startswith("type_param:") or b.name.startswith("type_param:"):
-        return True
-    return _equivalent(a, b)
+# Functions whose result cel-cpp types less precisely than cel-go (flatten() is list(dyn) to
+# cel-cpp, list(T) to cel-go): their results are left out of the homogeneity comparison.
+_IMPRECISE = {"flatten"}
+
+
+def _imprecise(node: Expr) -> bool:
+    return isinstance(node.kind, Call) and node.kind.function in _IMPRECISE
 
 
 def _element_type(ast: ParsedAst, node: Expr, optional: bool):
@@ -93,6 +92,8 @@ def _aggregate_literal_error(ast: ParsedAst) -> tuple[int, str] | None:
         if isinstance(kind, CreateList) and node.id not in exempt:
             first = None
             for index, element in enumerate(kind.elements):
+                if _imprecise(element):
+                    continue
                 element_type = _element_type(ast, element, index in kind.optional_indices)
                 if first is None:
                     first = element_type
@@ -101,6 +102,8 @@ def _aggregate_literal_error(ast: ParsedAst) -> tuple[int, str] | None:
         elif isinstance(kind, CreateStruct) and not kind.message_name:
             key_type = value_type = None
             for entry in kind.entries:
+                if _imprecise(entry.map_key) or _imprecise(entry.value):
+                    continue
                 entry_key = _element_type(ast, entry.map_key, False)
                 entry_value = _element_type(ast, entry.value, entry.optional)
                 if key_type is None and value_type is None:
