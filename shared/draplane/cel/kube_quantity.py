@@ -42,18 +42,22 @@ def _fits(value: int) -> bool:
 class KubeQuantity:
     """One resource.Quantity: its form ("int": value × 10^scale, "dec": unscaled × 10^-scale)."""
 
-    __slots__ = ("form", "unscaled", "scale", "pointer")
+    __slots__ = ("form", "unscaled", "scale", "pointer", "_value")
 
     def __init__(self, form: str, unscaled: int, scale: int, pointer: bool = False):
         self.form = form
         self.unscaled = unscaled
         self.scale = scale
         self.pointer = pointer
+        self._value: Fraction | None = None
 
     @property
     def value(self) -> Fraction:
-        exponent = self.scale if self.form == "int" else -self.scale
-        return Fraction(self.unscaled) * Fraction(10) ** exponent
+        # Decoded quantities are cached (values.py), so the exact value is worth keeping.
+        if self._value is None:
+            exponent = self.scale if self.form == "int" else -self.scale
+            self._value = Fraction(self.unscaled) * Fraction(10) ** exponent
+        return self._value
 
     def sign(self) -> int:
         return (self.unscaled > 0) - (self.unscaled < 0)
@@ -278,4 +282,10 @@ def _split(text: str) -> tuple[bool, str, str, str, str]:
 def kube_quantity_of(quantity: Quantity) -> KubeQuantity:
     """A capacity value as the scheduler sees it: parsed from the canonical string the apiserver
     stores, so "1000m" in a file is 1 here, as it is after a round trip through the API."""
-    return parse_kube_quantity(str(quantity))
+    value = quantity.value
+    return _of_canonical(value.numerator, value.denominator, quantity.format)
+
+
+@lru_cache(maxsize=16384)
+def _of_canonical(numerator: int, denominator: int, quantity_format) -> KubeQuantity:
+    return parse_kube_quantity(str(Quantity(Fraction(numerator, denominator), quantity_format)))
