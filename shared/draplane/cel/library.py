@@ -146,6 +146,11 @@ def _is_semver(text: str, normalize: bool = False) -> bool:
     return True
 
 
+def _int64(value: int) -> int:
+    """types.Int(uint64): Go wraps a version number above 2^63-1 around to a negative int."""
+    return (value + 2**63) % 2**64 - 2**63
+
+
 def _semver(value: object, function: str):
     encoded = _as_bytes(value)
     version = decode_semver(encoded) if encoded is not None else None
@@ -525,9 +530,9 @@ def _runtime_functions() -> list[cel.FunctionDecl]:
                 overload("is_semver_string_bool", B, [S, B], _is_semver),
             ],
         ),
-        cel.FunctionDecl("major", [overload("semver_major", I, [X], lambda v: _semver(v, "major").major, True)]),
-        cel.FunctionDecl("minor", [overload("semver_minor", I, [X], lambda v: _semver(v, "minor").minor, True)]),
-        cel.FunctionDecl("patch", [overload("semver_patch", I, [X], lambda v: _semver(v, "patch").patch, True)]),
+        cel.FunctionDecl("major", [overload("semver_major", I, [X], lambda v: _int64(_semver(v, "major").major), True)]),
+        cel.FunctionDecl("minor", [overload("semver_minor", I, [X], lambda v: _int64(_semver(v, "minor").minor), True)]),
+        cel.FunctionDecl("patch", [overload("semver_patch", I, [X], lambda v: _int64(_semver(v, "patch").patch), True)]),
         cel.FunctionDecl(
             OPAQUE_EQUALS,
             [

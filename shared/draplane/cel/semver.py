@@ -136,7 +136,7 @@ def parse_semver_normalized(text: str) -> Semver:
         text = text[1:]
     parts = text.split(".", 2)
     for index, part in enumerate(parts):
-        if len(part) > 1:
+        if len(part.encode()) > 1:  # Go's len() counts bytes
             part = part.lstrip("0")
             if not part or part[0] not in _NUMBERS:
                 part = "0" + part
