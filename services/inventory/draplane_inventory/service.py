@@ -295,24 +295,54 @@ class InventoryService:
             return None
         return message
 
-    async def _consume(self) -> None:
-        sub = await self.js.pull_subscribe(
+    async def _subscribe_durable(self):
+        return await self.js.pull_subscribe(
             self.names.snapshot_wildcard, durable=self.names.consumer, stream=self.names.stream,
             config=js_api.ConsumerConfig(
                 ack_policy=js_api.AckPolicy.EXPLICIT, ack_wait=self.settings.ack_wait,
                 max_ack_pending=100_000, max_deliver=-1,
             ),
         )
+
+    async def _jetstream_lost(self) -> bool:
+        """True after making the stream, consumer and bucket again, if NATS lost them (restarted
+        without its store); False when they are there, or NATS cannot say yet."""
+        try:
+            await self.js.consumer_info(self.names.stream, self.names.consumer)
+            await self.js.stream_info(f"KV_{self.names.feed_bucket}")
+            return False
+        except nats.js.errors.NotFoundError:
+            pass
+        except (nats.errors.Error, nats.js.errors.Error, OSError, asyncio.TimeoutError):
+            return False
+        log.warning("inventory: NATS lost the inventory stream, consumer or feed bucket; creating them again")
+        self.metrics.inc("jetstream_recreated_total")
+        await self._ensure_jetstream()
+        # A new bucket needs every key; agents resend their snapshots after reconnecting.
+        self._feed_dirty.update(k for k, names in self.slices.by_key.items() if names)
+        return True
+
+    async def _consume(self) -> None:
+        sub = await self._subscribe_durable()
         failures = 0
         while True:
             try:
-                batch = await sub.fetch(self.settings.fetch_batch, timeout=5.0)
-            except nats.errors.TimeoutError:
-                continue
+                try:
+                    batch = await sub.fetch(self.settings.fetch_batch, timeout=5.0)
+                except nats.errors.TimeoutError:
+                    # Idle, or NATS lost the consumer (a fetch then just times out): ask which.
+                    if await self._jetstream_lost():
+                        sub = await self._subscribe_durable()
+                    continue
             except (nats.errors.Error, nats.js.errors.Error, OSError) as exc:
                 failures += 1
                 log.info("inventory: fetching snapshots failed (%s); retrying", exc)
                 await asyncio.sleep(min(5.0, 0.1 * 2**failures))
+                try:
+                    if await self._jetstream_lost():
+                        sub = await self._subscribe_durable()
+                except (nats.errors.Error, nats.js.errors.Error, OSError) as again:
+                    log.info("inventory: recreating the stream failed (%s); retrying", again)
                 continue
             failures = 0
             now = time.monotonic()
@@ -480,15 +510,20 @@ class InventoryService:
             await asyncio.sleep(self.settings.feed_interval)
             if not self._feed_dirty:
                 continue
-            keys, self._feed_dirty = self._feed_dirty, set()
-            for key in sorted(keys):
+            keys, self._feed_dirty = sorted(self._feed_dirty), set()
+            for i, key in enumerate(keys):
                 try:
                     await self._publish_feed(key)
                 except (nats.errors.Error, nats.js.errors.Error, asyncio.TimeoutError) as exc:
-                    log.info("inventory: feed update for %s failed (%s); retrying", key, exc)
-                    self._feed_dirty.add(key)
+                    log.info("inventory: feed update for %s failed (%s); %d key(s) left to retry", key, exc, len(keys) - i)
+                    self._feed_dirty.update(keys[i:])
+                    break
             if self._feed_dirty:
                 await asyncio.sleep(0.5)
+                try:
+                    await self._jetstream_lost()
+                except (nats.errors.Error, nats.js.errors.Error, OSError):
+                    pass
 
     async def _publish_feed(self, key: str) -> None:
         slices = self.slices.slices(key)

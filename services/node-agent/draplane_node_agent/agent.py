@@ -63,6 +63,7 @@ class AgentFleet:
         self.snapshots_sent = 0
         self.heartbeats_sent = 0
         self._snapshot_wake = asyncio.Event()
+        self._ever_connected = False
         self._tasks: list[asyncio.Task] = []
 
     # --- lifecycle -----------------------------------------------------------------------------
@@ -139,8 +140,9 @@ class AgentFleet:
                 log.info("node agents: NATS connect failed (%s); retrying in %.2fs", exc, delay)
                 await asyncio.sleep(delay)
                 continue
-            if attempt or self.reconnects or self.snapshots_sent:
+            if self._ever_connected:
                 self.reconnects += 1
+            self._ever_connected = True
             attempt = 0
             for agent in self.agents:
                 agent.state.reconnected()

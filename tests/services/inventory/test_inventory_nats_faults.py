@@ -20,7 +20,8 @@ from draplane_node_agent.agent import AgentFleet, SimulatedAgent
 from draplane_node_agent.hardware import driver_devices
 from draplane_node_agent.profile import load_profile
 
-from test_inventory_integration import create_nodes, eventually, node_slices
+from draplane.messages.inventory import decode_feed_entry
+from test_inventory_integration import _tolerant, create_nodes, eventually, node_slices
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(240)]
 
@@ -36,11 +37,16 @@ class AuthNats:
         self.port, self.monitor = free_port(), free_port()
         self.workdir = workdir
         self.config = workdir / "nats.conf"
+        self.agent_keys = agent_keys
+        self.write_config("js")
+
+    def write_config(self, store: str) -> None:
+        workdir, agent_keys = self.workdir, self.agent_keys
         self.config.write_text(
             "\n".join([
                 f"listen: 127.0.0.1:{self.port}",
                 f"http: 127.0.0.1:{self.monitor}",
-                "jetstream { store_dir: " + json.dumps(str(workdir / "js")) + " }",
+                "jetstream { store_dir: " + json.dumps(str(workdir / store)) + " }",
                 "authorization " + json.dumps({"users": [{"nkey": SERVICE_KEY.public_key}] + [
                     {"nkey": key.public_key, "permissions": InventoryNames(PREFIX).agent_permissions(node)}
                     for node, key in agent_keys.items()
@@ -139,7 +145,10 @@ async def _async_true(value):
     return value
 
 
-async def test_nats_restart_under_load_loses_nothing(kube, tmp_path):
+@pytest.mark.parametrize("store", ["kept", "lost"])
+async def test_nats_restart_under_load_loses_nothing(kube, tmp_path, store):
+    """NATS restarts while every agent is sending a changed snapshot; with its store kept, or with
+    a blank one (the stream, the consumer and the feed bucket are gone and must be made again)."""
     suffix = uuid.uuid4().hex[:6]
     nodes = [f"load-{suffix}-{i:03d}" for i in range(120)]
     server = AuthNats(tmp_path, {})
@@ -160,6 +169,8 @@ async def test_nats_restart_under_load_loses_nothing(kube, tmp_path):
         await asyncio.sleep(0.3)
         server.stop()
         await asyncio.sleep(2.0)
+        if store == "lost":
+            server.write_config("js-blank")
         server.start()
         await eventually(lambda: _async_true(fleet.reconnects >= 1), timeout=30)
         await fleet.wait_all_sent(90)
@@ -176,6 +187,10 @@ async def test_nats_restart_under_load_loses_nothing(kube, tmp_path):
 
         await eventually(all_dgx, timeout=120, interval=1.0)
         await service.wait_idle(60)
+        # The feed is whole again too, in the bucket as it now exists.
+        for node in nodes[:5]:
+            entry = await eventually(_tolerant(lambda node=node: service.kv.get(InventoryNames.node_key(node))), timeout=30)
+            assert len(decode_feed_entry(entry.value).slices) == 2
     finally:
         await fleet.stop()
         await service.stop()
