@@ -189,6 +189,7 @@ def compile_message(raw: str, expression: str) -> str:
         line = _UNDECLARED_DEVICE_FIELD.sub(lambda m: f"undefined field '{m.group(1)}'", line)
         if line.startswith("ERROR"):
             line = line.replace("*error*", "!error!")  # cel-go's name for the error type
+            line = _TYPE_PARAM.sub("dyn", line)  # cel-go prints an unresolved type parameter as dyn
         out.append(line)
     return "\n".join(out)
 
@@ -236,6 +237,7 @@ def _is_member_call(text: str, column: int, function: str) -> bool:
     return start > 0 and text[start - 1] == "."
 
 
+_TYPE_PARAM = re.compile(r"\bT%\d+\b")
 _KEY_NOT_FOUND = re.compile(r'Key not found in map\s*:\s*"?(.*?)"?$')
 _NO_OVERLOAD = re.compile(r"No matching overloads found")
 
