@@ -25,7 +25,7 @@ from draplane.api.quantity import QuantityError
 from .errors import CELFunctionError
 from .kube_quantity import KubeQuantity, parse_kube_quantity
 from .semver import SemverError, parse_semver, parse_semver_normalized
-from .rewrite import OPAQUE_EQUALS, OPAQUE_NOT_EQUALS, OPAQUE_SIZE, OPAQUE_STRING
+from .rewrite import MAP_INSERT, OPAQUE_EQUALS, OPAQUE_NOT_EQUALS, OPAQUE_SIZE, OPAQUE_STRING
 from .values import (
     QUANTITY_TAG,
     SEMVER_TAG,
@@ -336,6 +336,32 @@ def _split(text: str, separator: str, limit: int = -1) -> list[str]:
     return text.split(separator) if limit < 0 else text.split(separator, limit - 1)
 
 
+# --- cel.@mapInsert, behind transformMap() and transformMapEntry() (cel-go ext/comprehensions.go) ---
+
+
+def _map_insert_entry(target: dict, key: object, value: object) -> dict:
+    if key in target:
+        raise CELFunctionError(f"insert failed: key {_go_value(key)} already exists")
+    result = dict(target)
+    result[key] = value
+    return result
+
+
+def _map_insert_map(target: dict, entries: dict) -> dict:
+    result = dict(target)
+    for key, value in entries.items():
+        if key in result:
+            raise CELFunctionError(f"insert failed: key {_go_value(key)} already exists")
+        result[key] = value
+    return result
+
+
+def _go_value(value: object) -> str:
+    if isinstance(value, bool):
+        return "true" if value else "false"
+    return str(value)
+
+
 # --- the declarations -------------------------------------------------------------------------------
 
 
@@ -574,6 +600,15 @@ def _runtime_functions() -> list[cel.FunctionDecl]:
                 overload("draplane_split", T.List(S), [S, S], _split),
                 overload("draplane_split_int", T.List(S), [S, S, I], _split),
             ],
+        ),
+        cel.FunctionDecl(
+            MAP_INSERT,
+            [
+                overload(f"draplane_map_insert_{key_name}_{value_name}", T.MAP, [T.MAP, key_kind, value_kind], _map_insert_entry)
+                for key_name, key_kind in {"int64": I, "uint64": T.UINT, "string": S, "bool": B}.items()
+                for value_name, value_kind in {**_OTHER_KINDS, "bytes": X}.items()
+            ]
+            + [overload("draplane_map_insert_map", T.MAP, [T.MAP, T.MAP], _map_insert_map)],
         ),
         cel.FunctionDecl(OPAQUE_SIZE, [overload("opaque_size_bytes", I, [X], _opaque_size)]),
         cel.FunctionDecl(OPAQUE_STRING, [overload("opaque_string_bytes", S, [X], _opaque_string)]),

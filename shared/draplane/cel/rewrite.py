@@ -38,6 +38,10 @@ OPAQUE_NOT_EQUALS = "@draplane.opaque_not_equals"
 OPAQUE_SIZE = "@draplane.opaque_size"
 OPAQUE_STRING = "@draplane.opaque_string"
 
+# cel-cpp's two-variable comprehensions expand transformMap() and transformMapEntry() into calls
+# of cel.@mapInsert but register no implementation for it; they call this one (library.py).
+MAP_INSERT = "@draplane.map_insert"
+
 # Strings-extension overloads whose cel-cpp behaviour differs from cel-go's (substring to the end
 # of the string fails in cel-cpp; indexOf past the end, split on "" differ), and the global
 # function with cel-go's behaviour (library.py) each member call is rewritten to.
@@ -237,6 +241,8 @@ def _rewrite(node: Expr, scope: dict[str, str], ids: _Ids) -> Expr:
                 return _lookup_with_default(ids, kind.args[0], key)
             if kind.function in ("_[?_]", "_?._"):
                 return _optional_of(ids, _lookup_with_default(ids, kind.args[0], key))
+        if kind.function == "cel.@mapInsert":
+            kind.function = MAP_INSERT
         if kind.function == "@in" and len(kind.args) == 2 and isinstance(kind.args[1].kind, CreateList) and not kind.args[1].kind.elements:
             # cel-go turns `x in []` into false while building the program: x is never evaluated.
             return Expr(node.id, Constant("bool", False))

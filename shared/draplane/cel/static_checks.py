@@ -49,14 +49,13 @@ def _device_field_error(ast: ParsedAst, node: Expr, scope: dict[str, str]) -> tu
 
 
 def _exempt_lists(root: Expr) -> set[int]:
-    """List literals given to string.format, which cel-go exempts from the homogeneity rule."""
+    """Literals anywhere inside a string.format call, which cel-go exempts from the rule."""
     exempt: set[int] = set()
     for node in root.walk():
         kind = node.kind
         if isinstance(kind, Call) and kind.function == "format":
             for arg in kind.args:
-                if isinstance(arg.kind, CreateList):
-                    exempt.add(arg.id)
+                exempt.update(inner.id for inner in arg.walk())
     return exempt
 
 

@@ -298,6 +298,11 @@ CASES: list[tuple[str, str]] = [
     ("[1, 2].all(i, v, v > i)", "bare"),
     ("{'a': 1}.exists(k, v, k == 'a' && v == 1)", "bare"),
     ("[1, 2].transformList(i, v, v + i) == [1, 3]", "bare"),
+    ("{'a': 1}.transformMap(k, v, v + 1) == {'a': 2} && [1].transformMap(i, v, v) == {0: 1}", "bare"),
+    ("{'a': 1}.transformMapEntry(k, v, {k + 'x': v}) == {'ax': 1}", "bare"),
+    ("[1, 2].transformMapEntry(i, v, {'k': v}).size() == 1", "bare"),
+    (f"{_G}.transformMap(k, v, k.size()).size() > 0", "gpu"),
+    ("'%s'.format([[1, 'a']]) != ''", "bare"),
     ("cel.bind(x, 2, x * x == 4)", "bare"),
     # cel-cpp's lazy cel.bind reads a stale slot after a comprehension that stopped early.
     ("['a', 'b'].all(k, k.size() > 100) || cel.bind(l, 5, l == 5)", "bare"),
