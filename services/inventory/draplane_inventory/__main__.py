@@ -51,7 +51,20 @@ def build_app(args: argparse.Namespace) -> web.Application:
         options = {"user": args.nats_user, "password": args.nats_password} if args.nats_user else {}
         if args.nkey_seed:
             options["nkeys_seed"] = args.nkey_seed
-        connection = await nats.connect(args.nats, name="draplane-inventory", max_reconnect_attempts=-1, **options)
+        log = logging.getLogger("draplane_inventory")
+
+        async def on_error(exc: Exception) -> None:
+            log.info("NATS: %s", exc)  # nats-py would log a traceback for every failed reconnect
+
+        async def on_disconnected() -> None:
+            log.warning("NATS connection lost; reconnecting")
+
+        async def on_reconnected() -> None:
+            log.info("NATS connection back")
+
+        connection = await nats.connect(args.nats, name="draplane-inventory", max_reconnect_attempts=-1,
+                                        reconnect_time_wait=0.5, error_cb=on_error, disconnected_cb=on_disconnected,
+                                        reconnected_cb=on_reconnected, **options)
         service = InventoryService(kube, connection, InventorySettings(
             prefix=args.prefix, taint_after=args.taint_after, remove_after=args.remove_after, workers=args.workers))
         await service.start()

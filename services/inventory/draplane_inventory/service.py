@@ -43,6 +43,8 @@ from draplane.messages.inventory import (
     encode,
 )
 from draplane_inventory.liveness import Liveness, NodeLivenessTable
+from draplane_inventory.metrics import Metrics
+from draplane_inventory.slicecache import SliceCache
 from draplane_inventory.slices import NodeRef, PoolPlan, is_managed, plan_node
 
 log = logging.getLogger(__name__)
@@ -61,91 +63,6 @@ class InventorySettings:
     stream_max_age: float = 7 * 24 * 3600.0
     # Value of the managed-by label on our slices; only slices with it are ever changed or deleted.
     instance: str = "draplane-inventory"
-
-
-class Metrics:
-    """Counters with labels, rendered in the Prometheus text format."""
-
-    __slots__ = ("counts",)
-
-    def __init__(self) -> None:
-        self.counts: collections.Counter[tuple[str, tuple[tuple[str, str], ...]]] = collections.Counter()
-
-    def inc(self, name: str, amount: int = 1, **labels: str) -> None:
-        self.counts[(name, tuple(sorted(labels.items())))] += amount
-
-    def get(self, name: str, **labels: str) -> int:
-        return self.counts[(name, tuple(sorted(labels.items())))]
-
-    def total(self, name: str) -> int:
-        return sum(v for (n, _), v in self.counts.items() if n == name)
-
-    def render(self) -> str:
-        lines = []
-        for (name, labels), value in sorted(self.counts.items()):
-            label_text = ",".join(f'{k}="{v}"' for k, v in labels)
-            lines.append(f"draplane_inventory_{name}{{{label_text}}} {value}")
-        return "\n".join(lines) + "\n"
-
-
-class SliceCache:
-    """Every ResourceSlice in the cluster, by name, indexed by feed key."""
-
-    def __init__(self, names: InventoryNames, managed_by: str):
-        self.names = names
-        self.managed_by = managed_by
-        self.by_name: dict[str, ResourceSlice] = {}
-        self.by_key: dict[str, set[str]] = collections.defaultdict(set)
-
-    def key_of(self, s: ResourceSlice) -> str:
-        if s.spec.node_name:
-            return self.names.node_key(s.spec.node_name)
-        return self.names.pool_key(s.spec.driver, s.spec.pool.name)
-
-    def put(self, s: ResourceSlice) -> str | None:
-        """Store unless older than what is cached; returns the feed key when something changed."""
-        name = s.metadata.name
-        old = self.by_name.get(name)
-        if old is not None and _rv(old) > _rv(s):
-            return None  # a watch event that our own write already overtook
-        if old is not None:
-            self.by_key[self.key_of(old)].discard(name)
-        self.by_name[name] = s
-        key = self.key_of(s)
-        self.by_key[key].add(name)
-        return key
-
-    def remove(self, name: str, resource_version: str | None = None) -> str | None:
-        old = self.by_name.get(name)
-        if old is None:
-            return None
-        if resource_version is not None and _rv(old) > _rv_text(resource_version):
-            return None  # the deletion of an earlier incarnation; the name was created again since
-        del self.by_name[name]
-        key = self.key_of(old)
-        self.by_key[key].discard(name)
-        return key
-
-    def slices(self, key: str) -> list[ResourceSlice]:
-        return [self.by_name[n] for n in sorted(self.by_key.get(key, ()))]
-
-    def managed_for_node(self, node: str) -> list[ResourceSlice]:
-        return [s for s in self.slices(self.names.node_key(node)) if is_managed(s, self.managed_by)]
-
-    def managed_nodes(self) -> set[str]:
-        return {s.spec.node_name for s in self.by_name.values() if is_managed(s, self.managed_by) and s.spec.node_name}
-
-
-def _rv(s: ResourceSlice) -> int:
-    return _rv_text(s.metadata.resource_version)
-
-
-def _rv_text(text: str | None) -> int:
-    # etcd revisions: comparable as numbers, which only ordering stale watch events needs.
-    try:
-        return int(text or 0)
-    except ValueError:
-        return 0
 
 
 class InventoryService:
