@@ -256,3 +256,13 @@ def _fields_in(message: str) -> list[str]:
     import re
 
     return sorted(set(re.findall(r"\b(?:spec|metadata)(?:\.[A-Za-z]+(?:\[\d+\])*)+", message)))
+
+
+def test_admin_access_flag(capsys, tmp_path):
+    claim = claim_with([{"name": "gpu", "exactly": {"deviceClassName": "gpu", "adminAccess": True}}])
+    path = write(tmp_path, "admin.yaml", claim)
+    code, out, _ = lint(capsys, path)
+    assert code == 1
+    assert "spec.devices.requests[0].adminAccess: Forbidden" in out
+    code, out, _ = lint(capsys, "--admin-access", path)
+    assert (code, out) == (0, "1 object checked: no problems\n")

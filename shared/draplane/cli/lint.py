@@ -35,6 +35,9 @@ def register(subparsers: argparse._SubParsersAction) -> None:
                         help="YAML or JSON files (multi-document, List kinds allowed), folders of them, or - for stdin")
     parser.add_argument("-o", "--output", choices=("text", "json"), default="text",
                         help="text for people (default), json for scripts: a list of problems")
+    parser.add_argument("--admin-access", action="store_true",
+                        help="the claims' namespace is labeled resource.kubernetes.io/admin-access=true, "
+                             "so adminAccess: true is allowed")
     parser.set_defaults(handler=run)
 
 
@@ -77,7 +80,7 @@ def read_documents(path: str) -> list[tuple[str, Any]]:
     return pairs
 
 
-def lint_files(paths: list[str]) -> tuple[list[Problem], list[str], int]:
+def lint_files(paths: list[str], *, admin_access: bool = False) -> tuple[list[Problem], list[str], int]:
     """(problems, unreadable-file messages, number of objects checked)."""
     documents: list[tuple[str, Any]] = []
     unreadable: list[str] = []
@@ -86,7 +89,7 @@ def lint_files(paths: list[str]) -> tuple[list[Problem], list[str], int]:
             documents.extend(read_documents(path))
         except UnreadableFile as exc:
             unreadable.append(str(exc))
-    return validate_objects(documents), unreadable, len(documents)
+    return validate_objects(documents, admin_access=admin_access), unreadable, len(documents)
 
 
 def format_problems(problems: list[Problem], out: TextIO) -> None:
@@ -123,7 +126,7 @@ def _indent(text: str, prefix: str, width: int = 100) -> str:
 
 
 def run(args: argparse.Namespace) -> int:
-    problems, unreadable, checked = lint_files(args.files)
+    problems, unreadable, checked = lint_files(args.files, admin_access=args.admin_access)
     for message in unreadable:
         print(f"draplane lint: {message}", file=sys.stderr)
     if args.output == "json":

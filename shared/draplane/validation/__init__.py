@@ -38,11 +38,14 @@ def object_identity(raw: Any) -> tuple[str, str]:
     return kind, str(name)
 
 
-def validate_object(raw: Any, *, source: str | None = None, domains: dict[str, list[str]] | None = None) -> list[Problem]:
+def validate_object(raw: Any, *, source: str | None = None, domains: dict[str, list[str]] | None = None,
+                    admin_access: bool = False) -> list[Problem]:
     """All problems the v1 apiserver would find in one decoded document.
 
     `domains` maps attribute/capacity names to the driver domains that publish them (see
     `capacity_domains`), so a fix for `device.capacity["memory"]` can name the real domain.
+    `admin_access`: the claims' namespace carries the label resource.kubernetes.io/admin-access=true,
+    without which the apiserver rejects `adminAccess: true`.
     """
     kind, name = object_identity(raw)
     findings = Findings(kind, name, source)
@@ -75,9 +78,9 @@ def validate_object(raw: Any, *, source: str | None = None, domains: dict[str, l
         if kind == "DeviceClass":
             check_device_class(clean, findings, domains or {})
         elif kind == "ResourceClaim":
-            check_resource_claim(clean, raw, findings, domains or {})
+            check_resource_claim(clean, raw, findings, domains or {}, admin_access)
         elif kind == "ResourceClaimTemplate":
-            check_resource_claim_template(clean, raw, findings, domains or {})
+            check_resource_claim_template(clean, raw, findings, domains or {}, admin_access)
         else:
             check_resource_slice(clean, raw, findings)
         return findings.problems
@@ -125,16 +128,16 @@ def capacity_domains(raws: Iterable[Any]) -> dict[str, list[str]]:
     return domains
 
 
-def validate_objects(documents: Iterable[tuple[str | None, Any]]) -> list[Problem]:
+def validate_objects(documents: Iterable[tuple[str | None, Any]], *, admin_access: bool = False) -> list[Problem]:
     """Problems of several (source, raw) documents; slices among them inform the fixes of the others."""
     documents = list(documents)
     domains = capacity_domains(raw for _, raw in documents)
     problems: list[Problem] = []
     for source, raw in documents:
-        problems.extend(validate_object(raw, source=source, domains=domains))
+        problems.extend(validate_object(raw, source=source, domains=domains, admin_access=admin_access))
     return problems
 
 
-def validate_typed(obj: msgspec.Struct, *, source: str | None = None) -> list[Problem]:
+def validate_typed(obj: msgspec.Struct, *, source: str | None = None, admin_access: bool = False) -> list[Problem]:
     """Problems of an already-decoded model (unknown fields are gone by then; everything else is checked)."""
-    return validate_object(msgspec.to_builtins(obj), source=source)
+    return validate_object(msgspec.to_builtins(obj), source=source, admin_access=admin_access)

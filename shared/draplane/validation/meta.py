@@ -13,7 +13,7 @@ NameRule = Callable[[str], list[str]]
 
 
 def check_object_meta(meta: dict[str, Any] | None, findings: Findings, name_rule: NameRule, name_fix: Callable[[str], str],
-                      *, namespaced: bool, path: str = "metadata") -> None:
+                      *, namespaced: bool, path: str = "metadata", check_generate_name: bool = True) -> None:
     meta = meta or {}
     name = meta.get("name")
     generate_name = meta.get("generateName")
@@ -23,17 +23,15 @@ def check_object_meta(meta: dict[str, Any] | None, findings: Findings, name_rule
     if name:
         for message in name_rule(name):
             findings.invalid(f"{path}.name", name, message, fix=f"name: {name_fix(name)}")
-    if generate_name:
-        # generateName gets a random suffix appended; only its prefix is checked here.
+    if generate_name and check_generate_name:
+        # generateName gets a random suffix appended, so only its prefix is checked here.
         trimmed = generate_name.rstrip("-") or generate_name
         for message in name_rule(trimmed):
             findings.invalid(f"{path}.generateName", generate_name, message)
     namespace = meta.get("namespace")
-    if namespace is not None:
-        if not namespaced:
-            findings.forbidden(f"{path}.namespace", f"{findings.kind} is cluster-scoped and has no namespace",
-                               fix=f"remove `namespace: {namespace}`")
-        elif namespace:
+    # A namespace on a cluster-scoped object is ignored by the apiserver, not rejected.
+    if namespace is not None and namespaced:
+        if namespace:
             for message in names.dns1123_label(namespace):
                 findings.invalid(f"{path}.namespace", namespace, message)
     for key, value in (meta.get("labels") or {}).items():
@@ -41,6 +39,12 @@ def check_object_meta(meta: dict[str, Any] | None, findings: Findings, name_rule
             findings.invalid(f"{path}.labels", key, f"not a valid label key: {message}")
         for message in names.label_value(value):
             findings.invalid(f"{path}.labels", value, f"not a valid value for label {key!r}: it {message}")
+    generation = meta.get("generation")
+    if generation is not None and generation < 0:
+        findings.invalid(f"{path}.generation", generation, "must be zero or more (the apiserver sets it anyway)",
+                         fix="remove generation")
+    _check_finalizers(meta.get("finalizers") or [], f"{path}.finalizers", findings)
+    _check_owner_references(meta.get("ownerReferences") or [], f"{path}.ownerReferences", findings)
     annotations = meta.get("annotations") or {}
     size = 0
     for key, value in annotations.items():
@@ -49,6 +53,36 @@ def check_object_meta(meta: dict[str, Any] | None, findings: Findings, name_rule
             findings.invalid(f"{path}.annotations", key, f"not a valid annotation key: {message}")
     if size > ANNOTATIONS_MAX_BYTES:
         findings.too_long(f"{path}.annotations", size, ANNOTATIONS_MAX_BYTES, "the annotations together")
+
+
+STANDARD_FINALIZERS = ("kubernetes", "orphan", "foregroundDeletion")
+
+
+def _check_finalizers(finalizers: list[Any], path: str, findings: Findings) -> None:
+    for index, finalizer in enumerate(finalizers):
+        finalizer = finalizer or ""
+        errors = names.label_key(finalizer)
+        for message in errors:
+            findings.invalid(path, finalizer, f"not a valid finalizer name: {message}")
+        if "/" not in finalizer and finalizer not in STANDARD_FINALIZERS:
+            findings.invalid(f"{path}[{index}]", finalizer, "is neither a standard finalizer name nor qualified with a "
+                             "domain", fix=f"example.com/{finalizer}")
+    if "orphan" in finalizers and "foregroundDeletion" in finalizers:
+        findings.invalid(path, finalizers, "orphan and foregroundDeletion cannot both be set: they are two different "
+                         "deletion policies", fix="keep one of them")
+
+
+def _check_owner_references(references: list[Any], path: str, findings: Findings) -> None:
+    controllers = 0
+    for index, reference in enumerate(references):
+        reference = reference or {}
+        for key in ("apiVersion", "kind", "name", "uid"):
+            if not reference.get(key):
+                findings.required(f"{path}[{index}].{key}", f"an owner reference needs its {key}")
+        controllers += reference.get("controller") is True
+    if controllers > 1:
+        findings.invalid(path, None, "only one owner reference can have controller: true",
+                         fix="set controller: true on the one owner that manages this object")
 
 
 _SELECTOR_OPERATORS = ("In", "NotIn", "Exists", "DoesNotExist", "Gt", "Lt")

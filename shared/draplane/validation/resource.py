@@ -61,7 +61,9 @@ def _duplicates(keys: list[Any], path: str, what: str, findings: Findings, fix: 
 
 
 def check_device_class(obj: dict[str, Any], findings: Findings, domains: Domains) -> None:
-    check_object_meta(obj.get("metadata"), findings, names.dns1123_subdomain, names.to_dns_subdomain, namespaced=False)
+    # The v1.37 apiserver validates a class's name with its own rule, which leaves generateName alone.
+    check_object_meta(obj.get("metadata"), findings, names.dns1123_subdomain, names.to_dns_subdomain, namespaced=False,
+                      check_generate_name=False)
     spec = obj.get("spec") or {}
     selectors = spec.get("selectors")
     if not _too_many(selectors, limits.SELECTORS_MAX, "spec.selectors", "selectors", findings,
@@ -119,17 +121,20 @@ def _check_driver(driver: str, path: str, findings: Findings) -> None:
 # --- ResourceClaim / ResourceClaimTemplate -------------------------------------------------------
 
 
-def check_resource_claim(obj: dict[str, Any], raw: dict[str, Any], findings: Findings, domains: Domains) -> None:
+def check_resource_claim(obj: dict[str, Any], raw: dict[str, Any], findings: Findings, domains: Domains,
+                         admin_access: bool = False) -> None:
     check_object_meta(obj.get("metadata"), findings, names.dns1123_subdomain, names.to_dns_subdomain, namespaced=True)
     spec = obj.get("spec") or {}
     raw_spec = raw.get("spec") if isinstance(raw.get("spec"), dict) else {}
-    request_names = check_device_claim(spec.get("devices") or {}, _raw_devices(raw_spec), "spec.devices", findings, domains)
+    request_names = check_device_claim(spec.get("devices") or {}, _raw_devices(raw_spec), "spec.devices", findings,
+                                       domains, admin_access)
     status = obj.get("status")
     if status:
         _check_claim_status(status, request_names, findings)
 
 
-def check_resource_claim_template(obj: dict[str, Any], raw: dict[str, Any], findings: Findings, domains: Domains) -> None:
+def check_resource_claim_template(obj: dict[str, Any], raw: dict[str, Any], findings: Findings, domains: Domains,
+                                  admin_access: bool = False) -> None:
     check_object_meta(obj.get("metadata"), findings, names.dns1123_subdomain, names.to_dns_subdomain, namespaced=True)
     spec = obj.get("spec") or {}
     template_meta = spec.get("metadata") or {}
@@ -144,7 +149,7 @@ def check_resource_claim_template(obj: dict[str, Any], raw: dict[str, Any], find
     raw_spec = raw.get("spec") if isinstance(raw.get("spec"), dict) else {}
     raw_inner = raw_spec.get("spec") if isinstance(raw_spec.get("spec"), dict) else {}
     check_device_claim(((spec.get("spec") or {}).get("devices")) or {}, _raw_devices(raw_inner), "spec.spec.devices",
-                       findings, domains)
+                       findings, domains, admin_access)
 
 
 def _raw_devices(raw_spec: dict[str, Any]) -> dict[str, Any]:
@@ -156,7 +161,7 @@ RequestNames = dict[str, set[str] | None]
 
 
 def check_device_claim(devices: dict[str, Any], raw_devices: dict[str, Any], path: str, findings: Findings,
-                       domains: Domains) -> RequestNames:
+                       domains: Domains, admin_access: bool = False) -> RequestNames:
     requests = devices.get("requests")
     raw_requests = raw_devices.get("requests") if isinstance(raw_devices.get("requests"), list) else []
     request_names = _gather_request_names(requests or [])
@@ -170,7 +175,7 @@ def check_device_claim(devices: dict[str, Any], raw_devices: dict[str, Any], pat
         for index, request in enumerate(requests or []):
             raw_request = raw_requests[index] if index < len(raw_requests) and isinstance(raw_requests[index], dict) else {}
             _check_request(request or {}, raw_request, f"{path}.requests[{index}]", findings, domains,
-                           constraint_attributes)
+                           constraint_attributes, admin_access)
         _duplicates([(r or {}).get("name") or "" for r in requests or []], f"{path}.requests", "request name", findings)
     constraints = devices.get("constraints")
     if not _too_many(constraints, limits.CONSTRAINTS_MAX, f"{path}.constraints", "constraints", findings):
@@ -242,7 +247,7 @@ def _report_v1beta1_shape(raw_request: dict[str, Any], path: str, findings: Find
 
 
 def _check_request(request: dict[str, Any], raw_request: dict[str, Any], path: str, findings: Findings,
-                   domains: Domains, constraint_attributes: dict[str, set[str]]) -> None:
+                   domains: Domains, constraint_attributes: dict[str, set[str]], admin_access: bool = False) -> None:
     name = request.get("name") or ""
     _check_request_name(name, f"{path}.name", findings)
     moved = _v1beta1_fields(raw_request)  # reported by _report_v1beta1_shape
@@ -257,10 +262,26 @@ def _check_request(request: dict[str, Any], raw_request: dict[str, Any], path: s
     if has_exactly and has_first:
         findings.invalid(path, None, "a request sets both `exactly` and `firstAvailable`; exactly one is allowed",
                          fix="keep one of them; alternatives go into firstAvailable, a single choice into exactly")
+        # The handwritten checks stop here, the declarative ones still look at both halves.
+        _check_exact_declaratively(request["exactly"], f"{path}.exactly", findings)
+        subrequests = request["firstAvailable"]
+        if not _too_many(subrequests, limits.FIRST_AVAILABLE_MAX, f"{path}.firstAvailable", "subrequests", findings):
+            for index, sub in enumerate(subrequests):
+                sub_path = f"{path}.firstAvailable[{index}]"
+                _check_device_class_name((sub or {}).get("deviceClassName") or "", f"{sub_path}.deviceClassName", findings)
+                _check_exact_declaratively(sub or {}, sub_path, findings)
+            _duplicates([(s or {}).get("name") or "" for s in subrequests], f"{path}.firstAvailable",
+                        "subrequest name", findings)
         return
+    if has_exactly and request["exactly"].get("adminAccess") is True and not admin_access:
+        # Checked by the apiserver against the namespace's labels and reported on the request itself,
+        # at spec.devices... even in a template (whose requests are under spec.spec.devices).
+        findings.forbidden(path.replace("spec.spec.", "spec.", 1) + ".adminAccess", "adminAccess: true is only accepted in a namespace labeled "
+                           "resource.kubernetes.io/admin-access: \"true\"",
+                           fix="kubectl label namespace <namespace> resource.kubernetes.io/admin-access=true "
+                               "(cluster admins only), or remove adminAccess")
     if has_exactly:
-        _check_exact(request["exactly"], f"{path}.exactly", findings, domains, name, constraint_attributes,
-                     admin_access_allowed=True)
+        _check_exact(request["exactly"], f"{path}.exactly", findings, domains, name, constraint_attributes)
         return
     subrequests = request["firstAvailable"]
     if _too_many(subrequests, limits.FIRST_AVAILABLE_MAX, f"{path}.firstAvailable", "subrequests", findings,
@@ -270,8 +291,7 @@ def _check_request(request: dict[str, Any], raw_request: dict[str, Any], path: s
         sub = sub or {}
         sub_path = f"{path}.firstAvailable[{index}]"
         _check_request_name(sub.get("name") or "", f"{sub_path}.name", findings)
-        _check_exact(sub, sub_path, findings, domains, f"{name}/{sub.get('name') or ''}", constraint_attributes,
-                     admin_access_allowed=False)
+        _check_exact(sub, sub_path, findings, domains, f"{name}/{sub.get('name') or ''}", constraint_attributes)
     _duplicates([(s or {}).get("name") or "" for s in subrequests], f"{path}.firstAvailable", "subrequest name", findings)
 
 
@@ -284,16 +304,41 @@ def _check_request_name(name: str, path: str, findings: Findings) -> None:
         findings.invalid(path, name, message, fix=f"name: {names.to_dns_label(name)}")
 
 
-def _check_exact(request: dict[str, Any], path: str, findings: Findings, domains: Domains, request_name: str,
-                 constraint_attributes: dict[str, set[str]], *, admin_access_allowed: bool) -> None:
-    class_name = request.get("deviceClassName") or ""
+def _check_device_class_name(class_name: str, path: str, findings: Findings) -> None:
     if not class_name:
-        findings.required(f"{path}.deviceClassName", "every request names the DeviceClass it draws devices from",
+        findings.required(path, "every request names the DeviceClass it draws devices from",
                           fix="deviceClassName: <name of a DeviceClass>")
-    else:
-        for message in names.dns1123_subdomain(class_name):
-            findings.invalid(f"{path}.deviceClassName", class_name, message,
-                             fix=f"deviceClassName: {names.to_dns_subdomain(class_name)}")
+        return
+    for message in names.dns1123_subdomain(class_name):
+        findings.invalid(path, class_name, message, fix=f"deviceClassName: {names.to_dns_subdomain(class_name)}")
+
+
+def _check_exact_declaratively(request: dict[str, Any], path: str, findings: Findings) -> None:
+    """What Kubernetes 1.37 checks declaratively in an exact request or subrequest: the mode and the tolerations."""
+    mode = request.get("allocationMode") or "ExactCount"
+    if mode not in ALLOCATION_MODES:
+        findings.unsupported(f"{path}.allocationMode", mode, ALLOCATION_MODES,
+                             fix="allocationMode: ExactCount (with count), or All")
+    for index, toleration in enumerate(request.get("tolerations") or []):
+        check_toleration(toleration or {}, f"{path}.tolerations[{index}]", findings)
+    derived = request.get("derivedAttributes")
+    if not _too_many(derived, limits.DERIVED_ATTRIBUTES_MAX, f"{path}.derivedAttributes", "derived attributes", findings):
+        for index, attribute in enumerate(derived or []):
+            attribute = attribute or {}
+            a_path = f"{path}.derivedAttributes[{index}]"
+            if not attribute.get("name"):
+                findings.required(f"{a_path}.name", "a derived attribute needs a fully qualified name",
+                                  fix="name: derived/numaNode")
+            else:
+                for message in names.declared_fully_qualified_name(attribute["name"]):
+                    findings.invalid(f"{a_path}.name", attribute["name"], message)
+            if not attribute.get("expression"):
+                findings.required(f"{a_path}.expression", "a derived attribute needs a CEL expression")
+
+
+def _check_exact(request: dict[str, Any], path: str, findings: Findings, domains: Domains, request_name: str,
+                 constraint_attributes: dict[str, set[str]]) -> None:
+    _check_device_class_name(request.get("deviceClassName") or "", f"{path}.deviceClassName", findings)
     selectors = request.get("selectors")
     if not _too_many(selectors, limits.SELECTORS_MAX, f"{path}.selectors", "selectors", findings,
                      fix="combine selectors with && in fewer expressions"):
@@ -314,8 +359,6 @@ def _check_exact(request: dict[str, Any], path: str, findings: Findings, domains
     else:
         findings.unsupported(f"{path}.allocationMode", mode, ALLOCATION_MODES,
                              fix="allocationMode: ExactCount (with count), or All")
-    if request.get("adminAccess") is not None and not admin_access_allowed:
-        findings.forbidden(f"{path}.adminAccess", "adminAccess is only allowed under exactly")
     # The API documents at most 16 tolerations, but the v1.37 apiserver does not enforce it (checked
     # against the real one in test_validation_apiserver.py), so neither do we.
     for index, toleration in enumerate(request.get("tolerations") or []):
@@ -385,7 +428,8 @@ def _check_constraint(constraint: dict[str, Any], path: str, request_names: Requ
     if match is None and distinct is None:
         findings.required(path, 'a constraint needs exactly one of "matchAttribute" or "distinctAttribute"',
                           fix="matchAttribute: resource.kubernetes.io/pcieRoot")
-    for key, value in (("matchAttribute", match), ("distinctAttribute", distinct if match is None else None)):
+    # Both formats are checked (declaratively), even though only one of them may be set.
+    for key, value in (("matchAttribute", match), ("distinctAttribute", distinct)):
         if value is None:
             continue
         for message in names.declared_fully_qualified_name(value):
@@ -698,6 +742,8 @@ def _check_device(device: dict[str, Any], path: str, per_device_node_selection: 
     _check_consumptions(device.get("consumesCounters"), f"{path}.consumesCounters", findings)
     _check_device_node_selection(device, path, per_device_node_selection, findings)
     check_binding_conditions(device, path, findings)
+    _check_node_allocatable_resources(device.get("nodeAllocatableResources") or {}, capacity,
+                                      f"{path}.nodeAllocatableResources", findings)
 
 
 def _check_consumptions(consumptions: list[Any] | None, path: str, findings: Findings) -> None:
@@ -711,6 +757,10 @@ def _check_consumptions(consumptions: list[Any] | None, path: str, findings: Fin
                         limits.COUNTERS_PER_COUNTER_CONSUMPTION_MAX, findings)
         groups = consumption.get("compatibilityGroups")
         if not _too_many(groups, limits.COMPATIBILITY_GROUPS_MAX, f"{c_path}.compatibilityGroups", "groups", findings):
+            for g_index, group in enumerate(groups or []):
+                for message in names.dns1123_label(group or ""):
+                    findings.invalid(f"{c_path}.compatibilityGroups[{g_index}]", group, message,
+                                     fix=f"{names.to_dns_label(group or '')}")
             _duplicates(list(groups or []), f"{c_path}.compatibilityGroups", "group", findings)
     _duplicates([(c or {}).get("counterSet") or "" for c in consumptions or []], path, "counter set", findings,
                 fix="list all counters this device takes from one counter set in a single entry")
@@ -727,6 +777,61 @@ def _check_device_declaratively(device: dict[str, Any], path: str, findings: Fin
     for key, limit in (("bindingConditions", limits.BINDING_CONDITIONS_MAX),
                        ("bindingFailureConditions", limits.BINDING_FAILURE_CONDITIONS_MAX)):
         _too_many(device.get(key), limit, f"{path}.{key}", "conditions", findings)
+
+
+# Node-allocatable resources a DRA driver may take over (corehelper.IsNodeAllocatableResourceName).
+_NODE_ALLOCATABLE = ("cpu", "memory", "ephemeral-storage")
+
+
+def _is_node_allocatable(name: str) -> bool:
+    return name in _NODE_ALLOCATABLE or name.startswith("hugepages-")
+
+
+def _check_node_allocatable_resources(resources: dict[str, Any], capacity: dict[str, Any], path: str,
+                                      findings: Findings) -> None:
+    for name, resource in resources.items():
+        key_path = f"{path}[{name}]"
+        if not _is_node_allocatable(name):
+            findings.invalid(key_path, name, "must be a node allocatable resource name: cpu, memory, ephemeral-storage "
+                             "or hugepages-<size> (extended resources are not allowed here)")
+        mapping, overhead = resource.get("mapping"), resource.get("overhead")
+        if mapping is None and overhead is None:
+            findings.required(key_path, "at least one of mapping or overhead must be set",
+                              fix="mapping:\n  deviceMultiplier: \"1\"")
+        if mapping is not None:
+            _check_allocatable_mapping(mapping, capacity, f"{key_path}.mapping", findings)
+        if overhead is not None:
+            _check_allocatable_overhead(overhead, f"{key_path}.overhead", findings)
+
+
+def _check_allocatable_mapping(mapping: dict[str, Any], capacity: dict[str, Any], path: str, findings: Findings) -> None:
+    key = mapping.get("capacityKey")
+    multiplier = mapping.get("capacityMultiplier")
+    if key is not None:
+        if key == "":
+            findings.invalid(f"{path}.capacityKey", "", "capacityKey must not be an empty string")
+        elif key not in capacity:
+            findings.add(f"{path}.capacityKey", "Not found", f"{key!r} is not a capacity of this device",
+                         fix=f"use one of: {', '.join(sorted(capacity))}" if capacity else None)
+        if multiplier is None:
+            findings.required(f"{path}.capacityMultiplier", "capacityMultiplier is required when capacityKey is set")
+        elif _q(multiplier) <= 0:
+            findings.invalid(f"{path}.capacityMultiplier", multiplier, "must be positive")
+    device_multiplier = mapping.get("deviceMultiplier")
+    if device_multiplier is not None and _q(device_multiplier) <= 0:
+        findings.invalid(f"{path}.deviceMultiplier", device_multiplier, "must be positive")
+    if multiplier is not None and key is None:
+        findings.required(f"{path}.capacityKey", "capacityKey is required when capacityMultiplier is set")
+
+
+def _check_allocatable_overhead(overhead: dict[str, Any], path: str, findings: Findings) -> None:
+    per_pod, per_container = overhead.get("perPod"), overhead.get("perContainer")
+    if per_pod is None and per_container is None:
+        findings.invalid(path, "", "at least one of perPod or perContainer must be set")
+        return
+    for key, value in (("perPod", per_pod), ("perContainer", per_container)):
+        if value is not None and _q(value) < 0:
+            findings.invalid(f"{path}.{key}", value, "must be non-negative")
 
 
 def _attribute_value_count(attribute: dict[str, Any]) -> int:
@@ -960,9 +1065,16 @@ def _check_device_node_selection(device: dict[str, Any], path: str, per_device: 
                           fix="nodeName: <node name>")
 
 
+SKIP_NODE_OPERATIONS = ("*", "NodePrepareResources", "NodeUnprepareResources")
+
+
 def _check_skip_node_operations(operations: list[Any] | None, path: str, findings: Findings) -> None:
     if not operations:
         return
+    for index, operation in enumerate(operations):
+        if operation not in SKIP_NODE_OPERATIONS:
+            findings.unsupported(f"{path}[{index}]", operation, SKIP_NODE_OPERATIONS)
+    _duplicates(list(operations), path, "operation", findings, fix="list each operation once")
     chosen = set(operations)
     if "NodePrepareResources" in chosen and not ({"NodeUnprepareResources", "*"} & chosen):
         findings.invalid(path, operations, "NodePrepareResources cannot be skipped unless NodeUnprepareResources is "

@@ -66,7 +66,10 @@ OBJECT_META = Struct("ObjectMeta", {
     "deletionTimestamp": TIME, "deletionGracePeriodSeconds": INTEGER,
     "labels": MapOf(STRING), "annotations": MapOf(STRING),
     "ownerReferences": ListOf(OWNER_REFERENCE), "finalizers": ListOf(STRING),
-    "managedFields": ListOf(ANY),
+    "managedFields": ListOf(Struct("ManagedFieldsEntry", {
+        "manager": STRING, "operation": STRING, "apiVersion": STRING, "time": TIME, "fieldsType": STRING,
+        "fieldsV1": ANY, "subresource": STRING,
+    })),
 })
 
 NODE_SELECTOR_REQUIREMENT = Struct("NodeSelectorRequirement", {

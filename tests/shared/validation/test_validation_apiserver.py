@@ -5,7 +5,6 @@ apiserver names. Objects are sent with dryRun=All, so nothing is stored.
 
 from __future__ import annotations
 
-import json
 import re
 
 import pytest

@@ -15,6 +15,7 @@ import pytest
 from draplane.kube import KubeApiError
 from draplane.validation import validate_object
 from draplane.validation.problem import WRONG_TYPE
+from draplane.validation.schema import OBJECTS, ListOf, MapOf, Struct
 from test_validation_apiserver import _apiserver_fields, _send, _unknown_fields, _validated_fields
 
 pytestmark = pytest.mark.integration
@@ -88,6 +89,34 @@ def _parent(obj: Any, path: tuple) -> Any:
     return obj
 
 
+def _schema_at(obj: dict[str, Any], path: tuple) -> Any:
+    """The schema node describing the value at `path`, or None where the object left the schema."""
+    node: Any = OBJECTS.get(obj.get("kind"))
+    for step in path:
+        if isinstance(node, Struct) and isinstance(step, str):
+            node = node.fields.get(step)
+        elif isinstance(node, ListOf) and isinstance(step, int):
+            node = node.item
+        elif isinstance(node, MapOf) and isinstance(step, str):
+            node = node.value
+        else:
+            return None
+    return node
+
+
+def _plausible(schema: Any, rng: random.Random) -> Any:
+    """A value of roughly the right shape, so inserts reach the rules and not only the decoder."""
+    if isinstance(schema, Struct):
+        return {}
+    if isinstance(schema, ListOf):
+        return [_plausible(schema.item, rng)]
+    if isinstance(schema, MapOf):
+        return {rng.choice(("memory", "gpu.nvidia.com/cores", "k")): _plausible(schema.value, rng)}
+    by_type = {"string": [a for a in AWKWARD if isinstance(a, str)], "integer": [-1, 0, 1, 33, 2**40],
+               "boolean": [True, False], "quantity": ["1", "80Gi", "100m", "-1"], "time": ["2026-01-01T00:00:00Z"]}
+    return copy.deepcopy(rng.choice(by_type.get(getattr(schema, "type", ""), AWKWARD)))
+
+
 def mutate(obj: dict[str, Any], rng: random.Random) -> list[str]:
     done = []
     for _ in range(rng.randint(1, 3)):
@@ -97,7 +126,8 @@ def mutate(obj: dict[str, Any], rng: random.Random) -> list[str]:
         path = rng.choice(nodes)
         parent = _parent(obj, path)
         key = path[-1]
-        operation = rng.choice(("delete", "replace", "replace", "replace", "duplicate", "unknown", "grow"))
+        operation = rng.choice(("delete", "replace", "replace", "replace", "duplicate", "unknown", "grow",
+                                "insert", "insert", "insert"))
         if operation == "delete":
             del parent[key]
         elif operation == "replace":
@@ -106,6 +136,14 @@ def mutate(obj: dict[str, Any], rng: random.Random) -> list[str]:
             parent.append(copy.deepcopy(parent[key]))
         elif operation == "grow" and isinstance(parent, list):
             parent.extend(copy.deepcopy(parent[key]) for _ in range(rng.choice((7, 31, 64, 128))))
+        elif operation == "insert" and isinstance(parent[key], dict):
+            schema = _schema_at(obj, path)
+            missing = [f for f in getattr(schema, "fields", {}) if f not in parent[key]]
+            if not missing:
+                continue
+            field = rng.choice(missing)
+            parent[key][field] = _plausible(schema.fields[field], rng)
+            path = path + (field,)
         elif operation == "unknown" and isinstance(parent[key], dict):
             parent[key][rng.choice(("extra", "deviceClassName", "count", "basic", "Name"))] = "x"
         else:

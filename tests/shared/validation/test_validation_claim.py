@@ -217,3 +217,23 @@ def test_fixes_for_common_slips(build):
     assert problems[0].fix == "did you mean 'nic'?"
     problems = validate_object(build.claim(constraints=[{"matchAttribute": "numa"}]))
     assert problems[0].fix.startswith("matchAttribute: <driver domain>/numa")
+
+
+def test_admin_access_needs_the_namespace_label(build):
+    claim = build.claim([build.exact("gpu", adminAccess=True)])
+    problems = validate_object(claim)
+    # Reported where the apiserver reports it: on the request, not under exactly.
+    assert [(p.field, p.reason) for p in problems] == [("spec.devices.requests[0].adminAccess", FORBIDDEN)]
+    assert "resource.kubernetes.io/admin-access" in problems[0].fix
+    assert validate_object(claim, admin_access=True) == []
+    assert validate_object(build.claim([build.exact("gpu", adminAccess=False)])) == []
+
+
+def test_both_exactly_and_first_available_still_get_the_declarative_checks(build):
+    request = build.exact("gpu", allocationMode="Some", count=-1)
+    request["firstAvailable"] = [{"name": "a", "deviceClassName": "Bad_Class"}, {"name": "a", "deviceClassName": ""}]
+    problems = validate_object(build.claim([request]))
+    assert [p.field for p in problems] == [
+        "spec.devices.requests[0]", "spec.devices.requests[0].exactly.allocationMode",
+        "spec.devices.requests[0].firstAvailable[0].deviceClassName",
+        "spec.devices.requests[0].firstAvailable[1].deviceClassName", "spec.devices.requests[0].firstAvailable[1]"]

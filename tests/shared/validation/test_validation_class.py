@@ -1,7 +1,7 @@
 """DeviceClass rules, including CEL compile and type errors through draplane.cel."""
 
 from draplane.validation import validate_object
-from draplane.validation.problem import FORBIDDEN, INVALID, REQUIRED, TOO_LONG, TOO_MANY
+from draplane.validation.problem import INVALID, REQUIRED, TOO_LONG, TOO_MANY
 
 
 def test_valid_class_has_no_problems(build):
@@ -19,10 +19,10 @@ def test_class_name_is_a_dns_subdomain(build):
     assert problems[0].fix == "name: high-memory-gpu"
 
 
-def test_class_is_cluster_scoped(build):
+def test_a_namespace_on_a_class_is_ignored_like_the_apiserver_does(build):
     obj = build.device_class()
-    obj["metadata"]["namespace"] = "default"
-    assert [(p.field, p.reason) for p in validate_object(obj)] == [("metadata.namespace", FORBIDDEN)]
+    obj["metadata"]["namespace"] = "Not_A_Namespace"
+    assert validate_object(obj) == []
 
 
 def test_selector_needs_cel(build):

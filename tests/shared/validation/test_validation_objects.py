@@ -58,3 +58,29 @@ def test_pod_claim_references():
 
 def test_node_is_accepted():
     assert validate_object({"apiVersion": "v1", "kind": "Node", "metadata": {"name": "node-1"}}) == []
+
+
+def test_finalizers_owner_references_and_generation(build):
+    claim = build.claim()
+    claim["metadata"].update(
+        finalizers=["x", "example.com/keep", "kubernetes", "orphan", "foregroundDeletion"],
+        ownerReferences=[{"apiVersion": "v1", "kind": "Pod", "name": "p", "uid": "u1", "controller": True},
+                         {"apiVersion": "v1", "kind": "Pod", "name": "q", "uid": "u2", "controller": True},
+                         {"kind": "Pod"}],
+        generation=-1,
+    )
+    problems = validate_object(claim)
+    assert [p.field for p in problems] == [
+        "metadata.generation", "metadata.finalizers[0]", "metadata.finalizers",
+        "metadata.ownerReferences[2].apiVersion", "metadata.ownerReferences[2].name",
+        "metadata.ownerReferences[2].uid", "metadata.ownerReferences"]
+    assert problems[1].fix == "example.com/x"
+
+
+def test_generate_name_is_checked_except_on_classes(build):
+    claim = build.claim()
+    claim["metadata"]["generateName"] = "Bad_"
+    assert [p.field for p in validate_object(claim)] == ["metadata.generateName"]
+    cls = build.device_class()
+    cls["metadata"]["generateName"] = "Bad_"
+    assert validate_object(cls) == []

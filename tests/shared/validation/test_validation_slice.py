@@ -201,3 +201,35 @@ def test_oversized_slice_still_gets_the_declarative_device_checks(build):
     problems = validate_object(build.slice(devices))
     assert [(p.field, p.reason) for p in problems] == [
         ("spec.devices", TOO_MANY), ("spec.devices[5].consumesCounters[1]", DUPLICATE)]
+
+
+def test_skip_node_operations(build):
+    assert validate_object(build.slice(skipNodeOperations=["NodePrepareResources", "NodeUnprepareResources"])) == []
+    problems = validate_object(build.slice(skipNodeOperations=["Everything", "*", "*"]))
+    assert [(p.field, p.reason) for p in problems] == [
+        ("spec.skipNodeOperations[0]", UNSUPPORTED), ("spec.skipNodeOperations[2]", DUPLICATE)]
+    problems = validate_object(build.slice(skipNodeOperations=["NodePrepareResources"]))
+    assert [p.field for p in problems] == ["spec.skipNodeOperations"]
+
+
+def test_compatibility_groups(build):
+    consumption = {"counterSet": "gpu-0", "counters": {"memory": {"value": "10Gi"}},
+                   "compatibilityGroups": ["Half_A", "b"]}
+    problems = validate_object(build.slice([build.device("mig-0", consumesCounters=[consumption])]))
+    assert [p.field for p in problems] == ["spec.devices[0].consumesCounters[0].compatibilityGroups[0]"]
+
+
+def test_node_allocatable_resources(build):
+    ok = build.device("cpu-0", nodeAllocatableResources={
+        "cpu": {"mapping": {"capacityKey": "memory", "capacityMultiplier": "2"}},
+        "memory": {"overhead": {"perPod": "1Gi"}}})
+    assert validate_object(build.slice([ok])) == []
+    bad = build.device("cpu-0", nodeAllocatableResources={
+        "example.com/gpu": {}, "cpu": {"mapping": {"capacityKey": "cores", "deviceMultiplier": "-1"}},
+        "memory": {"overhead": {}}})
+    problems = validate_object(build.slice([bad]))
+    base = "spec.devices[0].nodeAllocatableResources"
+    assert [(p.field, p.reason) for p in problems] == [
+        (f"{base}[example.com/gpu]", INVALID), (f"{base}[example.com/gpu]", REQUIRED),
+        (f"{base}[cpu].mapping.capacityKey", "Not found"), (f"{base}[cpu].mapping.capacityMultiplier", REQUIRED),
+        (f"{base}[cpu].mapping.deviceMultiplier", INVALID), (f"{base}[memory].overhead", INVALID)]
