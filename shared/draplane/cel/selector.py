@@ -103,11 +103,19 @@ _NOT_BOOL = {
 }
 
 
-@lru_cache(maxsize=4096)
 def compile_selector(expression: str) -> DeviceSelectorProgram:
     """Compile once per expression string; raise CELCompileError with the apiserver's reason."""
     if not isinstance(expression, str):
         raise CELCompileError(str(expression), f"expression must be a string, got {type(expression).__name__}", "syntax")
+    return _compile_cached(expression)
+
+
+# Cached per expression string; failures are not cached and raise again each time.
+compile_selector.cache_clear = lambda: _compile_cached.cache_clear()  # type: ignore[attr-defined]
+
+
+@lru_cache(maxsize=4096)
+def _compile_cached(expression: str) -> DeviceSelectorProgram:
     size = len(expression.encode())
     if size > MAX_EXPRESSION_LENGTH:
         # field.TooLong's wording; Go's len() counts bytes.

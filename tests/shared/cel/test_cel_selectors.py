@@ -308,6 +308,12 @@ def test_compilation_is_cached_per_expression():
     assert compile_selector('device.driver == "other.example.com"') is not first
 
 
+def test_an_expression_that_is_not_a_string_is_a_compile_error():
+    for bad in (None, 42, ["device.driver == 'x'"]):
+        with pytest.raises(CELCompileError, match="expression must be a string"):
+            compile_selector(bad)
+
+
 def test_failed_compilations_raise_every_time():
     for _ in range(2):
         with pytest.raises(CELCompileError):
