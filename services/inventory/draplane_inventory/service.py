@@ -87,6 +87,8 @@ class InventoryService:
         self._feed_published: set[str] = set()
         self._synced = {"nodes": asyncio.Event(), "slices": asyncio.Event()}
         self._tasks: list[asyncio.Task] = []
+        # Loops also check this: nats-py swallows a cancellation that lands inside its flush().
+        self._stopping = False
         self._heartbeat_sub = None
         self.kv = None
 
@@ -115,6 +117,7 @@ class InventoryService:
 
     async def stop(self, timeout: float = 10.0) -> None:
         """Cancel every task and wait for them, but never forever: a hung one is logged and left."""
+        self._stopping = True
         if self._heartbeat_sub is not None:
             try:
                 await asyncio.wait_for(self._heartbeat_sub.unsubscribe(), timeout)
@@ -179,7 +182,7 @@ class InventoryService:
         primed: dict[str, NodeSnapshot] = {}
         now = time.monotonic()
         try:
-            while True:
+            while not self._stopping:
                 try:
                     batch = await sub.fetch(self.settings.fetch_batch, timeout=1.0)
                 except nats.errors.TimeoutError:
@@ -242,7 +245,7 @@ class InventoryService:
     async def _consume(self) -> None:
         sub = await self._subscribe_durable()
         failures = 0
-        while True:
+        while not self._stopping:
             try:
                 try:
                     batch = await sub.fetch(self.settings.fetch_batch, timeout=5.0)
@@ -290,7 +293,7 @@ class InventoryService:
             self._mark_dirty(message.node)
 
     async def _expire_loop(self) -> None:
-        while True:
+        while not self._stopping:
             await asyncio.sleep(self.settings.check_interval)
             for node in self.liveness.expire(time.monotonic(), time.time()):
                 state = self.liveness.liveness(node)
@@ -341,7 +344,7 @@ class InventoryService:
             self._dirty.put_nowait(node)
 
     async def _worker(self) -> None:
-        while True:
+        while not self._stopping:
             node = await self._dirty.get()
             self._queued.discard(node)
             self._in_flight.add(node)
@@ -423,7 +426,7 @@ class InventoryService:
     # --- inventory feed ------------------------------------------------------------------------
 
     async def _feed_loop(self) -> None:
-        while True:
+        while not self._stopping:
             await asyncio.sleep(self.settings.feed_interval)
             if not self._feed_dirty:
                 continue

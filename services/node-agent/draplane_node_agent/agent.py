@@ -64,6 +64,8 @@ class AgentFleet:
         self.heartbeats_sent = 0
         self._snapshot_wake = asyncio.Event()
         self._ever_connected = False
+        # Loops also check this: nats-py swallows a cancellation that lands inside its flush().
+        self._stopping = False
         self._tasks: list[asyncio.Task] = []
 
     # --- lifecycle -----------------------------------------------------------------------------
@@ -79,6 +81,7 @@ class AgentFleet:
         ]
 
     async def stop(self) -> None:
+        self._stopping = True
         for task in self._tasks:
             task.cancel()
         if self._tasks:
@@ -130,7 +133,7 @@ class AgentFleet:
 
     async def _connection_loop(self) -> None:
         attempt = 0
-        while True:
+        while not self._stopping:
             try:
                 self.lost.clear()
                 self.connection = await self._connect()
@@ -176,7 +179,7 @@ class AgentFleet:
     async def _snapshot_loop(self) -> None:
         semaphore = asyncio.Semaphore(self.publish_concurrency)
         attempt = 0
-        while True:
+        while not self._stopping:
             await self._snapshot_wake.wait()
             self._snapshot_wake.clear()
             await self.connected.wait()
@@ -192,13 +195,13 @@ class AgentFleet:
 
     async def _heartbeat_loop(self) -> None:
         # Spread the fleet's heartbeats over the interval instead of sending them in one burst.
-        while True:
+        while not self._stopping:
             start = time.monotonic()
             await self.connected.wait()
             step = self.heartbeat_interval / max(1, len(self.agents))
             for i, agent in enumerate(self.agents):
                 connection = self.connection
-                if connection is None or not self.connected.is_set():
+                if connection is None or not self.connected.is_set() or self._stopping:
                     break
                 try:
                     await connection.publish(self.names.heartbeat_subject(agent.state.node), encode(agent.state.heartbeat(time.time())))
@@ -213,7 +216,7 @@ class AgentFleet:
             await asyncio.sleep(max(0.0, remaining) + random.uniform(0, self.heartbeat_interval * 0.05))
 
     async def _rescan_loop(self) -> None:
-        while True:
+        while not self._stopping:
             await asyncio.sleep(self.rescan_interval)
             try:
                 self.rescan_now()
