@@ -17,6 +17,7 @@ get one runtime overload that dispatches on the tag, as the Go runtime dispatche
 from __future__ import annotations
 
 import re
+from functools import lru_cache
 
 from cel_expr_python import cel
 
@@ -24,6 +25,7 @@ from draplane.api.quantity import QuantityError
 
 from .errors import CELFunctionError
 from .kube_quantity import KubeQuantity, parse_kube_quantity
+from .program_checks import go_regexp_message
 from .semver import SemverError, parse_semver, parse_semver_normalized
 from .rewrite import MAP_INSERT, OPAQUE_EQUALS, OPAQUE_NOT_EQUALS, OPAQUE_SIZE, OPAQUE_STRING
 from .values import (
@@ -214,9 +216,18 @@ def _list_extreme(name: str, prefer):
     return pick
 
 
+# Set by selector.py once the runtime environment exists: RE2's verdict on a pattern (None if valid).
+regex_check = None
+
+
+@lru_cache(maxsize=1024)
 def _compile_regex(pattern: str):
+    """Go's regexp is RE2: the pattern must be valid RE2, and \\d, \\w, \\s, \\b are ASCII-only."""
+    problem = regex_check(pattern) if regex_check is not None else None
+    if problem is not None:
+        raise CELFunctionError(f"Illegal regex: {go_regexp_message(problem, pattern)}")
     try:
-        return re.compile(pattern)
+        return re.compile(pattern, re.ASCII)
     except re.error as err:
         raise CELFunctionError(f"Illegal regex: {err}") from None
 

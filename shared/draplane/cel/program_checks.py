@@ -57,7 +57,8 @@ def _evaluate(node: Expr, ast: ParsedAst, runtime_env: cel.Env):
 _MATCHES_PROGRAMS: dict[int, cel.Expression] = {}
 
 
-def _regex_error(pattern: str, runtime_env: cel.Env) -> str | None:
+def regex_error(pattern: str, runtime_env: cel.Env) -> str | None:
+    """RE2's message for an invalid pattern, else None."""
     program = _MATCHES_PROGRAMS.get(id(runtime_env))
     if program is None:
         program = _MATCHES_PROGRAMS[id(runtime_env)] = runtime_env.compile('"".matches(p)', disable_check=True)
@@ -74,7 +75,7 @@ def _validate_literals(ast: ParsedAst, expression: str, positions: dict[int, int
             continue
         if kind.function == "matches" and kind.target is not None and len(kind.args) == 1:
             pattern = _string_literal(kind.args[0])
-            if pattern is not None and _regex_error(pattern, runtime_env):
+            if pattern is not None and regex_error(pattern, runtime_env):
                 raise ProgramError(
                     "compilation failed: " + error_at(expression, positions.get(kind.args[0].id, 0), "invalid matches argument")
                 )
@@ -112,7 +113,7 @@ def _fold(node: Expr, constant: set[int], ast: ParsedAst, runtime_env: cel.Env) 
         elif kind.function == "matches" and kind.target is None and len(kind.args) == 2:
             pattern = _string_literal(kind.args[1])
         if pattern is not None:
-            error = _regex_error(pattern, runtime_env)
+            error = regex_error(pattern, runtime_env)
             if error is not None:
                 raise ProgramError("program instantiation failed: " + go_regexp_message(error, pattern))
 

@@ -19,7 +19,8 @@ from .device import CELDevice
 from .errors import CELCompileError, CELRuntimeError
 from .library import DEVICE_FIELDS, new_checking_env, new_runtime_env
 from .rewrite import rewrite_for_runtime
-from .program_checks import ProgramError, conversion_message, fold_constants, validate_literals
+from . import library
+from .program_checks import ProgramError, conversion_message, fold_constants, regex_error, validate_literals
 from .static_checks import first_static_error
 from .values import cel_type_name
 
@@ -36,6 +37,8 @@ def _environments() -> tuple[cel.Env, cel.Env]:
     with _envs_lock:
         if _envs is None:
             _envs = (new_checking_env(), new_runtime_env())
+            runtime_env = _envs[1]
+            library.regex_check = lambda pattern: regex_error(pattern, runtime_env)
         return _envs
 
 
