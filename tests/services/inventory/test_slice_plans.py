@@ -165,3 +165,17 @@ def test_interrupted_update_is_rewritten_at_a_new_generation():
 class PoolPlanLike:
     def __init__(self, updates):
         self.creates, self.updates, self.deletes = [], updates, []
+
+
+@pytest.mark.parametrize("profile", ["dgx-h100", "a100-mig", "l4", "mixed"])
+@pytest.mark.parametrize("tainted", [False, True])
+def test_every_planned_slice_passes_the_apiservers_rules(profile, tainted):
+    """The shipped profiles, as slices, checked offline by draplane.validation (the v1 rules)."""
+    from draplane.validation import validate_typed
+
+    node = NodeRef("gpu-node-1.example.com", "uid-1")
+    taint = stale_taint("2026-01-01T00:00:00Z") if tainted else None
+    plans = plan_node(node, driver_devices(load_profile(profile).hardware(node.name)), [], taint=taint)
+    for plan in plans:
+        for s in plan.creates:
+            assert validate_typed(s) == [], s.metadata.name
