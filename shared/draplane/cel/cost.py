@@ -536,9 +536,6 @@ def _literal_uint(node: _Node, default: int) -> int:
     return max(kind.value, 0)
 
 
-def _call_estimate(cost: Estimate, size: Estimate | None) -> tuple[Estimate, Estimate | None]:
-    return cost, size
-
 
 def _list_call(factor: float, list_size: Estimate, allocates: bool = True) -> tuple[Estimate, Estimate]:
     cost = add(scale(list_size, factor), fixed(CALL))
@@ -578,9 +575,6 @@ def _sort_cost(sz: Estimate, overload_id: str):
     factor = 2.0 + (STRING_TRAVERSAL if ("_string_" in overload_id or "_bytes_" in overload_id) else 0)
     return _list_call(factor, mul(sz, sz))
 
-
-def _at_least_one(sz: Estimate) -> Estimate:
-    return max(sz[0], 1), max(sz[1], 1)
 
 
 def _kubernetes_estimate(c: CostEstimator, function, overload_id, target, args):

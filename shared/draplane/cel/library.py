@@ -187,10 +187,6 @@ def _is_less_than(left: object, right: object) -> bool:
 # --- Kubernetes' lists and regex libraries (library/lists.go, library/regex.go) ---------------------
 
 
-def _cel_equal(left: object, right: object) -> bool:
-    # Python says True == 1; CEL keeps bool apart from numbers.
-    return (type(left) is bool) == (type(right) is bool) and left == right
-
 
 def _list_is_sorted(values: list) -> bool:
     return all(not (values[i] > values[i + 1]) for i in range(len(values) - 1))

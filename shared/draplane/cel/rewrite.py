@@ -56,7 +56,6 @@ CEL_GO_STRINGS = {
     "string_split_string_int": "@draplane.split",
 }
 _LEFT = "@draplane_left"
-_OPAQUE = ("kubernetes.Quantity", "kubernetes.Semver")
 
 # What a name in scope stands for.
 DEVICE = "device"
