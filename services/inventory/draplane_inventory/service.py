@@ -21,6 +21,7 @@ import dataclasses
 import logging
 import time
 
+import msgspec
 import nats
 import nats.errors
 import nats.js.errors
@@ -84,7 +85,6 @@ class InventoryService:
         self._again: set[str] = set()
         self._pending_acks: dict[str, list] = collections.defaultdict(list)
         self._feed_dirty: set[str] = set()
-        self._feed_published: set[str] = set()
         self._synced = {"nodes": asyncio.Event(), "slices": asyncio.Event()}
         self._tasks: list[asyncio.Task] = []
         # Loops also check this: nats-py swallows a cancellation that lands inside its flush().
@@ -446,13 +446,14 @@ class InventoryService:
                     pass
 
     async def _publish_feed(self, key: str) -> None:
-        slices = self.slices.slices(key)
+        # Compact: managedFields would more than double an entry, and no allocator reads them.
+        slices = [msgspec.structs.replace(s, metadata=msgspec.structs.replace(s.metadata, managed_fields=None))
+                  for s in self.slices.slices(key)]
         node = key[len("node."):] if key.startswith("node.") else None
         if slices:
             entry = FeedEntry(schema_version=SCHEMA_VERSION, key=key, node=node,
                               stale=node is not None and self.liveness.liveness(node) is Liveness.TAINTED, slices=slices)
             revision = await self.kv.put(key, encode(entry))
-            self._feed_published.add(key)
             change = FeedChange(schema_version=SCHEMA_VERSION, key=key, kind="put", revision=revision,
                                 device_count=sum(len(s.spec.devices or []) for s in slices))
         else:
@@ -460,7 +461,6 @@ class InventoryService:
                 await self.kv.delete(key)
             except nats.js.errors.KeyNotFoundError:
                 pass
-            self._feed_published.discard(key)
             change = FeedChange(schema_version=SCHEMA_VERSION, key=key, kind="delete", revision=0)
         self.metrics.inc("feed_updates_total", kind=change.kind)
         await self.connection.publish(self.names.change_subject(key), encode(change))

@@ -133,6 +133,7 @@ async def test_three_profile_agents_become_valid_slices(kube, control_plane, sub
         # The feed carries the same slices, keyed by node.
         entry = decode_feed_entry((await service.kv.get(InventoryNames.node_key(f"dgx-{suffix}"))).value)
         assert entry.schema_version == SCHEMA_VERSION and len(entry.slices) == 2 and not entry.stale
+        assert all(s.metadata.managed_fields is None and s.metadata.resource_version for s in entry.slices)
         # Nothing changes, nothing is written: heartbeats alone make no apiserver writes.
         writes = service.metrics.total("apiserver_writes_total")
         assert writes == sum([len(await node_slices(kube, n)) for n in nodes])  # one write per slice
