@@ -27,7 +27,7 @@ from .errors import CELFunctionError
 from .kube_quantity import KubeQuantity, parse_kube_quantity
 from .program_checks import go_regexp_message
 from .semver import SemverError, parse_semver, parse_semver_normalized
-from .rewrite import MAP_INSERT, OPAQUE_EQUALS, OPAQUE_NOT_EQUALS, OPAQUE_SIZE, OPAQUE_STRING
+from .rewrite import LIST_INDEX_OF, LIST_LAST_INDEX_OF, MAP_INSERT, OPAQUE_EQUALS, OPAQUE_NOT_EQUALS, OPAQUE_SIZE, OPAQUE_STRING
 from .values import (
     QUANTITY_TAG,
     SEMVER_TAG,
@@ -48,14 +48,71 @@ SEMVER = T.AbstractType("kubernetes.Semver")
 # compiler adds cel.bind. cel-cpp names these extensions in its environment configuration.
 _EXTENSIONS_YAML = """
 extensions:
-  - name: "strings"
-    version: 2
   - name: "sets"
   - name: "lists"
   - name: "two-var-comprehensions"
   - name: "optional"
   - name: "bindings"
 """
+_STRINGS_EXTENSION_YAML = """
+  - name: "strings"
+    version: 2
+"""
+
+
+def _type_yaml(name: str) -> str:
+    if name == "A":
+        return '{type_name: "A", is_type_param: true}'
+    if name == "list(A)":
+        return '{type_name: "list", params: [{type_name: "A", is_type_param: true}]}'
+    if name.startswith("list("):
+        return f'{{type_name: "list", params: [{{type_name: "{name[5:-1]}"}}]}}'
+    return f'{{type_name: "{name}"}}'
+
+
+# The checking environment declares the strings extension (version 2) itself, with cel-go's
+# overload ids, because cel-cpp's extension owns indexOf and lastIndexOf and Kubernetes' lists
+# library adds list overloads to both names. (name, overload id, target or None, args, result)
+_STRINGS_AND_LIST_SEARCH = [
+    ("charAt", "string_char_at_int", "string", ["int"], "string"),
+    ("indexOf", "string_index_of_string", "string", ["string"], "int"),
+    ("indexOf", "string_index_of_string_int", "string", ["string", "int"], "int"),
+    ("indexOf", "list_a_index_of_int", "list(A)", ["A"], "int"),
+    ("lastIndexOf", "string_last_index_of_string", "string", ["string"], "int"),
+    ("lastIndexOf", "string_last_index_of_string_int", "string", ["string", "int"], "int"),
+    ("lastIndexOf", "list_a_last_index_of_int", "list(A)", ["A"], "int"),
+    ("lowerAscii", "string_lower_ascii", "string", [], "string"),
+    ("upperAscii", "string_upper_ascii", "string", [], "string"),
+    ("replace", "string_replace_string_string", "string", ["string", "string"], "string"),
+    ("replace", "string_replace_string_string_int", "string", ["string", "string", "int"], "string"),
+    ("split", "string_split_string", "string", ["string"], "list(string)"),
+    ("split", "string_split_string_int", "string", ["string", "int"], "list(string)"),
+    ("substring", "string_substring_int", "string", ["int"], "string"),
+    ("substring", "string_substring_int_int", "string", ["int", "int"], "string"),
+    ("trim", "string_trim", "string", [], "string"),
+    ("join", "list_join", "list(string)", [], "string"),
+    ("join", "list_join_string", "list(string)", ["string"], "string"),
+    ("format", "string_format", "string", ["list(dyn)"], "string"),
+    ("strings.quote", "strings_quote", None, ["string"], "string"),
+]
+
+
+def _strings_functions_yaml() -> str:
+    lines = ["functions:"]
+    names: dict[str, list[str]] = {}
+    for name, overload_id, target, args, result in _STRINGS_AND_LIST_SEARCH:
+        entry = [f'      - id: "{overload_id}"']
+        if target is not None:
+            entry.append(f"        target: {_type_yaml(target)}")
+        if args:
+            entry.append(f"        args: [{', '.join(_type_yaml(a) for a in args)}]")
+        entry.append(f"        return: {_type_yaml(result)}")
+        names.setdefault(name, []).extend(entry)
+    for name, entries in names.items():
+        lines.append(f'  - name: "{name}"')
+        lines.append("    overloads:")
+        lines.extend(entries)
+    return "\n".join(lines) + "\n"
 
 
 def _no_such_overload(function: str, *args: object) -> CELFunctionError:
@@ -343,6 +400,33 @@ def _split(text: str, separator: str, limit: int = -1) -> list[str]:
     return text.split(separator) if limit < 0 else text.split(separator, limit - 1)
 
 
+# --- Kubernetes' list indexOf / lastIndexOf (library/lists.go), reached through rewrite.py ----------
+
+
+def _cel_equal(left: object, right: object) -> bool:
+    """CEL's equality on runtime values: bool is not a number; quantities compare by value."""
+    if isinstance(left, (bytes, bytearray)) and isinstance(right, (bytes, bytearray)):
+        lq, rq = decode_quantity(bytes(left)), decode_quantity(bytes(right))
+        if lq is not None and rq is not None:
+            return lq.compare(rq) == 0
+        return bytes(left) == bytes(right)
+    if isinstance(left, bool) or isinstance(right, bool):
+        return type(left) is type(right) and left == right
+    if isinstance(left, list) and isinstance(right, list):
+        return len(left) == len(right) and all(_cel_equal(a, b) for a, b in zip(left, right))
+    if isinstance(left, dict) and isinstance(right, dict):
+        return left.keys() == right.keys() and all(_cel_equal(left[k], right[k]) for k in left)
+    return left == right
+
+
+def _list_index_of(values: list, item: object) -> int:
+    return next((i for i, value in enumerate(values) if _cel_equal(value, item)), -1)
+
+
+def _list_last_index_of(values: list, item: object) -> int:
+    return next((i for i in range(len(values) - 1, -1, -1) if _cel_equal(values[i], item)), -1)
+
+
 # --- cel.@mapInsert, behind transformMap() and transformMapEntry() (cel-go ext/comprehensions.go) ---
 
 
@@ -609,6 +693,20 @@ def _runtime_functions() -> list[cel.FunctionDecl]:
             ],
         ),
         cel.FunctionDecl(
+            LIST_INDEX_OF,
+            [
+                overload(f"draplane_list_index_of_{name}", I, [T.LIST, kind], _list_index_of)
+                for name, kind in {**_OTHER_KINDS, "bytes": X}.items()
+            ],
+        ),
+        cel.FunctionDecl(
+            LIST_LAST_INDEX_OF,
+            [
+                overload(f"draplane_list_last_index_of_{name}", I, [T.LIST, kind], _list_last_index_of)
+                for name, kind in {**_OTHER_KINDS, "bytes": X}.items()
+            ],
+        ),
+        cel.FunctionDecl(
             MAP_INSERT,
             [
                 overload(f"draplane_map_insert_{key_name}_{value_name}", T.MAP, [T.MAP, key_kind, value_kind], _map_insert_entry)
@@ -647,7 +745,7 @@ DEVICE_FIELDS = {
 
 
 def new_checking_env() -> cel.Env:
-    config = cel.NewEnvConfigFromYaml(_EXTENSIONS_YAML + _CHECKING_STDLIB_YAML)
+    config = cel.NewEnvConfigFromYaml(_EXTENSIONS_YAML + _CHECKING_STDLIB_YAML + _strings_functions_yaml())
     variables = {f"device.{name}": cel_type for name, cel_type in DEVICE_FIELDS.items()}
     # `device` on its own (cel.bind(d, device, ...)) is a map to the checker; selector.py rejects
     # fields other than the four, as the object type would.
@@ -656,5 +754,5 @@ def new_checking_env() -> cel.Env:
 
 
 def new_runtime_env() -> cel.Env:
-    config = cel.NewEnvConfigFromYaml(_EXTENSIONS_YAML)
+    config = cel.NewEnvConfigFromYaml(_EXTENSIONS_YAML + _STRINGS_EXTENSION_YAML)
     return cel.NewEnv(config=config, variables={"device": T.DYN}, functions=_runtime_functions())

@@ -54,7 +54,12 @@ CEL_GO_STRINGS = {
     "string_last_index_of_string_int": "@draplane.last_index_of",
     "string_split_string": "@draplane.split",
     "string_split_string_int": "@draplane.split",
+    # Kubernetes' lists library: cel-cpp has no list overloads of these names at all.
+    "list_a_index_of_int": "@draplane.list_index_of",
+    "list_a_last_index_of_int": "@draplane.list_last_index_of",
 }
+LIST_INDEX_OF = CEL_GO_STRINGS["list_a_index_of_int"]
+LIST_LAST_INDEX_OF = CEL_GO_STRINGS["list_a_last_index_of_int"]
 _LEFT = "@draplane_left"
 
 # What a name in scope stands for.
