@@ -10,6 +10,7 @@ from __future__ import annotations
 import asyncio
 import dataclasses
 import time
+import uuid
 
 import nats.js.errors
 import pytest
@@ -18,6 +19,7 @@ from nats.js.api import KeyValueConfig
 from draplane.api.core import Node, Pod
 from draplane.api.resource import ResourceClaim, ResourceSlice
 from draplane.kube import KubeApiError
+from draplane.scheduling import scenario
 from draplane.messages.inventory import SCHEMA_VERSION, FeedEntry, InventoryNames, encode
 from draplane_allocator.shard import Shard
 from draplane_binder.service import Binder
@@ -32,11 +34,15 @@ class Scheduling:
     binder: Binder | None = None
     shards: list[Shard] = dataclasses.field(default_factory=list)
     nodes: list[str] = dataclasses.field(default_factory=list)
+    # Each test schedules only its own pods: the scheduler name is per test, because pods other
+    # tests left pending would otherwise compete for this test's devices (classes are cluster-wide).
+    scheduler_name: str = dataclasses.field(default_factory=lambda: f"draplane-{uuid.uuid4().hex[:8]}")
 
     async def start(self, *, shards: int = 1, manage_claims: bool = True, lease_seconds: float = 30.0,
-                    scheduler_names=("draplane", "default-scheduler")) -> "Scheduling":
+                    scheduler_names=None) -> "Scheduling":
         settings = BinderSettings(prefix=self.prefix, shards=shards, manage_claims=manage_claims,
-                                  scheduler_names=tuple(scheduler_names), lease_seconds=lease_seconds)
+                                  scheduler_names=tuple(scheduler_names or (self.scheduler_name,)),
+                                  lease_seconds=lease_seconds)
         self.binder = Binder(settings, self.kube, self.nats)
         self.shards = [Shard(self.kube, self.nats, index=i, prefix=self.prefix, lease_seconds=lease_seconds)
                        for i in range(shards)]
@@ -71,6 +77,9 @@ class Scheduling:
         kv = await self.feed_bucket()
         key = InventoryNames.node_key(name)
         await kv.put(key, encode(FeedEntry(schema_version=SCHEMA_VERSION, key=key, node=name, slices=slices)))
+
+    def pod(self, namespace: str, name: str, **kwargs) -> Pod:
+        return scenario.pod(namespace, name, scheduler_name=self.scheduler_name, **kwargs)
 
     async def wait_for(self, predicate, timeout: float = 30.0, what: str = "condition"):
         deadline = time.monotonic() + timeout

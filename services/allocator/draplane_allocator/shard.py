@@ -218,35 +218,41 @@ class Shard:
         sub = await self.js.pull_subscribe(
             self.subjects.pending(self.index), durable=durable, stream=self.subjects.pending_stream, config=config
         )
-        while True:
+        try:
+            while True:
+                try:
+                    messages = await sub.fetch(32, timeout=1.0)
+                except (nats.errors.TimeoutError, asyncio.TimeoutError):
+                    continue
+                decoded = []
+                for msg in messages:
+                    try:
+                        pending = decode_message(msg.data)
+                        if not isinstance(pending, PendingPod):
+                            raise MessageError(f"{type(pending).__name__} on a pending subject")
+                    except MessageError as exc:
+                        log.error("shard %d: dropping a pending message: %s", self.index, exc)
+                        await msg.term()
+                        continue
+                    decoded.append((msg, pending))
+                # Reads of pods and claims the watches have not delivered yet go out together; the
+                # placing and committing that follow stay one pod at a time.
+                fetched = await asyncio.gather(*(self._inputs(p) for _, p in decoded), return_exceptions=True)
+                for (msg, pending), inputs in zip(decoded, fetched):
+                    try:
+                        if isinstance(inputs, BaseException):
+                            raise inputs
+                        await self.handle(pending, inputs)
+                    except Exception:
+                        log.exception("shard %d: pod %s: handling failed; redelivering", self.index, pending.pod.key())
+                        await msg.nak(delay=1.0)
+                        continue
+                    await msg.ack()
+        finally:
             try:
-                messages = await sub.fetch(32, timeout=1.0)
-            except (nats.errors.TimeoutError, asyncio.TimeoutError):
-                continue
-            decoded = []
-            for msg in messages:
-                try:
-                    pending = decode_message(msg.data)
-                    if not isinstance(pending, PendingPod):
-                        raise MessageError(f"{type(pending).__name__} on a pending subject")
-                except MessageError as exc:
-                    log.error("shard %d: dropping a pending message: %s", self.index, exc)
-                    await msg.term()
-                    continue
-                decoded.append((msg, pending))
-            # Reads of pods and claims the watches have not delivered yet go out together; the
-            # placing and committing that follow stay one pod at a time.
-            fetched = await asyncio.gather(*(self._inputs(p) for _, p in decoded), return_exceptions=True)
-            for (msg, pending), inputs in zip(decoded, fetched):
-                try:
-                    if isinstance(inputs, BaseException):
-                        raise inputs
-                    await self.handle(pending, inputs)
-                except Exception:
-                    log.exception("shard %d: pod %s: handling failed; redelivering", self.index, pending.pod.key())
-                    await msg.nak(delay=1.0)
-                    continue
-                await msg.ack()
+                await asyncio.wait_for(sub.unsubscribe(), 2.0)
+            except (Exception, asyncio.CancelledError):  # noqa: BLE001 - the connection may be gone
+                pass
 
     async def _pod(self, pending: PendingPod) -> Pod | None:
         pod = self.pods.get(pending.pod.uid)

@@ -448,16 +448,19 @@ class Binder:
             self.subjects.results, durable="binder", stream=self.subjects.results_stream,
             config=streams.work_consumer("binder"),
         )
-        await asyncio.gather(self.synced["pods"].wait(), self.synced["claims"].wait())
-        while True:
-            try:
-                messages = await sub.fetch(64, timeout=1.0)
-            except (nats.errors.TimeoutError, asyncio.TimeoutError):
-                continue
-            for msg in messages:
-                await self.placement_slots.acquire()
-                task = asyncio.create_task(self._handle_result(msg))
-                task.add_done_callback(lambda t: (self.placement_slots.release(), _log_failure(t)))
+        try:
+            await asyncio.gather(self.synced["pods"].wait(), self.synced["claims"].wait())
+            while True:
+                try:
+                    messages = await sub.fetch(64, timeout=1.0)
+                except (nats.errors.TimeoutError, asyncio.TimeoutError):
+                    continue
+                for msg in messages:
+                    await self.placement_slots.acquire()
+                    task = asyncio.create_task(self._handle_result(msg))
+                    task.add_done_callback(lambda t: (self.placement_slots.release(), _log_failure(t)))
+        finally:
+            await _unsubscribe(sub)
 
     async def _handle_result(self, msg) -> None:
         try:
@@ -498,13 +501,14 @@ class Binder:
             return False
         claim_uids = [c.claim.uid for c in placement.claims]
         remaining = placement.expires_at - time.time()
-        if remaining < LEASE_MARGIN_SECONDS and not pod.spec.node_name:
-            # the lease may run out under us: extend it, and give up if it was already pruned
+        if remaining < self.settings.lease_seconds / 2 and not pod.spec.node_name:
+            # The lease could run out during our writes, and a lapsed reservation may be given to
+            # another claim: extend it first, and give up if it was already released.
             reserved = [uid for uid in claim_uids if self.store.find_claim(uid)]
-            if len(reserved) < len(claim_uids):
+            if len(reserved) < len(claim_uids) and remaining < LEASE_MARGIN_SECONDS:
                 await self._abandon(placement, pod, "the reservation's lease ran out before the placement was written")
                 return False
-            await self.store.extend(placement.node, claim_uids, self.settings.lease_seconds)
+            await self.store.extend(placement.node, reserved, self.settings.lease_seconds)
 
         written: list[ClaimRef] = []
         for item in placement.claims:
@@ -701,6 +705,14 @@ class Binder:
             finalizers = lc.finalizers_without_protection(claim)
             if finalizers is not None:
                 self._on_claim("MODIFIED", await self.kube.update(_with_finalizers(claim, finalizers)))
+
+
+async def _unsubscribe(sub) -> None:
+    # a pull subscription left behind makes the connection's drain wait for it
+    try:
+        await asyncio.wait_for(sub.unsubscribe(), 2.0)
+    except (Exception, asyncio.CancelledError):  # noqa: BLE001 - the connection may be gone already
+        pass
 
 
 def _pods_named_by(claim: ResourceClaim) -> set[str]:

@@ -35,7 +35,7 @@ async def test_four_shards_never_give_a_device_twice(scheduling, kube, namespace
     await kube.create(scenario.claim_template(namespace, "one-gpu", class_name))
 
     started = time.monotonic()
-    await create_many(kube, [scenario.pod(namespace, f"p-{i:04d}", template_name="one-gpu") for i in range(PODS)])
+    await create_many(kube, [scheduling.pod(namespace, f"p-{i:04d}", template_name="one-gpu") for i in range(PODS)])
 
     async def settled():
         result = await audit(kube, namespace)

@@ -69,7 +69,7 @@ async def test_kill_9_mid_run_leaves_every_claim_allocated_once_or_explained(
               "--prefix", scheduling.prefix, "--shards", "2", "--port", "0"]
     # short leases, so that a reservation orphaned by the crash is released within the test
     binder = Process(["draplane_binder", *common, "--lease-seconds", "20",
-                      "--scheduler-name", "draplane"], tmp_path / "binder.log")
+                      "--scheduler-name", scheduling.scheduler_name], tmp_path / "binder.log")
     shards = [Process(["draplane_allocator", *common, "--shard-index", str(i), "--lease-seconds", "20"],
                       tmp_path / f"shard-{i}.log") for i in range(2)]
     processes = [binder, *shards]
@@ -77,7 +77,7 @@ async def test_kill_9_mid_run_leaves_every_claim_allocated_once_or_explained(
         p.start()
     try:
         await kube.create(scenario.claim_template(namespace, "one-gpu", class_name))
-        pods = [scenario.pod(namespace, f"p-{i:04d}", template_name="one-gpu") for i in range(PODS)]
+        pods = [scheduling.pod(namespace, f"p-{i:04d}", template_name="one-gpu") for i in range(PODS)]
         rng = random.Random(PODS)
         kill_at = sorted(rng.sample(range(1, 10), 2))
         batches = [pods[i * PODS // 10:(i + 1) * PODS // 10] for i in range(10)]

@@ -47,7 +47,7 @@ async def test_a_device_in_use_by_kube_scheduler_is_never_reused(scheduling, kub
     await scheduling.start(shards=2)
     for name in ("a", "b"):
         await kube.create(scenario.claim(namespace, name, class_name))
-        await kube.create(scenario.pod(namespace, name, claim_name=name))
+        await kube.create(scheduling.pod(namespace, name, claim_name=name))
 
     async def settled():
         pods = {p.metadata.name: p for p in (await kube.list(Pod, namespace))[0]}

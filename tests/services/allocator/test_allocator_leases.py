@@ -41,7 +41,7 @@ async def test_an_orphaned_reservation_is_released_after_its_lease(scheduling, k
 
     await scheduling.start()
     await kube.create(scenario.claim(namespace, "mine", class_name))
-    await kube.create(scenario.pod(namespace, "mine", claim_name="mine"))
+    await kube.create(scheduling.pod(namespace, "mine", claim_name="mine"))
     bound = await scheduling.bound_pod(namespace, "mine", timeout=30)
     assert bound.spec.node_name == node
     entry = rv.decode_entry((await kv.get(rv.node_key(node))).value, node)

@@ -40,7 +40,7 @@ async def test_bad_claims_and_missing_templates_are_explained(scheduling, kube, 
     for pod_name, (claim, template, _) in cases.items():
         if claim is not None:
             await kube.create(claim)
-        await kube.create(scenario.pod(namespace, pod_name, claim_name=claim.metadata.name if claim else None,
+        await kube.create(scheduling.pod(namespace, pod_name, claim_name=claim.metadata.name if claim else None,
                                        template_name=template))
 
     for pod_name, (_, _, words) in cases.items():
@@ -59,7 +59,7 @@ async def test_bad_claims_and_missing_templates_are_explained(scheduling, kube, 
     # a crash loop would show here: the services are still ready and still place a good pod
     assert scheduling.binder.ready and all(s.ready for s in scheduling.shards)
     await kube.create(scenario.claim(namespace, "good", class_name))
-    await kube.create(scenario.pod(namespace, "good", claim_name="good"))
+    await kube.create(scheduling.pod(namespace, "good", claim_name="good"))
     assert (await scheduling.bound_pod(namespace, "good")).spec.node_name == node
     # each bad pod was told once, not rewritten on every retry
     for pod_name in cases:

@@ -54,7 +54,8 @@ async def test_seed_pod_binds_to_the_80gi_gpu_with_kube_scheduler_status(schedul
     for size in ("24", "40", "80"):
         name = f"seed-{size}-{suffix}"
         await scheduling.put_node(scenario.gpu_node(name), [scenario.gpu_slice(name, 1, f"{size}Gi")])
-    await scheduling.start()
+    # the local environment's setting: the seed's pod names no scheduler
+    await scheduling.start(scheduler_names=("draplane", "default-scheduler"))
 
     claim.metadata.namespace = namespace
     pod.metadata.namespace = namespace
@@ -93,7 +94,7 @@ async def test_template_claims_are_created_allocated_released_and_reused(schedul
     await scheduling.start()
     await kube.create(scenario.claim_template(namespace, "one-gpu", class_name))
 
-    await kube.create(scenario.pod(namespace, "first", template_name="one-gpu"))
+    await kube.create(scheduling.pod(namespace, "first", template_name="one-gpu"))
     first = await scheduling.bound_pod(namespace, "first")
     (status,) = first.status.resource_claim_statuses
     claim = await kube.get(ResourceClaim, status.resource_claim_name, namespace)
@@ -107,7 +108,7 @@ async def test_template_claims_are_created_allocated_released_and_reused(schedul
     assert claim.status.allocation.devices.results[0].device == "gpu-0"
 
     # the only GPU is taken: a second pod waits, with a reason
-    await kube.create(scenario.pod(namespace, "second", template_name="one-gpu"))
+    await kube.create(scheduling.pod(namespace, "second", template_name="one-gpu"))
 
     async def explained():
         pod = await kube.get(Pod, "second", namespace)
