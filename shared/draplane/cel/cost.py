@@ -621,9 +621,31 @@ def _kubernetes_estimate(c: CostEstimator, function, overload_id, target, args):
         "compareTo", "add", "sub", "major", "minor", "patch",
     ):
         return fixed(1), None
+    if function in ("cidr", "isIP", "isCIDR") and args:
+        return scale(size_of(args[0]), STRING_TRAVERSAL), None
+    if function == "ip":
+        if overload_id == "cidr_ip":
+            return fixed(1), None
+        if args:
+            return scale(size_of(args[0]), STRING_TRAVERSAL), None
+    if function == "ip.isCanonical" and args:
+        return scale(size_of(args[0]), 2 * STRING_TRAVERSAL), None
+    if function in (
+        "masked", "prefixLength", "family", "isUnspecified", "isLoopback", "isLinkLocalMulticast",
+        "isLinkLocalUnicast", "isGlobalUnicast",
+    ):
+        return fixed(1), None
+    if function in ("containsIP", "containsCIDR") and args:
+        address_size = (4, 16)  # an IP's size in bytes
+        compare = scale(add(address_size, address_size), STRING_TRAVERSAL)
+        if function == "containsCIDR":
+            compare = add(add(compare, scale(address_size, STRING_TRAVERSAL)), fixed(1))
+        if overload_id in ("cidr_contains_ip_string", "cidr_contains_cidr_string"):
+            compare = add(compare, scale(size_of(args[0]), STRING_TRAVERSAL))
+        return compare, None
     if function == "_==_" and len(args) == 2:
         left, right = args[0].type, args[1].type
-        if left is not None and left == right and left.name in _STRUCT_TYPES:
+        if left is not None and left == right and left.name in (*_STRUCT_TYPES, "net.IP", "net.CIDR"):
             return fixed(1), None
     return None
 

@@ -27,7 +27,8 @@ from .errors import CELFunctionError
 from .kube_quantity import KubeQuantity, parse_kube_quantity
 from .program_checks import go_regexp_message
 from .semver import SemverError, parse_semver, parse_semver_normalized
-from .rewrite import LIST_INDEX_OF, LIST_LAST_INDEX_OF, MAP_INSERT, OPAQUE_EQUALS, OPAQUE_NOT_EQUALS, OPAQUE_SIZE, OPAQUE_STRING
+from . import network
+from .rewrite import LIST_INDEX_OF, LIST_LAST_INDEX_OF, MAP_INSERT, NET_TO_STRING, OPAQUE_EQUALS, OPAQUE_NOT_EQUALS, OPAQUE_SIZE, OPAQUE_STRING
 from .values import (
     QUANTITY_TAG,
     SEMVER_TAG,
@@ -41,6 +42,8 @@ from .values import (
 T = cel.Type
 QUANTITY = T.AbstractType("kubernetes.Quantity")
 SEMVER = T.AbstractType("kubernetes.Semver")
+IP = T.AbstractType("net.IP")
+CIDR = T.AbstractType("net.CIDR")
 
 
 # Kubernetes' base environment for stored expressions (k8s.io/apiserver/pkg/cel/environment,
@@ -504,6 +507,7 @@ def _checking_functions() -> list[cel.FunctionDecl]:
         cel.FunctionDecl("patch", [overload("semver_patch", I, [V], True)]),
         *_ordering_with_cross_type_numerics(),
         *_lists_library_checking(),
+        *_network_checking(),
         cel.FunctionDecl("find", [overload("string_find_string", S, [S, S], True)]),
         cel.FunctionDecl(
             "findAll",
@@ -512,6 +516,45 @@ def _checking_functions() -> list[cel.FunctionDecl]:
                 overload("string_find_all_string_int", T.List(S), [S, S, I], True),
             ],
         ),
+    ]
+
+
+def _network_checking() -> list[cel.FunctionDecl]:
+    """The ip and cidr libraries, and string() with their two overloads added."""
+
+    def overload(overload_id: str, result: cel.Type, params: list[cel.Type], member: bool = False) -> cel.Overload:
+        return cel.Overload(overload_id, return_type=result, parameters=params, is_member=member)
+
+    S, B, I = T.STRING, T.BOOL, T.INT
+    predicates = {
+        "isUnspecified": "ip_is_unspecified", "isLoopback": "ip_is_loopback",
+        "isLinkLocalMulticast": "ip_is_link_local_multicast", "isLinkLocalUnicast": "ip_is_link_local_unicast",
+        "isGlobalUnicast": "ip_is_global_unicast",
+    }
+    conversions = {
+        "string_to_string": S, "int64_to_string": I, "uint64_to_string": T.UINT, "double_to_string": T.DOUBLE,
+        "bytes_to_string": T.BYTES, "bool_to_string": B, "timestamp_to_string": T.TIMESTAMP,
+        "duration_to_string": T.DURATION, "ip_to_string": IP, "cidr_to_string": CIDR,
+    }
+    return [
+        cel.FunctionDecl("ip", [overload("string_to_ip", IP, [S]), overload("cidr_ip", IP, [CIDR], True)]),
+        cel.FunctionDecl("family", [overload("ip_family", I, [IP], True)]),
+        cel.FunctionDecl("ip.isCanonical", [overload("ip_is_canonical", B, [S])]),
+        *[cel.FunctionDecl(name, [overload(oid, B, [IP], True)]) for name, oid in predicates.items()],
+        cel.FunctionDecl("isIP", [overload("is_ip", B, [S])]),
+        cel.FunctionDecl("cidr", [overload("string_to_cidr", CIDR, [S])]),
+        cel.FunctionDecl(
+            "containsIP",
+            [overload("cidr_contains_ip_string", B, [CIDR, S], True), overload("cidr_contains_ip_ip", B, [CIDR, IP], True)],
+        ),
+        cel.FunctionDecl(
+            "containsCIDR",
+            [overload("cidr_contains_cidr_string", B, [CIDR, S], True), overload("cidr_contains_cidr", B, [CIDR, CIDR], True)],
+        ),
+        cel.FunctionDecl("prefixLength", [overload("cidr_prefix_length", I, [CIDR], True)]),
+        cel.FunctionDecl("masked", [overload("cidr_masked", CIDR, [CIDR], True)]),
+        cel.FunctionDecl("isCIDR", [overload("is_cidr", B, [S])]),
+        cel.FunctionDecl("string", [overload(oid, S, [param]) for oid, param in conversions.items()]),
     ]
 
 
@@ -569,8 +612,9 @@ def _ordering_with_cross_type_numerics() -> list[cel.FunctionDecl]:
 
 
 _ORDERING_OPERATORS = {"_<_": "less", "_<=_": "less_equals", "_>_": "greater", "_>=_": "greater_equals"}
+# Standard functions the checking environment declares again with more overloads.
 _CHECKING_STDLIB_YAML = "stdlib:\n  exclude_functions:\n" + "".join(
-    f'    - name: "{operator}"\n' for operator in _ORDERING_OPERATORS
+    f'    - name: "{name}"\n' for name in [*_ORDERING_OPERATORS, "string"]
 )
 
 
@@ -692,6 +736,42 @@ def _runtime_functions() -> list[cel.FunctionDecl]:
                 overload("draplane_split_int", T.List(S), [S, S, I], _split),
             ],
         ),
+        cel.FunctionDecl(
+            "ip",
+            [overload("string_to_ip", X, [S], network.string_to_ip), overload("cidr_ip", X, [X], network.cidr_ip, True)],
+        ),
+        cel.FunctionDecl("family", [overload("ip_family", I, [X], network.ip_family, True)]),
+        cel.FunctionDecl("ip.isCanonical", [overload("ip_is_canonical", B, [S], network.ip_is_canonical)]),
+        cel.FunctionDecl("isUnspecified", [overload("ip_is_unspecified", B, [X], network.ip_is_unspecified, True)]),
+        cel.FunctionDecl("isLoopback", [overload("ip_is_loopback", B, [X], network.ip_is_loopback, True)]),
+        cel.FunctionDecl(
+            "isLinkLocalMulticast",
+            [overload("ip_is_link_local_multicast", B, [X], network.ip_is_link_local_multicast, True)],
+        ),
+        cel.FunctionDecl(
+            "isLinkLocalUnicast", [overload("ip_is_link_local_unicast", B, [X], network.ip_is_link_local_unicast, True)]
+        ),
+        cel.FunctionDecl("isGlobalUnicast", [overload("ip_is_global_unicast", B, [X], network.ip_is_global_unicast, True)]),
+        cel.FunctionDecl("isIP", [overload("is_ip", B, [S], network.is_ip)]),
+        cel.FunctionDecl("cidr", [overload("string_to_cidr", X, [S], network.string_to_cidr)]),
+        cel.FunctionDecl(
+            "containsIP",
+            [
+                overload("cidr_contains_ip_string", B, [X, S], network.cidr_contains_ip, True),
+                overload("cidr_contains_ip_ip", B, [X, X], network.cidr_contains_ip, True),
+            ],
+        ),
+        cel.FunctionDecl(
+            "containsCIDR",
+            [
+                overload("cidr_contains_cidr_string", B, [X, S], network.cidr_contains_cidr, True),
+                overload("cidr_contains_cidr", B, [X, X], network.cidr_contains_cidr, True),
+            ],
+        ),
+        cel.FunctionDecl("prefixLength", [overload("cidr_prefix_length", I, [X], network.cidr_prefix_length, True)]),
+        cel.FunctionDecl("masked", [overload("cidr_masked", X, [X], network.cidr_masked, True)]),
+        cel.FunctionDecl("isCIDR", [overload("is_cidr", B, [S], network.is_cidr)]),
+        cel.FunctionDecl(NET_TO_STRING, [overload("draplane_net_to_string", S, [X], network.net_to_string)]),
         cel.FunctionDecl(
             LIST_INDEX_OF,
             [

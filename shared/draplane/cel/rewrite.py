@@ -58,6 +58,9 @@ CEL_GO_STRINGS = {
     "list_a_index_of_int": "@draplane.list_index_of",
     "list_a_last_index_of_int": "@draplane.list_last_index_of",
 }
+# Kubernetes' ip and cidr libraries add string(ip) and string(cidr) to the standard string().
+CEL_GO_STRINGS["ip_to_string"] = CEL_GO_STRINGS["cidr_to_string"] = "@draplane.net_to_string"
+NET_TO_STRING = "@draplane.net_to_string"
 LIST_INDEX_OF = CEL_GO_STRINGS["list_a_index_of_int"]
 LIST_LAST_INDEX_OF = CEL_GO_STRINGS["list_a_last_index_of_int"]
 _LEFT = "@draplane_left"
@@ -257,10 +260,10 @@ def _rewrite(node: Expr, scope: dict[str, str], ids: _Ids) -> Expr:
             left, right = (_rewrite(arg, scope, ids) for arg in kind.args)
             return _guarded_equality(ids, kind.function, left, right)
         replacement = _cel_go_string_function(ids, node)
-        if replacement is not None and kind.target is not None:
-            target = _rewrite(kind.target, scope, ids)
+        if replacement is not None:
+            receiver = [_rewrite(kind.target, scope, ids)] if kind.target is not None else []
             args = [_rewrite(arg, scope, ids) for arg in kind.args]
-            return Expr(node.id, Call(replacement, [target, *args]))
+            return Expr(node.id, Call(replacement, [*receiver, *args]))
         # size() and string() of a dyn value: a Semver has neither in Kubernetes.
         if kind.function in ("size", "string"):
             operand = kind.target if kind.target is not None and not kind.args else (

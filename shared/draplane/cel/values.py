@@ -22,6 +22,8 @@ from .semver import Semver, parse_semver
 # 0xFF never occurs in UTF-8, so no string converted to bytes can look like a tagged value.
 QUANTITY_TAG = b"\xffkubernetes.Quantity:"
 SEMVER_TAG = b"\xffkubernetes.Semver:"
+IP_TAG = b"\xffnet.IP:"
+CIDR_TAG = b"\xffnet.CIDR:"
 
 
 def encode_quantity(quantity: Quantity | KubeQuantity) -> bytes:
@@ -60,6 +62,10 @@ def cel_type_name(value: object) -> str:
             return "kubernetes.Quantity"
         if value.startswith(SEMVER_TAG):
             return "kubernetes.Semver"
+        if value.startswith(IP_TAG):
+            return "net.IP"
+        if value.startswith(CIDR_TAG):
+            return "net.CIDR"
         return "bytes"
     if isinstance(value, bool):
         return "bool"
