@@ -177,7 +177,7 @@ async def start(
 
         probes: list[tuple[ServerProcess, str]] = []
         port = free_port()
-        probes.append((service("inventory", "draplane_inventory", f"--listen=127.0.0.1:{port}"), f"http://127.0.0.1:{port}/healthz"))
+        probes.append((service("inventory", "draplane_inventory", f"--listen=127.0.0.1:{port}"), f"http://127.0.0.1:{port}/readyz"))
         for shard in range(shards):
             port = free_port()
             probes.append((
