@@ -343,7 +343,10 @@ class Shard:
         revision, entry = self.store.entry(placed.node)
         expires_at = now + self.lease_seconds
         if not placed.new_claims:
-            # nothing new (all claims already allocated or reserved): keep the existing lease
+            # nothing new (all claims already allocated or reserved: a redelivery, a restarted
+            # binder asking again, or a shared claim): publish the same placement, keep the lease
+            if placed.allocations:
+                self.counters["republished"] += 1
             leases = [entry.claims[u].expires_at for u in placed.allocations if u in entry.claims]
             live = [t for t in leases if t is not None]
             return min(live) if live else expires_at
