@@ -16,6 +16,7 @@ get one runtime overload that dispatches on the tag, as the Go runtime dispatche
 
 from __future__ import annotations
 
+import math
 import re
 from functools import lru_cache
 
@@ -28,7 +29,7 @@ from .kube_quantity import KubeQuantity, parse_kube_quantity
 from .program_checks import go_regexp_message
 from .semver import SemverError, parse_semver, parse_semver_normalized
 from . import network
-from .rewrite import LIST_INDEX_OF, LIST_LAST_INDEX_OF, MAP_INSERT, NET_TO_STRING, OPAQUE_EQUALS, OPAQUE_NOT_EQUALS, OPAQUE_SIZE, OPAQUE_STRING
+from .rewrite import LIST_INDEX_OF, LIST_LAST_INDEX_OF, MAP_INSERT, NET_TO_STRING, ORDERED, OPAQUE_EQUALS, OPAQUE_NOT_EQUALS, OPAQUE_SIZE, OPAQUE_STRING
 from .values import (
     QUANTITY_TAG,
     SEMVER_TAG,
@@ -403,6 +404,33 @@ def _split(text: str, separator: str, limit: int = -1) -> list[str]:
     return text.split(separator) if limit < 0 else text.split(separator, limit - 1)
 
 
+# --- orderings with a double, as cel-go compares (common/types: compareDouble*, NaN fails) -------------
+
+
+def _order(left: object, right: object) -> int:
+    if isinstance(left, float) and math.isnan(left) or isinstance(right, float) and math.isnan(right):
+        raise CELFunctionError("NaN values cannot be ordered")
+    if isinstance(left, float) and not isinstance(right, float):
+        return -_order_number_double(right, left)
+    if isinstance(right, float) and not isinstance(left, float):
+        return _order_number_double(left, right)
+    return (left > right) - (left < right)
+
+
+def _order_number_double(number: int, value: float) -> int:
+    """An int or uint against a double: outside int64 range by value, else as doubles."""
+    if value < -(2**63):
+        return 1
+    if value > 2**63 - 1:
+        return -1
+    as_double = float(number)
+    return (as_double > value) - (as_double < value)
+
+
+def _ordering(accept) -> object:
+    return lambda left, right: accept(_order(left, right))
+
+
 # --- Kubernetes' list indexOf / lastIndexOf (library/lists.go), reached through rewrite.py ----------
 
 
@@ -772,6 +800,21 @@ def _runtime_functions() -> list[cel.FunctionDecl]:
         cel.FunctionDecl("masked", [overload("cidr_masked", X, [X], network.cidr_masked, True)]),
         cel.FunctionDecl("isCIDR", [overload("is_cidr", B, [S], network.is_cidr)]),
         cel.FunctionDecl(NET_TO_STRING, [overload("draplane_net_to_string", S, [X], network.net_to_string)]),
+        *[
+            cel.FunctionDecl(
+                name,
+                [
+                    overload(f"{name}_{left_name}_{right_name}", B, [left, right], _ordering(accept))
+                    for left_name, left in (("double", T.DOUBLE), ("int64", I), ("uint64", T.UINT))
+                    for right_name, right in (("double", T.DOUBLE), ("int64", I), ("uint64", T.UINT))
+                    if "double" in (left_name, right_name)
+                ],
+            )
+            for name, accept in (
+                (ORDERED["_<_"], lambda c: c < 0), (ORDERED["_<=_"], lambda c: c <= 0),
+                (ORDERED["_>_"], lambda c: c > 0), (ORDERED["_>=_"], lambda c: c >= 0),
+            )
+        ],
         cel.FunctionDecl(
             LIST_INDEX_OF,
             [

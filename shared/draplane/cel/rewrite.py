@@ -27,6 +27,7 @@ values reach the Python comparison, everything else keeps the C++ one.
 
 from __future__ import annotations
 
+from .ast import DYN as DYN_TYPE
 from .ast import Call, CelType, Comprehension, Constant, CreateList, CreateStruct, Expr, Ident, Select
 
 DEVICE_MAPS = ("attributes", "capacity")
@@ -58,6 +59,10 @@ CEL_GO_STRINGS = {
     "list_a_index_of_int": "@draplane.list_index_of",
     "list_a_last_index_of_int": "@draplane.list_last_index_of",
 }
+# cel-go fails an ordering that involves NaN ("NaN values cannot be ordered"); cel-cpp answers
+# false. Comparisons with a double operand call these instead (library.py).
+ORDERED = {"_<_": "@draplane.less", "_<=_": "@draplane.less_equals", "_>_": "@draplane.greater", "_>=_": "@draplane.greater_equals"}
+
 # Kubernetes' ip and cidr libraries add string(ip) and string(cidr) to the standard string().
 CEL_GO_STRINGS["ip_to_string"] = CEL_GO_STRINGS["cidr_to_string"] = "@draplane.net_to_string"
 NET_TO_STRING = "@draplane.net_to_string"
@@ -250,6 +255,10 @@ def _rewrite(node: Expr, scope: dict[str, str], ids: _Ids) -> Expr:
                 return _optional_of(ids, _lookup_with_default(ids, kind.args[0], key))
         if kind.function == "cel.@mapInsert":
             kind.function = MAP_INSERT
+        if kind.function in ORDERED and kind.target is None and len(kind.args) == 2 and any(
+            (ids.types.get(arg.id) or DYN_TYPE).name == "double" and not isinstance(arg.kind, Constant) for arg in kind.args
+        ):
+            kind.function = ORDERED[kind.function]
         if kind.function == "@in" and len(kind.args) == 2 and isinstance(kind.args[1].kind, CreateList) and not kind.args[1].kind.elements:
             # cel-go turns `x in []` into false while building the program: x is never evaluated.
             return Expr(node.id, Constant("bool", False))
