@@ -14,10 +14,6 @@ def test_every_registered_subcommand_has_help():
     parser = build_parser()
     actions = [a for a in parser._actions if a.dest == "command"]
     registered = set(actions[0].choices)
-    assert "servers" in registered
-    assert registered <= set(SUBCOMMANDS)
-
-
-def test_console_script_runs():
-    result = subprocess.run([sys.executable, "-m", "draplane.cli", "--help"], capture_output=True, text=True)
-    assert result.returncode == 0 and "COMMAND" in result.stdout
+    assert {"servers", "up", "demo", "allocate", "lint"} <= registered
+    # every module listed registers exactly one command (module names use _, commands may use -)
+    assert len(registered) == len(SUBCOMMANDS)
