@@ -17,3 +17,8 @@ def test_every_registered_subcommand_has_help():
     assert {"servers", "up", "demo", "allocate", "lint"} <= registered
     # every module listed registers exactly one command (module names use _, commands may use -)
     assert len(registered) == len(SUBCOMMANDS)
+
+
+def test_console_script_runs():
+    result = subprocess.run([sys.executable, "-m", "draplane.cli", "--help"], capture_output=True, text=True)
+    assert result.returncode == 0 and "COMMAND" in result.stdout
