@@ -34,6 +34,7 @@ class Scheduling:
     binder: Binder | None = None
     shards: list[Shard] = dataclasses.field(default_factory=list)
     nodes: list[str] = dataclasses.field(default_factory=list)
+    slices: list[str] = dataclasses.field(default_factory=list)
     # Each test schedules only its own pods: the scheduler name is per test, because pods other
     # tests left pending would otherwise compete for this test's devices (classes are cluster-wide).
     scheduler_name: str = dataclasses.field(default_factory=lambda: f"draplane-{uuid.uuid4().hex[:8]}")
@@ -73,6 +74,14 @@ class Scheduling:
             if not exc.is_already_exists:
                 raise
         await make_ready(self.kube, name)
+        # the inventory service writes both; `draplane explain` reads the slices from Kubernetes
+        for s in slices:
+            try:
+                await self.kube.create(s)
+            except KubeApiError as exc:
+                if not exc.is_already_exists:
+                    raise
+            self.slices.append(s.metadata.name)
         self.nodes.append(name)
         kv = await self.feed_bucket()
         key = InventoryNames.node_key(name)
@@ -130,6 +139,8 @@ async def scheduling(kube, nats, subject_prefix):
     await env.stop()
     for name in env.nodes:
         await kube.delete(Node, name)
+    for name in env.slices:
+        await kube.delete(ResourceSlice, name)
 
 
 def all_claims_devices(claims: list[ResourceClaim]) -> list[tuple[str, str, str]]:

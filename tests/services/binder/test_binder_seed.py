@@ -9,6 +9,7 @@ import pytest
 from draplane.api.codec import load_files
 from draplane.api.core import Pod
 from draplane.api.resource import DeviceClass, ResourceClaim
+from draplane.cli import explain
 from draplane.kube import KubeApiError
 from draplane.scheduling import scenario
 from draplane_binder.lifecycle import DELETE_PROTECTION_FINALIZER, POD_CLAIM_NAME_ANNOTATION
@@ -86,7 +87,7 @@ async def test_seed_pod_binds_to_the_80gi_gpu_with_kube_scheduler_status(schedul
     )
 
 
-async def test_template_claims_are_created_allocated_released_and_reused(scheduling, kube, namespace):
+async def test_template_claims_are_created_allocated_released_and_reused(scheduling, kube, namespace, control_plane):
     class_name = f"gpu-{uuid.uuid4().hex[:6]}"
     await ensure_class(kube, scenario.device_class(class_name))
     node = f"tmpl-{namespace[-6:]}"
@@ -119,6 +120,13 @@ async def test_template_claims_are_created_allocated_released_and_reused(schedul
     condition = await scheduling.wait_for(explained, what="an Unschedulable condition")
     assert condition.reason == "Unschedulable"
     assert "capacity exhausted" in condition.message, condition.message
+
+    # `draplane explain` reads the same cluster and says the same, per node class
+    snapshot = await explain.gather(control_plane.kubeconfig)
+    text = "\n".join(explain.explain_pod(snapshot, explain.find_target(snapshot, "pod/second", namespace)))
+    assert "is pending" in text and f"capacity exhausted (matching devices are all in use): 1 node ({node})" in text
+    text = "\n".join(explain.explain_pod(snapshot, explain.find_target(snapshot, "pod/first", namespace)))
+    assert f"is bound to node {node}" in text and "device gpu-0" in text
 
     # delete the first pod: its claim is deallocated and deleted, and the GPU goes to the second
     # no kubelet runs here to finish a graceful deletion, so delete at once
