@@ -28,6 +28,7 @@ def check_object_meta(meta: dict[str, Any] | None, findings: Findings, name_rule
         trimmed = generate_name.rstrip("-") or generate_name
         for message in name_rule(trimmed):
             findings.invalid(f"{path}.generateName", generate_name, message)
+
     namespace = meta.get("namespace")
     # A namespace on a cluster-scoped object is ignored by the apiserver, not rejected.
     if namespace is not None and namespaced:
@@ -40,9 +41,9 @@ def check_object_meta(meta: dict[str, Any] | None, findings: Findings, name_rule
         for message in names.label_value(value):
             findings.invalid(f"{path}.labels", value, f"not a valid value for label {key!r}: it {message}")
     generation = meta.get("generation")
-    if generation is not None and generation < 0:
-        findings.invalid(f"{path}.generation", generation, "must be zero or more (the apiserver sets it anyway)",
-                         fix="remove generation")
+    # Cluster-scoped DRA objects get their generation reset on create; claims and templates do not.
+    if namespaced and generation is not None and generation < 0:
+        findings.invalid(f"{path}.generation", generation, "must be zero or more", fix="remove generation")
     _check_finalizers(meta.get("finalizers") or [], f"{path}.finalizers", findings)
     _check_owner_references(meta.get("ownerReferences") or [], f"{path}.ownerReferences", findings)
     annotations = meta.get("annotations") or {}

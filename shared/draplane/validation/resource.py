@@ -79,6 +79,11 @@ def check_device_class(obj: dict[str, Any], findings: Findings, domains: Domains
         findings.invalid("spec.extendedResourceName", extended,
                          "must be an extended resource name: 'domain/name' outside kubernetes.io, such as "
                          "'example.com/gpu'")
+    generate_name = (obj.get("metadata") or {}).get("generateName") or ""
+    if "/" in generate_name and all(p.reason == UNKNOWN_FIELD for p in findings.problems):
+        # A later stage of the apiserver than validation, so only reached by an otherwise valid class.
+        findings.invalid("metadata.generateName", generate_name, "may not contain '/'",
+                         fix=f"generateName: {generate_name.replace('/', '-')}")
 
 
 def _check_selector(selector: Any, path: str, findings: Findings, domains: Domains) -> None:
@@ -138,9 +143,11 @@ def check_resource_claim_template(obj: dict[str, Any], raw: dict[str, Any], find
     check_object_meta(obj.get("metadata"), findings, names.dns1123_subdomain, names.to_dns_subdomain, namespaced=True)
     spec = obj.get("spec") or {}
     template_meta = spec.get("metadata") or {}
-    for key in template_meta:
-        if key not in ("labels", "annotations"):
-            findings.forbidden(f"spec.metadata.{key}", "a template's metadata may only carry labels and annotations; "
+    for key, value in template_meta.items():
+        if key not in ("labels", "annotations") and value not in (0, "", [], {}):
+            # The apiserver names the uid field "uID" here; the same path is used so both agree.
+            field = "uID" if key == "uid" else key
+            findings.forbidden(f"spec.metadata.{field}", "a template's metadata may only carry labels and annotations; "
                                "the claim's name and namespace come from the pod", fix=f"remove spec.metadata.{key}")
     if template_meta.get("labels") or template_meta.get("annotations"):
         sub = {"labels": template_meta.get("labels"), "annotations": template_meta.get("annotations"), "name": "x"}
@@ -647,12 +654,35 @@ def check_resource_slice(obj: dict[str, Any], raw: dict[str, Any], findings: Fin
                     findings)
     partition_attribute = spec.get("partitionTypeAttribute")
     if partition_attribute is not None:
-        for message in names.declared_fully_qualified_name(partition_attribute):
-            findings.invalid("spec.partitionTypeAttribute", partition_attribute, message)
-        if not any((d or {}).get("consumesCounters") for d in devices or []):
-            findings.invalid("spec.partitionTypeAttribute", partition_attribute,
-                             "may only be set on a slice whose devices consume counters")
+        _check_partition_type_attribute(partition_attribute, spec.get("driver") or "", devices or [], findings)
     _check_skip_node_operations(spec.get("skipNodeOperations"), "spec.skipNodeOperations", findings)
+
+
+def _check_partition_type_attribute(name: str, driver: str, devices: list[Any], findings: Findings) -> None:
+    path = "spec.partitionTypeAttribute"
+    format_errors = names.declared_fully_qualified_name(name)
+    for message in format_errors:
+        findings.invalid(path, name, message)
+    if not any((d or {}).get("consumesCounters") for d in devices):
+        findings.invalid(path, name, "may only be set on a slice whose devices consume counters",
+                         fix="remove partitionTypeAttribute")
+        return
+    if format_errors:
+        return  # no device can carry a malformed name; one error is enough
+    # An attribute in the driver's own domain may also be written without it.
+    bare = name[len(driver) + 1:] if name.startswith(driver + "/") else ""
+    for index, device in enumerate(devices):
+        device = device or {}
+        if not device.get("consumesCounters"):
+            continue
+        attributes = device.get("attributes") or {}
+        attribute = attributes.get(name) if name in attributes else attributes.get(bare) if bare else None
+        attribute_path = f"spec.devices[{index}].attributes[{name}]"
+        if attribute is None:
+            findings.required(attribute_path, "the device consumes counters and partitionTypeAttribute names this "
+                              "attribute, so the device must have it", fix=f"{name}: {{string: <partition type>}}")
+        elif attribute.get("string") is None:
+            findings.invalid(attribute_path, attribute, "must be a string because partitionTypeAttribute names it")
 
 
 def _check_slice_node_selection(spec: dict[str, Any], findings: Findings) -> None:

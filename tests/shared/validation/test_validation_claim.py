@@ -237,3 +237,10 @@ def test_both_exactly_and_first_available_still_get_the_declarative_checks(build
         "spec.devices.requests[0]", "spec.devices.requests[0].exactly.allocationMode",
         "spec.devices.requests[0].firstAvailable[0].deviceClassName",
         "spec.devices.requests[0].firstAvailable[1].deviceClassName", "spec.devices.requests[0].firstAvailable[1]"]
+
+
+def test_template_metadata_fields_are_forbidden_unless_empty(build):
+    template = {"apiVersion": "resource.k8s.io/v1", "kind": "ResourceClaimTemplate", "metadata": {"name": "t"},
+                "spec": {"metadata": {"uid": "x", "generation": 0, "finalizers": []}, "spec": build.claim()["spec"]}}
+    # "uID" is how the apiserver spells this path; draplane uses the same so the two can be compared.
+    assert [(p.field, p.reason) for p in validate_object(template)] == [("spec.metadata.uID", FORBIDDEN)]

@@ -84,3 +84,11 @@ def test_generate_name_is_checked_except_on_classes(build):
     cls = build.device_class()
     cls["metadata"]["generateName"] = "Bad_"
     assert validate_object(cls) == []
+
+
+def test_class_generate_name_with_a_slash_is_reported_only_on_an_otherwise_valid_class(build):
+    cls = build.device_class()
+    cls["metadata"]["generateName"] = "a/b"
+    assert [p.field for p in validate_object(cls)] == ["metadata.generateName"]
+    cls["spec"]["config"] = [{}]
+    assert [p.field for p in validate_object(cls)] == ["spec.config[0].opaque"]

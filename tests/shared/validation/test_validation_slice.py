@@ -233,3 +233,17 @@ def test_node_allocatable_resources(build):
         (f"{base}[example.com/gpu]", INVALID), (f"{base}[example.com/gpu]", REQUIRED),
         (f"{base}[cpu].mapping.capacityKey", "Not found"), (f"{base}[cpu].mapping.capacityMultiplier", REQUIRED),
         (f"{base}[cpu].mapping.deviceMultiplier", INVALID), (f"{base}[memory].overhead", INVALID)]
+
+
+def test_partition_type_attribute(build):
+    consumption = [{"counterSet": "gpu-0", "counters": {"memory": {"value": "10Gi"}}}]
+    devices = [build.device("mig-0", consumesCounters=consumption),
+               build.device("mig-1", consumesCounters=consumption, attributes={"profile": {"string": "1g.10gb"}}),
+               build.device("mig-2", consumesCounters=consumption, attributes={"gpu.nvidia.com/profile": {"int": 1}}),
+               build.device("gpu-3")]
+    problems = validate_object(build.slice(devices, partitionTypeAttribute="gpu.nvidia.com/profile"))
+    assert [(p.field, p.reason) for p in problems] == [
+        ("spec.devices[0].attributes[gpu.nvidia.com/profile]", REQUIRED),
+        ("spec.devices[2].attributes[gpu.nvidia.com/profile]", INVALID)]
+    problems = validate_object(build.slice(partitionTypeAttribute="gpu.nvidia.com/profile"))
+    assert [p.field for p in problems] == ["spec.partitionTypeAttribute"]
