@@ -8,7 +8,9 @@ user can act on, and most carry a concrete fix.
 from __future__ import annotations
 
 import difflib
+import ipaddress
 import json
+import re
 import uuid
 from fractions import Fraction
 from typing import Any
@@ -505,6 +507,7 @@ def _check_claim_status(status: dict[str, Any], request_names: RequestNames, fin
             findings.forbidden("status.reservedFor", "a claim can only be reserved once it is allocated",
                                fix="remove reservedFor, or add the allocation")
     allocation = status.get("allocation")
+    _check_device_statuses(status.get("devices") or [], allocation, findings)
     if allocation is None:
         return
     devices = allocation.get("devices") or {}
@@ -527,6 +530,101 @@ def _check_claim_status(status: dict[str, Any], request_names: RequestNames, fin
             _check_device_configuration(entry, entry_path, findings)
     if allocation.get("nodeSelector") is not None:
         check_node_selector(allocation["nodeSelector"], "status.allocation.nodeSelector", findings)
+
+
+CONDITION_STATUSES = ("True", "False", "Unknown")
+_CONDITION_REASON = re.compile(r"^[A-Za-z]([A-Za-z0-9_,:]*[A-Za-z0-9_])?$")
+
+
+def _check_device_statuses(entries: list[Any], allocation: dict[str, Any] | None, findings: Findings) -> None:
+    """status.devices, written by drivers: each entry must describe a device allocated to this claim."""
+    results = ((allocation or {}).get("devices") or {}).get("results") or []
+    allocated = {(r.get("driver"), r.get("pool"), r.get("device"), r.get("shareID")) for r in results if r}
+    keys = []
+    for index, entry in enumerate(entries):
+        entry = entry or {}
+        path = f"status.devices[{index}]"
+        _check_driver(entry.get("driver") or "", f"{path}.driver", findings)
+        check_pool_name(entry.get("pool") or "", f"{path}.pool", findings)
+        device = entry.get("device") or ""
+        for message in names.dns1123_label(device) if device else ["a device status names its device"]:
+            findings.invalid(f"{path}.device", device, message)
+        if entry.get("shareID") is not None:
+            check_uid(entry["shareID"], f"{path}.shareID", findings)
+        key = (entry.get("driver"), entry.get("pool"), device, entry.get("shareID"))
+        keys.append("/".join(str(k or "") for k in key))
+        if key not in allocated:
+            findings.invalid(path, "/".join(str(k) for k in key[:3] if k), "must be a device allocated in this claim's "
+                             "status.allocation.devices.results", fix="remove the entry, or fix driver/pool/device")
+        conditions = entry.get("conditions") or []
+        if len(conditions) > limits.DEVICE_STATUS_CONDITIONS_MAX:
+            findings.too_many(f"{path}.conditions", len(conditions), limits.DEVICE_STATUS_CONDITIONS_MAX, "conditions")
+        for c_index, condition in enumerate(conditions):
+            _check_condition(condition or {}, f"{path}.conditions[{c_index}]", findings)
+        data = entry.get("data")
+        if data is not None:
+            if not isinstance(data, dict):
+                findings.invalid(f"{path}.data", "<value omitted>", "must be a JSON object (a YAML mapping)")
+            elif len(json.dumps(data, separators=(",", ":")).encode()) > limits.DEVICE_STATUS_DATA_MAX_BYTES:
+                findings.too_long(f"{path}.data", len(json.dumps(data, separators=(",", ":")).encode()),
+                                  limits.DEVICE_STATUS_DATA_MAX_BYTES, "the data as JSON")
+        network = entry.get("networkData")
+        if network:
+            _check_network_data(network, f"{path}.networkData", findings)
+    _duplicates(keys, "status.devices", "device", findings, fix="one entry per allocated device")
+
+
+def _check_condition(condition: dict[str, Any], path: str, findings: Findings) -> None:
+    kind = condition.get("type") or ""
+    if not kind:
+        findings.required(f"{path}.type", "a condition needs a type", fix="type: Ready")
+    else:
+        for message in names.label_key(kind):
+            findings.invalid(f"{path}.type", kind, message)
+    status = condition.get("status") or ""
+    if not status:
+        findings.required(f"{path}.status", "a condition needs a status", fix="status: \"True\"")
+    elif status not in CONDITION_STATUSES:
+        findings.unsupported(f"{path}.status", status, CONDITION_STATUSES)
+    if (condition.get("observedGeneration") or 0) < 0:
+        findings.invalid(f"{path}.observedGeneration", condition["observedGeneration"], "must be zero or more")
+    if not condition.get("lastTransitionTime"):
+        findings.required(f"{path}.lastTransitionTime", "must be set", fix="lastTransitionTime: <RFC 3339 time>")
+    reason = condition.get("reason") or ""
+    if not reason:
+        findings.required(f"{path}.reason", "a condition needs a CamelCase reason", fix="reason: Prepared")
+    else:
+        if len(reason) > 1024:
+            findings.too_long(f"{path}.reason", len(reason), 1024, "the reason")
+        if not _CONDITION_REASON.match(reason):
+            findings.invalid(f"{path}.reason", reason, "must start with a letter and contain only letters, digits, "
+                             "'_', ',' and ':' (a CamelCase word such as DevicePrepared)")
+    if len(condition.get("message") or "") > 32768:
+        findings.too_long(f"{path}.message", len(condition["message"]), 32768, "the message")
+
+
+def _check_network_data(network: dict[str, Any], path: str, findings: Findings) -> None:
+    interface = network.get("interfaceName") or ""
+    if len(interface.encode()) > limits.NETWORK_DATA_INTERFACE_NAME_MAX:
+        findings.too_long(f"{path}.interfaceName", len(interface.encode()), limits.NETWORK_DATA_INTERFACE_NAME_MAX,
+                          "the interface name")
+    address = network.get("hardwareAddress") or ""
+    if len(address.encode()) > limits.NETWORK_DATA_HARDWARE_ADDRESS_MAX:
+        findings.too_long(f"{path}.hardwareAddress", len(address.encode()), limits.NETWORK_DATA_HARDWARE_ADDRESS_MAX,
+                          "the hardware address")
+    ips = network.get("ips")
+    if _too_many(ips, limits.NETWORK_DATA_IPS_MAX, f"{path}.ips", "addresses", findings):
+        return
+    for index, ip in enumerate(ips or []):
+        try:
+            ipaddress.ip_interface(ip or "")
+            ok = "/" in (ip or "")
+        except ValueError:
+            ok = False
+        if not ok:
+            findings.invalid(f"{path}.ips[{index}]", ip, "must be an IP address with its prefix length, such as "
+                             "192.0.2.5/24 or 2001:db8::5/64")
+    _duplicates(list(ips or []), f"{path}.ips", "address", findings)
 
 
 def _check_result(result: dict[str, Any], path: str, request_names: RequestNames, findings: Findings) -> None:

@@ -36,6 +36,21 @@ STATUSES = {
     "reserved-incomplete": {"allocation": {"devices": {"results": [RESULT]}}, "reservedFor": [{"resource": "pods"}]},
     "binding-conditions": {"allocation": {"devices": {"results": [dict(RESULT, bindingConditions=["Ready"])]}}},
     "bad-node-selector": {"allocation": {"devices": {"results": [RESULT]}, "nodeSelector": {"nodeSelectorTerms": []}}},
+    "device-status-valid": {"allocation": {"devices": {"results": [RESULT]}}, "devices": [dict(
+        driver="gpu.nvidia.com", pool="node-1", device="gpu-0", data={"a": 1},
+        conditions=[{"type": "Ready", "status": "True", "reason": "Prepared",
+                     "lastTransitionTime": "2026-01-01T00:00:00Z"}],
+        networkData={"interfaceName": "eth1", "ips": ["192.0.2.5/24", "2001:db8::5/64"], "hardwareAddress": "aa"})]},
+    "device-status-bad": {"allocation": {"devices": {"results": [RESULT]}}, "devices": [
+        dict(driver="gpu.nvidia.com", pool="node-1", device="gpu-9"),
+        dict(driver="gpu.nvidia.com", pool="node-1", device="gpu-0", data=[1],
+             conditions=[{"type": "-Ready", "status": "Maybe", "reason": "not ok"}],
+             networkData={"interfaceName": "x" * 300, "ips": ["192.0.2.5", "192.0.2.6/24", "192.0.2.6/24"]}),
+        dict(driver="gpu.nvidia.com", pool="node-1", device="gpu-0")]},
+    "device-status-9-conditions": {"allocation": {"devices": {"results": [RESULT]}}, "devices": [dict(
+        driver="gpu.nvidia.com", pool="node-1", device="gpu-0",
+        conditions=[{"type": f"C{i}", "status": "True", "reason": "R", "lastTransitionTime": "2026-01-01T00:00:00Z"}
+                    for i in range(9)])]},
     "bad-toleration": {"allocation": {"devices": {"results": [dict(RESULT, tolerations=[{"operator": "Exists", "value": "x"}])]}}},
 }
 
