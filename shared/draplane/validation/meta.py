@@ -130,6 +130,10 @@ def _check_requirement(requirement: dict[str, Any], path: str, findings: Finding
             findings.required(f"{path}.values", f"operator {operator} needs at least one value")
         elif field_selector and len(values) != 1:
             findings.invalid(f"{path}.values", values, "matchFields takes exactly one value")
+        if field_selector and key == "metadata.name":
+            for v, value in enumerate(values):
+                for message in names.dns1123_subdomain(value or ""):
+                    findings.invalid(f"{path}.values[{v}]", value, f"not a node name: {message}")
     elif operator in ("Exists", "DoesNotExist"):
         if values:
             findings.forbidden(f"{path}.values", f"operator {operator} takes no values", fix="remove values")

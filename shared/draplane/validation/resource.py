@@ -137,7 +137,7 @@ def check_resource_claim(obj: dict[str, Any], raw: dict[str, Any], findings: Fin
                                        domains, admin_access)
     status = obj.get("status")
     if status:
-        _check_claim_status(status, request_names, findings)
+        _check_claim_status(status, request_names, findings, admin_access)
 
 
 def check_resource_claim_template(obj: dict[str, Any], raw: dict[str, Any], findings: Findings, domains: Domains,
@@ -494,7 +494,8 @@ def _has_request(request_names: RequestNames, ref: str) -> bool:
     return subrequests is not None and segments[1] in subrequests
 
 
-def _check_claim_status(status: dict[str, Any], request_names: RequestNames, findings: Findings) -> None:
+def _check_claim_status(status: dict[str, Any], request_names: RequestNames, findings: Findings,
+                        admin_access: bool = False) -> None:
     reserved = status.get("reservedFor")
     if not _too_many(reserved, limits.RESERVED_FOR_MAX, "status.reservedFor", "consumers", findings):
         for index, ref in enumerate(reserved or []):
@@ -514,7 +515,8 @@ def _check_claim_status(status: dict[str, Any], request_names: RequestNames, fin
     results = devices.get("results")
     if not _too_many(results, limits.RESULTS_MAX, "status.allocation.devices.results", "allocated devices", findings):
         for index, result in enumerate(results or []):
-            _check_result(result or {}, f"status.allocation.devices.results[{index}]", request_names, findings)
+            _check_result(result or {}, f"status.allocation.devices.results[{index}]", request_names, findings,
+                          admin_access)
     config = devices.get("config")
     if not _too_many(config, limits.ALLOCATION_CONFIG_MAX, "status.allocation.devices.config", "config entries", findings):
         for index, entry in enumerate(config or []):
@@ -539,7 +541,7 @@ _CONDITION_REASON = re.compile(r"^[A-Za-z]([A-Za-z0-9_,:]*[A-Za-z0-9_])?$")
 def _check_device_statuses(entries: list[Any], allocation: dict[str, Any] | None, findings: Findings) -> None:
     """status.devices, written by drivers: each entry must describe a device allocated to this claim."""
     results = ((allocation or {}).get("devices") or {}).get("results") or []
-    allocated = {(r.get("driver"), r.get("pool"), r.get("device"), r.get("shareID")) for r in results if r}
+    allocated = {(r.get("driver"), r.get("pool"), r.get("device"), r.get("shareID") or None) for r in results if r}
     keys = []
     for index, entry in enumerate(entries):
         entry = entry or {}
@@ -551,7 +553,7 @@ def _check_device_statuses(entries: list[Any], allocation: dict[str, Any] | None
             findings.invalid(f"{path}.device", device, message)
         if entry.get("shareID") is not None:
             check_uid(entry["shareID"], f"{path}.shareID", findings)
-        key = (entry.get("driver"), entry.get("pool"), device, entry.get("shareID"))
+        key = (entry.get("driver"), entry.get("pool"), device, entry.get("shareID") or None)  # "" means none
         keys.append("/".join(str(k or "") for k in key))
         if key not in allocated:
             findings.invalid(path, "/".join(str(k) for k in key[:3] if k), "must be a device allocated in this claim's "
@@ -561,6 +563,8 @@ def _check_device_statuses(entries: list[Any], allocation: dict[str, Any] | None
             findings.too_many(f"{path}.conditions", len(conditions), limits.DEVICE_STATUS_CONDITIONS_MAX, "conditions")
         for c_index, condition in enumerate(conditions):
             _check_condition(condition or {}, f"{path}.conditions[{c_index}]", findings)
+        _duplicates([(c or {}).get("type") or "" for c in conditions], f"{path}.conditions", "condition type",
+                    findings, fix="one condition per type")
         data = entry.get("data")
         if data is not None:
             if not isinstance(data, dict):
@@ -627,7 +631,8 @@ def _check_network_data(network: dict[str, Any], path: str, findings: Findings) 
     _duplicates(list(ips or []), f"{path}.ips", "address", findings)
 
 
-def _check_result(result: dict[str, Any], path: str, request_names: RequestNames, findings: Findings) -> None:
+def _check_result(result: dict[str, Any], path: str, request_names: RequestNames, findings: Findings,
+                  admin_access: bool = False) -> None:
     request = result.get("request") or ""
     if not request:
         findings.required(f"{path}.request", "a result names the request it satisfies")
@@ -647,6 +652,12 @@ def _check_result(result: dict[str, Any], path: str, request_names: RequestNames
     share_id = result.get("shareID")
     if share_id is not None:
         check_uid(share_id, f"{path}.shareID", findings)
+    _check_skip_node_operations(result.get("skipNodeOperations"), f"{path}.skipNodeOperations", findings)
+    if result.get("adminAccess") is True and not admin_access:
+        findings.forbidden(f"{path}.adminAccess", "an admin-access allocation is only accepted in a namespace labeled "
+                           "resource.kubernetes.io/admin-access: \"true\"",
+                           fix="kubectl label namespace <namespace> resource.kubernetes.io/admin-access=true "
+                               "(cluster admins only)")
 
 
 def check_uid(value: str, path: str, findings: Findings) -> None:

@@ -14,7 +14,7 @@ import pytest
 
 from draplane.kube import KubeApiError
 from draplane.validation import validate_object
-from draplane.validation.problem import WRONG_TYPE
+from draplane.validation.problem import UNKNOWN_FIELD, WRONG_TYPE
 from draplane.validation.schema import OBJECTS, ListOf, MapOf, Struct
 from test_validation_apiserver import _apiserver_fields, _send, _unknown_fields, _validated_fields
 
@@ -117,10 +117,11 @@ def _plausible(schema: Any, rng: random.Random) -> Any:
     return copy.deepcopy(rng.choice(by_type.get(getattr(schema, "type", ""), AWKWARD)))
 
 
-def mutate(obj: dict[str, Any], rng: random.Random) -> list[str]:
+def mutate(obj: dict[str, Any], rng: random.Random, under: tuple = ()) -> list[str]:
+    """1-3 random mutations, anywhere or only below the path `under`."""
     done = []
     for _ in range(rng.randint(1, 3)):
-        nodes = _nodes(obj)
+        nodes = [n for n in _nodes(obj) if n[:len(under)] == under and len(n) > len(under)]
         if not nodes:
             break
         path = rng.choice(nodes)
@@ -187,3 +188,45 @@ async def test_mutated_objects_get_the_apiserver_verdict(build, kube, namespace)
             mismatches.append(f"round {round_} {obj['kind']} {operations}: apiserver {verdict} "
                               f"{sorted(fields)[:8]}; draplane {[str(p)[:200] for p in mine[:8]]}")
     assert not mismatches, "\n".join(mismatches[:15]) + f"\n({len(mismatches)} of {ROUNDS} rounds disagree)"
+
+
+STATUS_ROUNDS = max(ROUNDS // 2, 1)
+
+
+async def test_mutated_claim_statuses_get_the_apiserver_verdict(build, kube, namespace):
+    """The allocation part: what draplane allocate reads as in-use and what the binder writes."""
+    import json
+
+    from test_validation_apiserver_status import STATUSES
+
+    claim = build.claim([build.exact("gpu"), {"name": "nic", "firstAvailable": [
+        {"name": "fast", "deviceClassName": "nic"}]}])
+    claim["metadata"]["namespace"] = namespace
+    base = f"/apis/resource.k8s.io/v1/namespaces/{namespace}/resourceclaims"
+    created = json.loads(await kube.request("POST", base, body=claim))
+    statuses = [STATUSES["valid"], STATUSES["valid-reserved"], STATUSES["device-status-valid"]]
+    rng = random.Random(SEED + 1)
+    mismatches = []
+    for round_ in range(STATUS_ROUNDS):
+        obj = copy.deepcopy(created)
+        obj["status"] = copy.deepcopy(rng.choice(statuses))
+        operations = mutate(obj, rng, under=("status",))
+        mine = validate_object(obj)
+        try:
+            await kube.request("PUT", f"{base}/{claim['metadata']['name']}/status", body=obj, query={"dryRun": "All"})
+            verdict, fields = "accepted", set()
+        except KubeApiError as error:
+            if error.status not in (400, 422):
+                raise
+            verdict = "undecodable" if error.status == 400 else "invalid"
+            fields = _apiserver_fields(error) if error.status == 422 else set()
+        my_types = any(p.reason == WRONG_TYPE for p in mine)
+        if verdict == "undecodable" or my_types:
+            agree = verdict == "undecodable" and my_types
+        else:
+            # A status update is not strictly decoded, so unknown fields are dropped silently.
+            agree = {p.field for p in mine if p.reason != UNKNOWN_FIELD} == fields
+        if not agree:
+            mismatches.append(f"round {round_} {operations}: apiserver {verdict} {sorted(fields)[:8]}; "
+                              f"draplane {[str(p)[:200] for p in mine[:8]]}")
+    assert not mismatches, "\n".join(mismatches[:15]) + f"\n({len(mismatches)} of {STATUS_ROUNDS} rounds disagree)"
