@@ -244,3 +244,17 @@ def test_template_metadata_fields_are_forbidden_unless_empty(build):
                 "spec": {"metadata": {"uid": "x", "generation": 0, "finalizers": []}, "spec": build.claim()["spec"]}}
     # "uID" is how the apiserver spells this path; draplane uses the same so the two can be compared.
     assert [(p.field, p.reason) for p in validate_object(template)] == [("spec.metadata.uID", FORBIDDEN)]
+
+
+def test_status_admin_access_results_and_device_condition_types(build):
+    claim = build.claim()
+    result = {"request": "gpu", "driver": "gpu.nvidia.com", "pool": "node-1", "device": "gpu-0", "adminAccess": True}
+    ready = {"type": "Ready", "status": "True", "reason": "Prepared", "lastTransitionTime": "2026-01-01T00:00:00Z"}
+    claim["status"] = {"allocation": {"devices": {"results": [result]}}, "devices": [
+        {"driver": "gpu.nvidia.com", "pool": "node-1", "device": "gpu-0", "shareID": "", "conditions": [ready, ready]}]}
+    problems = validate_object(claim)
+    assert [(p.field, p.reason) for p in problems] == [
+        ("status.devices[0].shareID", INVALID), ("status.devices[0].conditions[1]", DUPLICATE),
+        ("status.allocation.devices.results[0].adminAccess", FORBIDDEN)]
+    assert [p.field for p in validate_object(claim, admin_access=True)] == [
+        "status.devices[0].shareID", "status.devices[0].conditions[1]"]
