@@ -18,3 +18,7 @@ __all__ = [
     "Reason", "ScoringPolicy", "SelectorMatcher", "Unallocatable", "claim_key", "get_policy", "policy_names",
     "register_policy",
 ]
+
+# Registers the fragmentation-aware `draplane` policy over the topology-only one, so the service,
+# the CLI and the simulator all get the same default (see fragmentation.FragmentationAwareDraplane).
+from draplane.allocation import fragmentation as _fragmentation  # noqa: E402,F401
