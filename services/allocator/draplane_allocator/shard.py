@@ -46,6 +46,8 @@ log = logging.getLogger(__name__)
 
 COMMIT_ATTEMPTS = 20
 PRUNE_INTERVAL_SECONDS = 5.0
+# Placements published but not yet taken by the binder, above which shards wait.
+MAX_BINDER_BACKLOG = 128
 
 
 class Shard:
@@ -220,6 +222,7 @@ class Shard:
         )
         try:
             while True:
+                await self._wait_for_binder()
                 try:
                     messages = await sub.fetch(32, timeout=1.0)
                 except (nats.errors.TimeoutError, asyncio.TimeoutError):
@@ -253,6 +256,18 @@ class Shard:
                 await asyncio.wait_for(sub.unsubscribe(), 2.0)
             except (Exception, asyncio.CancelledError):  # noqa: BLE001 - the connection may be gone
                 pass
+
+    async def _wait_for_binder(self) -> None:
+        """Back-pressure: placements waiting for the binder hold devices under a lease; placing far
+        ahead of what it writes would only let those leases lapse. Wait while its backlog is big."""
+        while True:
+            try:
+                info = await self.js.stream_info(self.subjects.results_stream)
+            except (nats.errors.Error, nats.js.errors.Error, asyncio.TimeoutError):
+                return
+            if info.state.messages < MAX_BINDER_BACKLOG:
+                return
+            await asyncio.sleep(0.2)
 
     async def _pod(self, pending: PendingPod) -> Pod | None:
         pod = self.pods.get(pending.pod.uid)

@@ -455,12 +455,30 @@ class Binder:
                     messages = await sub.fetch(64, timeout=1.0)
                 except (nats.errors.TimeoutError, asyncio.TimeoutError):
                     continue
+                await self._extend_received(messages)
                 for msg in messages:
                     await self.placement_slots.acquire()
                     task = asyncio.create_task(self._handle_result(msg))
                     task.add_done_callback(lambda t: (self.placement_slots.release(), _log_failure(t)))
         finally:
             await _unsubscribe(sub)
+
+    async def _extend_received(self, messages) -> None:
+        """Renew the leases of a fetched batch at once, one write per node: a placement waiting
+        here behind slow apiserver writes must not lapse and be given to someone else."""
+        by_node: dict[str, list[str]] = {}
+        for msg in messages:
+            try:
+                result = decode_message(msg.data)
+            except MessageError:
+                continue
+            if isinstance(result, Placement):
+                by_node.setdefault(result.node, []).extend(c.claim.uid for c in result.claims)
+        for node, uids in by_node.items():
+            try:
+                await self.store.extend(node, uids, self.settings.lease_seconds)
+            except Exception:  # noqa: BLE001 - best effort; each placement checks its lease again
+                log.warning("could not renew %d leases on node %s", len(uids), node, exc_info=True)
 
     async def _handle_result(self, msg) -> None:
         try:

@@ -29,6 +29,9 @@ class ReservationStore:
         self._on_change = on_change
         self._synced = asyncio.Event()
         self._changed = asyncio.Condition()
+        # One writer per node entry within this process: concurrent writers in one process would
+        # only make each other's compare-and-set fail.
+        self._node_locks: dict[str, asyncio.Lock] = {}
 
     @property
     def synced(self) -> bool:
@@ -110,16 +113,18 @@ class ReservationStore:
         Used for changes that cannot be wrong whatever else happened to the entry (confirm, extend,
         release); a new placement instead goes through `write` with the revision it was computed on.
         """
-        revision, entry = self.entry(node)
-        for _ in range(attempts):
-            new = edit(entry)
-            if new is None:
-                return False
-            try:
-                await self.write(node, new, revision)
-                return True
-            except StaleRevision:
-                revision, entry = await self.refresh(node)
+        lock = self._node_locks.setdefault(node, asyncio.Lock())
+        async with lock:
+            revision, entry = self.entry(node)
+            for _ in range(attempts):
+                new = edit(entry)
+                if new is None:
+                    return False
+                try:
+                    await self.write(node, new, revision)
+                    return True
+                except StaleRevision:
+                    revision, entry = await self.refresh(node)
         raise RuntimeError(f"reservation entry of node {node}: {attempts} compare-and-set attempts all lost")
 
     async def confirm(self, node: str, claim_uids: Iterable[str]) -> None:

@@ -53,6 +53,7 @@ class Process:
                 self.proc.wait()
 
 
+@pytest.mark.timeout(600 + 3 * PODS)
 @pytest.mark.parametrize("victim", ["shard", "binder"])
 async def test_kill_9_mid_run_leaves_every_claim_allocated_once_or_explained(
     victim, scheduling, kube, namespace, control_plane, tmp_path
