@@ -265,3 +265,13 @@ def test_pods_in_the_input_are_ignored(tmp_path, capsys):
     code, out, err = run(capsys, *inputs(tmp_path), str(SEED / "pod.yaml"))
     assert code == 0, err
     assert yaml.safe_load(out)["kind"] == "ResourceClaim"
+
+
+def test_admin_access_claims_are_allocated_not_rejected(tmp_path, capsys):
+    """The apiserver allows adminAccess by a namespace label allocate cannot see; the allocator
+    must still place such claims, flagging the result and ignoring the devices' other users."""
+    admin = CLAIM.replace("count: 1", "count: 1\n        adminAccess: true")
+    code, out, err = run(capsys, *inputs(tmp_path, claim=admin))
+    assert code == 0, err
+    result = yaml.safe_load(out)["status"]["allocation"]["devices"]["results"][0]
+    assert result["adminAccess"] is True and result["device"] == "gpu-1"

@@ -134,10 +134,7 @@ def load_inputs(paths: list[str]) -> list[msgspec.Struct]:
     """Decode, validate like the apiserver, and reject duplicates. Raises InputError (one line)."""
     from draplane.api.codec import DecodeError, decode_object, iter_documents
 
-    try:
-        from draplane.validation import validate_object
-    except ImportError:  # pragma: no cover - validation ships with draplane
-        validate_object = None
+    from draplane.validation import validate_object
 
     objects = []
     seen: dict[tuple[str, str, str], str] = {}
@@ -163,13 +160,14 @@ def load_inputs(paths: list[str]) -> list[msgspec.Struct]:
                     f"{where}{raw.get('kind')} {_raw_name(raw)}: kind {raw.get('kind')!r} is not an input of "
                     f"draplane allocate (it reads {', '.join(INPUT_KINDS)})"
                 )
-            if validate_object is not None:
-                problems = validate_object(raw, source=path)
-                if problems:
-                    first = problems[0]
-                    more = f" (and {len(problems) - 1} more problem(s); run draplane lint {path})" if len(problems) > 1 else ""
-                    fix = f"; fix: {first.fix.splitlines()[0]}" if first.fix else ""
-                    raise InputError(f"{where}{first}{fix}{more}".replace("\n", " "))
+            # Admin access is allowed per namespace by a label we cannot see offline; the
+            # allocator handles adminAccess requests, so they are not an input error here.
+            problems = validate_object(raw, source=path, admin_access=True)
+            if problems:
+                first = problems[0]
+                more = f" (and {len(problems) - 1} more problem(s); run draplane lint {path})" if len(problems) > 1 else ""
+                fix = f"; fix: {first.fix.splitlines()[0]}" if first.fix else ""
+                raise InputError(f"{where}{first}{fix}{more}".replace("\n", " "))
             try:
                 obj = decode_object(raw, where=where)
             except DecodeError as exc:
