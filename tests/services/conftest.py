@@ -90,7 +90,7 @@ class Scheduling:
     def pod(self, namespace: str, name: str, **kwargs) -> Pod:
         return scenario.pod(namespace, name, scheduler_name=self.scheduler_name, **kwargs)
 
-    async def wait_for(self, predicate, timeout: float = 30.0, what: str = "condition"):
+    async def wait_for(self, predicate, timeout: float = 30.0, what: str = "condition", interval: float = 0.1):
         deadline = time.monotonic() + timeout
         while True:
             value = await predicate()
@@ -98,7 +98,7 @@ class Scheduling:
                 return value
             if time.monotonic() > deadline:
                 raise AssertionError(f"timed out after {timeout}s waiting for {what}; {self.diagnostics()}")
-            await asyncio.sleep(0.1)
+            await asyncio.sleep(interval)
 
     def diagnostics(self) -> str:
         binder = self.binder

@@ -29,6 +29,7 @@ from nats.aio.client import Client as NatsClient
 from draplane.api.core import Node, Pod, PodResourceClaimStatus
 from draplane.api.resource import ResourceClaim, ResourceClaimConsumerReference, ResourceClaimTemplate
 from draplane.kube import KubeApiError, KubeClient, watch_objects
+from draplane.scheduling import reservations as rv
 from draplane.scheduling import streams
 from draplane.scheduling.messages import (
     ClaimRef,
@@ -52,8 +53,6 @@ from draplane_binder.settings import BinderSettings
 log = logging.getLogger(__name__)
 
 Key = tuple[str, str]  # (namespace, name)
-# Leave the binder this much of a lease to finish three writes; otherwise extend it first.
-LEASE_MARGIN_SECONDS = 5.0
 
 
 def _now_rfc3339() -> str:
@@ -466,19 +465,21 @@ class Binder:
     async def _extend_received(self, messages) -> None:
         """Renew the leases of a fetched batch at once, one write per node: a placement waiting
         here behind slow apiserver writes must not lapse and be given to someone else."""
-        by_node: dict[str, list[str]] = {}
+        by_node: dict[str, dict[str, list]] = {}
         for msg in messages:
             try:
                 result = decode_message(msg.data)
             except MessageError:
                 continue
             if isinstance(result, Placement):
-                by_node.setdefault(result.node, []).extend(c.claim.uid for c in result.claims)
-        for node, uids in by_node.items():
+                expected = by_node.setdefault(result.node, {})
+                for c in result.claims:
+                    expected[c.claim.uid] = rv.devices_of(c.allocation)
+        for node, expected in by_node.items():
             try:
-                await self.store.extend(node, uids, self.settings.lease_seconds)
+                await self.store.hold(node, expected, self.settings.lease_seconds)
             except Exception:  # noqa: BLE001 - best effort; each placement checks its lease again
-                log.warning("could not renew %d leases on node %s", len(uids), node, exc_info=True)
+                log.warning("could not renew %d leases on node %s", len(expected), node, exc_info=True)
 
     async def _handle_result(self, msg) -> None:
         try:
@@ -518,15 +519,27 @@ class Binder:
             await self._abandon(placement, pod, f"the pod is already bound to node {pod.spec.node_name}")
             return False
         claim_uids = [c.claim.uid for c in placement.claims]
-        remaining = placement.expires_at - time.time()
-        if remaining < self.settings.lease_seconds / 2 and not pod.spec.node_name:
-            # The lease could run out during our writes, and a lapsed reservation may be given to
-            # another claim: extend it first, and give up if it was already released.
-            reserved = [uid for uid in claim_uids if self.store.find_claim(uid)]
-            if len(reserved) < len(claim_uids) and remaining < LEASE_MARGIN_SECONDS:
-                await self._abandon(placement, pod, "the reservation's lease ran out before the placement was written")
+        # Only write devices the bucket still reserves for these claims: a lapsed reservation may
+        # have been given to another claim, and a claim placed again after a restart may hold
+        # other devices now. The check renews the leases in the same compare-and-set.
+        held = await self.store.hold(
+            placement.node, {c.claim.uid: rv.devices_of(c.allocation) for c in placement.claims},
+            self.settings.lease_seconds,
+        )
+        for item in placement.claims:
+            if item.claim.uid in held:
+                continue
+            try:
+                current = await self.kube.get(ResourceClaim, item.claim.name, item.claim.namespace)
+            except KubeApiError as exc:
+                if not exc.is_not_found:
+                    raise
+                current = None
+            already = (current is not None and current.metadata.uid == item.claim.uid and current.status is not None
+                       and lc.same_allocation(current.status.allocation, item.allocation))
+            if not already:
+                await self._abandon(placement, pod, f"resourceclaim {item.claim.key()}: its reservation is no longer held")
                 return False
-            await self.store.extend(placement.node, reserved, self.settings.lease_seconds)
 
         written: list[ClaimRef] = []
         for item in placement.claims:
@@ -622,7 +635,7 @@ class Binder:
         """Release the reservations of claims that did not end up allocated, and retry the pod."""
         self.counters["placements_failed"] += 1
         log.info("placement of pod %s on %s abandoned: %s", placement.pod.key(), placement.node, why)
-        to_release = []
+        to_release: dict[str, list] = {}
         for item in placement.claims:
             claim = self.claims.get((item.claim.namespace, item.claim.name))
             allocated_here = (
@@ -632,9 +645,9 @@ class Binder:
                 and lc.same_allocation(claim.status.allocation, item.allocation)
             )
             if not allocated_here:
-                to_release.append(item.claim.uid)
+                to_release[item.claim.uid] = rv.devices_of(item.allocation)
         if to_release:
-            await self.store.release(placement.node, to_release)
+            await self.store.release_matching(placement.node, to_release)
         uid = placement.pod.uid
         self.in_flight.pop(uid, None)
         if pod is not None and self._pending_pod_needs_work(pod):

@@ -8,6 +8,7 @@ import logging
 import time
 from collections.abc import Callable, Iterable
 
+import msgspec
 import nats.errors
 import nats.js.errors
 from nats.js.kv import KeyValue
@@ -142,6 +143,17 @@ class ReservationStore:
         uids = list(claim_uids)
         return await self.change(node, lambda entry: rv.release(entry, uids))
 
+    async def release_matching(self, node: str, expected: dict[str, list[rv.ReservedDevice]]) -> bool:
+        """Release these claims' reservations, but only where they still hold these devices: a
+        claim reserved again since (with other devices) keeps its new reservation."""
+
+        def edit(entry: rv.NodeReservations) -> rv.NodeReservations | None:
+            gone = [uid for uid, devices in expected.items()
+                    if uid in entry.claims and sorted(entry.claims[uid].devices) == sorted(devices)]
+            return rv.release(entry, gone) if gone else None
+
+        return await self.change(node, edit)
+
     async def extend(self, node: str, claim_uids: Iterable[str], seconds: float) -> None:
         uids = list(claim_uids)
         until = time.time() + seconds
@@ -153,6 +165,33 @@ class ReservationStore:
             return None if changed is entry else changed
 
         await self.change(node, edit)
+
+    async def hold(self, node: str, expected: dict[str, list[rv.ReservedDevice]], seconds: float) -> set[str]:
+        """The claims whose reservation on `node` is still the expected one, with their leases renewed.
+
+        Atomic with the check (one compare-and-set), so a reservation found here cannot lapse and be
+        given away for `seconds`. A claim missing from the result must not be written with these
+        devices: its reservation lapsed, or the claim was reserved again with others.
+        """
+        until = time.time() + seconds
+        matched: set[str] = set()
+
+        def edit(entry: rv.NodeReservations) -> rv.NodeReservations | None:
+            matched.clear()
+            claims = dict(entry.claims)
+            changed = False
+            for uid, devices in expected.items():
+                reservation = claims.get(uid)
+                if reservation is None or sorted(reservation.devices) != sorted(devices):
+                    continue
+                matched.add(uid)
+                if reservation.expires_at is not None and reservation.expires_at < until:
+                    claims[uid] = msgspec.structs.replace(reservation, expires_at=until)
+                    changed = True
+            return rv.NodeReservations(node=entry.node, claims=claims) if changed else None
+
+        await self.change(node, edit)
+        return set(matched)
 
     def find_claim(self, claim_uid: str) -> tuple[str, rv.Reservation] | None:
         """The node and reservation of a claim, from the mirror."""
