@@ -10,13 +10,13 @@ from __future__ import annotations
 import argparse
 import logging
 import os
-import socket
 import sys
 from pathlib import Path
 
 import nats
 from aiohttp import web
 
+from draplane.entrypoints import add_http_arguments, add_nats_arguments, nats_connect_options, run_http
 from draplane.kube import KubeClient
 from draplane.scheduling.messages import DEFAULT_PREFIX
 from draplane.scheduling.reservations import DEFAULT_LEASE_SECONDS
@@ -32,7 +32,7 @@ NATS = web.AppKey("nats", object)
 
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="draplane-allocator", description="draplane allocator shards")
-    parser.add_argument("--nats", default=os.environ.get("DRAPLANE_NATS_URL", "nats://127.0.0.1:4222"))
+    add_nats_arguments(parser)
     parser.add_argument("--kubeconfig", type=Path, default=os.environ.get("KUBECONFIG"))
     parser.add_argument("--prefix", default=DEFAULT_PREFIX, help="NATS subject prefix (default %(default)s)")
     parser.add_argument("--shards", type=int, default=1, help="total number of shards in the deployment")
@@ -40,14 +40,14 @@ def build_parser() -> argparse.ArgumentParser:
                         help="the shard(s) this process runs (repeatable); default: all of them")
     parser.add_argument("--policy", default=None, help="scoring policy (default: the core's default)")
     parser.add_argument("--lease-seconds", type=float, default=DEFAULT_LEASE_SECONDS)
-    parser.add_argument("--port", type=int, default=8081, help="HTTP port for /healthz and /readyz (0: none)")
+    add_http_arguments(parser, default_port=8081)
     parser.add_argument("-v", "--verbose", action="count", default=0)
     return parser
 
 
 async def clients(app: web.Application):
     args = app[ARGS]
-    app[NATS] = await nats.connect(args.nats, name="draplane-allocator", max_reconnect_attempts=-1)
+    app[NATS] = await nats.connect(**nats_connect_options(args.nats, args.nkey_seed, name="draplane-allocator"))
     app[KUBE] = await KubeClient.from_environment(args.kubeconfig)
     yield
     await app[KUBE].close()
@@ -101,13 +101,7 @@ def main(argv: list[str] | None = None) -> int:
     import uvloop
 
     uvloop.install()
-    if args.port:
-        web.run_app(build_app(args), host="127.0.0.1", port=args.port, print=None)
-    else:
-        # port 0: any free port (several shard processes on one machine in tests and benchmarks)
-        sock = socket.socket()
-        sock.bind(("127.0.0.1", 0))
-        web.run_app(build_app(args), sock=sock, print=None)
+    run_http(build_app(args), host=args.host, port=args.port)
     return 0
 
 

@@ -9,13 +9,13 @@ from __future__ import annotations
 import argparse
 import logging
 import os
-import socket
 import sys
 from pathlib import Path
 
 import nats
 from aiohttp import web
 
+from draplane.entrypoints import add_http_arguments, add_nats_arguments, nats_connect_options, run_http
 from draplane.kube import KubeClient
 from draplane.scheduling.messages import DEFAULT_PREFIX
 from draplane.scheduling.reservations import DEFAULT_LEASE_SECONDS
@@ -30,7 +30,7 @@ NATS = web.AppKey("nats", object)
 
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="draplane-binder", description="draplane binder")
-    parser.add_argument("--nats", default=os.environ.get("DRAPLANE_NATS_URL", "nats://127.0.0.1:4222"))
+    add_nats_arguments(parser)
     parser.add_argument("--kubeconfig", type=Path, default=os.environ.get("KUBECONFIG"))
     parser.add_argument("--prefix", default=DEFAULT_PREFIX, help="NATS subject prefix (default %(default)s)")
     parser.add_argument("--scheduler-name", action="append", dest="scheduler_names",
@@ -41,14 +41,14 @@ def build_parser() -> argparse.ArgumentParser:
                              "kube-controller-manager does it)")
     parser.add_argument("--lease-seconds", type=float, default=DEFAULT_LEASE_SECONDS)
     parser.add_argument("--concurrency", type=int, default=32)
-    parser.add_argument("--port", type=int, default=8082, help="HTTP port for /healthz and /readyz")
+    add_http_arguments(parser, default_port=8082)
     parser.add_argument("-v", "--verbose", action="count", default=0)
     return parser
 
 
 async def clients(app: web.Application):
     settings = app[SETTINGS]
-    app[NATS] = await nats.connect(settings.nats_url, name="draplane-binder", max_reconnect_attempts=-1)
+    app[NATS] = await nats.connect(**nats_connect_options(settings.nats_url, settings.nats_nkey_seed, name="draplane-binder"))
     app[KUBE] = await KubeClient.from_environment(settings.kubeconfig)
     yield
     await app[KUBE].close()
@@ -75,6 +75,7 @@ async def readyz(request: web.Request) -> web.Response:
 def settings_from(args: argparse.Namespace) -> BinderSettings:
     return BinderSettings(
         nats_url=args.nats,
+        nats_nkey_seed=args.nkey_seed,
         kubeconfig=args.kubeconfig,
         prefix=args.prefix,
         scheduler_names=tuple(args.scheduler_names or ("draplane",)),
@@ -82,6 +83,7 @@ def settings_from(args: argparse.Namespace) -> BinderSettings:
         shards=args.shards,
         concurrency=args.concurrency,
         lease_seconds=args.lease_seconds,
+        http_host=args.host,
         http_port=args.port,
     )
 
@@ -106,12 +108,7 @@ def main(argv: list[str] | None = None) -> int:
 
     uvloop.install()
     settings = settings_from(args)
-    if settings.http_port:
-        web.run_app(build_app(settings), host="127.0.0.1", port=settings.http_port, print=None)
-    else:
-        sock = socket.socket()
-        sock.bind(("127.0.0.1", 0))
-        web.run_app(build_app(settings), sock=sock, print=None)
+    run_http(build_app(settings), host=settings.http_host, port=settings.http_port)
     return 0
 
 

@@ -12,6 +12,7 @@ from draplane.scheduling.reservations import DEFAULT_LEASE_SECONDS
 @dataclasses.dataclass(slots=True)
 class BinderSettings:
     nats_url: str = "nats://127.0.0.1:4222"
+    nats_nkey_seed: str | None = None  # file with the binder's nkey seed (draplane nats-auth issue)
     kubeconfig: Path | None = None
     prefix: str = DEFAULT_PREFIX
     # Pods whose spec.schedulerName is in this list are ours. The local environment adds
@@ -28,4 +29,5 @@ class BinderSettings:
     retry_initial_seconds: float = 1.0
     retry_max_seconds: float = 20.0
     retry_flush_seconds: float = 0.2
+    http_host: str = "127.0.0.1"
     http_port: int = 0

@@ -1,0 +1,51 @@
+"""What the services' entry points share: how they reach NATS and how they serve their probes.
+
+In a pod the probe server must listen on the pod's address (`--host 0.0.0.0`, as deploy/ sets it);
+on a developer's machine it stays on loopback by default. NATS credentials are an nkey seed file
+issued by `draplane nats-auth issue` (deploy/ mounts it and names it in DRAPLANE_NATS_NKEY_SEED).
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import socket
+from typing import Any
+
+from aiohttp import web
+
+
+def add_nats_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--nats", default=os.environ.get("DRAPLANE_NATS_URL", "nats://127.0.0.1:4222"),
+                        help="NATS server URL(s), comma-separated for a cluster")
+    parser.add_argument("--nkey-seed", default=os.environ.get("DRAPLANE_NATS_NKEY_SEED"),
+                        help="file with this service's NATS nkey seed (draplane nats-auth issue)")
+
+
+def nats_connect_options(url: str, nkey_seed: str | None, *, name: str) -> dict[str, Any]:
+    """Keyword arguments for nats.connect(): servers, identity, credentials, endless reconnects."""
+    options: dict[str, Any] = {
+        "servers": [server.strip() for server in url.split(",") if server.strip()],
+        "name": name,
+        "max_reconnect_attempts": -1,
+    }
+    if nkey_seed:
+        options["nkeys_seed"] = nkey_seed
+    return options
+
+
+def add_http_arguments(parser: argparse.ArgumentParser, *, default_port: int) -> None:
+    parser.add_argument("--host", default=os.environ.get("DRAPLANE_HTTP_HOST", "127.0.0.1"),
+                        help="address for /healthz and /readyz (0.0.0.0 in a pod; default %(default)s)")
+    parser.add_argument("--port", type=int, default=default_port,
+                        help="port for /healthz and /readyz (0: any free port; default %(default)s)")
+
+
+def run_http(app: web.Application, *, host: str, port: int) -> None:
+    if port:
+        web.run_app(app, host=host, port=port, print=None)
+        return
+    # Port 0: any free port, for several processes of one service on one machine (tests, benchmarks).
+    sock = socket.socket()
+    sock.bind((host, 0))
+    web.run_app(app, sock=sock, print=None)
