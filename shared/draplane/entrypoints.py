@@ -34,6 +34,13 @@ def nats_connect_options(url: str, nkey_seed: str | None, *, name: str) -> dict[
     return options
 
 
+def add_stream_replicas_argument(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--stream-replicas", type=int, choices=(1, 3, 5),
+                        default=int(os.environ.get("DRAPLANE_STREAM_REPLICAS", "1")),
+                        help="replicas of the JetStream streams and buckets this service creates: 3 on a "
+                             "3-server NATS cluster, so one server can fail without loss (default %(default)s)")
+
+
 def add_http_arguments(parser: argparse.ArgumentParser, *, default_port: int) -> None:
     parser.add_argument("--host", default=os.environ.get("DRAPLANE_HTTP_HOST", "127.0.0.1"),
                         help="address for /healthz and /readyz (0.0.0.0 in a pod; default %(default)s)")

@@ -16,7 +16,7 @@ from pathlib import Path
 import nats
 from aiohttp import web
 
-from draplane.entrypoints import add_http_arguments, add_nats_arguments, nats_connect_options, run_http
+from draplane.entrypoints import add_http_arguments, add_nats_arguments, add_stream_replicas_argument, nats_connect_options, run_http
 from draplane.kube import KubeClient
 from draplane.scheduling.messages import DEFAULT_PREFIX
 from draplane.scheduling.reservations import DEFAULT_LEASE_SECONDS
@@ -33,6 +33,7 @@ NATS = web.AppKey("nats", object)
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="draplane-allocator", description="draplane allocator shards")
     add_nats_arguments(parser)
+    add_stream_replicas_argument(parser)
     parser.add_argument("--kubeconfig", type=Path, default=os.environ.get("KUBECONFIG"))
     parser.add_argument("--prefix", default=DEFAULT_PREFIX, help="NATS subject prefix (default %(default)s)")
     parser.add_argument("--shards", type=int, default=1, help="total number of shards in the deployment")
@@ -58,7 +59,8 @@ async def shards(app: web.Application):
     args = app[ARGS]
     indexes = args.shard_index or list(range(args.shards))
     app[SHARDS] = [
-        Shard(app[KUBE], app[NATS], index=i, prefix=args.prefix, policy=args.policy, lease_seconds=args.lease_seconds)
+        Shard(app[KUBE], app[NATS], index=i, prefix=args.prefix, policy=args.policy, lease_seconds=args.lease_seconds,
+              stream_replicas=args.stream_replicas)
         for i in indexes
     ]
     for shard in app[SHARDS]:

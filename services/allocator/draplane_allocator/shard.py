@@ -60,6 +60,7 @@ class Shard:
         prefix: str,
         policy: str | None = None,
         lease_seconds: float = rv.DEFAULT_LEASE_SECONDS,
+        stream_replicas: int = 1,
     ):
         self.kube = kube
         self.nc = nc
@@ -68,6 +69,7 @@ class Shard:
         self.subjects = Subjects(prefix=prefix)
         self.feed_names = InventoryNames(prefix=prefix)
         self.lease_seconds = lease_seconds
+        self.stream_replicas = stream_replicas
         self.state = ClusterState(policy=policy)
         self.store: ReservationStore | None = None
         self.pods: dict[str, Pod] = {}  # uid -> pod
@@ -78,8 +80,8 @@ class Shard:
     # --- service lifecycle -------------------------------------------------------------------------
 
     async def start(self) -> None:
-        await streams.ensure_streams(self.js, self.subjects)
-        kv = await streams.reservation_bucket(self.js, self.subjects)
+        await streams.ensure_streams(self.js, self.subjects, replicas=self.stream_replicas)
+        kv = await streams.reservation_bucket(self.js, self.subjects, replicas=self.stream_replicas)
         self.store = ReservationStore(kv, on_change=self._on_reservations)
         self._spawn(self.store.watch, "reservations watch")
         self._spawn(self._watch_feed, "inventory feed watch")

@@ -15,7 +15,7 @@ from pathlib import Path
 import nats
 from aiohttp import web
 
-from draplane.entrypoints import add_http_arguments, add_nats_arguments, nats_connect_options, run_http
+from draplane.entrypoints import add_http_arguments, add_nats_arguments, add_stream_replicas_argument, nats_connect_options, run_http
 from draplane.kube import KubeClient
 from draplane.scheduling.messages import DEFAULT_PREFIX
 from draplane.scheduling.reservations import DEFAULT_LEASE_SECONDS
@@ -31,6 +31,7 @@ NATS = web.AppKey("nats", object)
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="draplane-binder", description="draplane binder")
     add_nats_arguments(parser)
+    add_stream_replicas_argument(parser)
     parser.add_argument("--kubeconfig", type=Path, default=os.environ.get("KUBECONFIG"))
     parser.add_argument("--prefix", default=DEFAULT_PREFIX, help="NATS subject prefix (default %(default)s)")
     parser.add_argument("--scheduler-name", action="append", dest="scheduler_names",
@@ -83,6 +84,7 @@ def settings_from(args: argparse.Namespace) -> BinderSettings:
         shards=args.shards,
         concurrency=args.concurrency,
         lease_seconds=args.lease_seconds,
+        stream_replicas=args.stream_replicas,
         http_host=args.host,
         http_port=args.port,
     )

@@ -137,8 +137,8 @@ class Binder:
     # --- lifecycle of the service ------------------------------------------------------------------
 
     async def start(self) -> None:
-        await streams.ensure_streams(self.js, self.subjects)
-        kv = await streams.reservation_bucket(self.js, self.subjects)
+        await streams.ensure_streams(self.js, self.subjects, replicas=self.settings.stream_replicas)
+        kv = await streams.reservation_bucket(self.js, self.subjects, replicas=self.settings.stream_replicas)
         self.store = ReservationStore(kv)
         self._spawn(self.store.watch, "reservations watch")
         self._spawn(lambda: self._watch(Pod, "pods", self._on_pod), "pods watch")

@@ -29,5 +29,6 @@ class BinderSettings:
     retry_initial_seconds: float = 1.0
     retry_max_seconds: float = 20.0
     retry_flush_seconds: float = 0.2
+    stream_replicas: int = 1  # 3 on a 3-server NATS cluster
     http_host: str = "127.0.0.1"
     http_port: int = 0

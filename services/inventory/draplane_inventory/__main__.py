@@ -14,6 +14,7 @@ import sys
 
 from aiohttp import web
 
+from draplane.entrypoints import add_stream_replicas_argument
 from draplane.messages.inventory import DEFAULT_PREFIX
 from draplane_inventory.service import InventoryService, InventorySettings
 
@@ -29,6 +30,7 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument("--nats-password", default=os.environ.get("DRAPLANE_NATS_PASSWORD"))
     parser.add_argument("--kubeconfig", default=os.environ.get("KUBECONFIG"))
     parser.add_argument("--prefix", default=DEFAULT_PREFIX)
+    add_stream_replicas_argument(parser)
     parser.add_argument("--taint-after", type=float, default=30.0, help="seconds without heartbeats before tainting")
     parser.add_argument("--remove-after", type=float, default=120.0, help="seconds without heartbeats before deleting")
     parser.add_argument("--workers", type=int, default=32)
@@ -66,7 +68,8 @@ def build_app(args: argparse.Namespace) -> web.Application:
                                         reconnect_time_wait=0.5, error_cb=on_error, disconnected_cb=on_disconnected,
                                         reconnected_cb=on_reconnected, **options)
         service = InventoryService(kube, connection, InventorySettings(
-            prefix=args.prefix, taint_after=args.taint_after, remove_after=args.remove_after, workers=args.workers))
+            prefix=args.prefix, taint_after=args.taint_after, remove_after=args.remove_after, workers=args.workers,
+            stream_replicas=args.stream_replicas))
         await service.start()
         app[SERVICE] = service
         yield

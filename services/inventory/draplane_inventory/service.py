@@ -62,6 +62,7 @@ class InventorySettings:
     check_interval: float = 1.0
     feed_interval: float = 0.1
     stream_max_age: float = 7 * 24 * 3600.0
+    stream_replicas: int = 1  # 3 on a 3-server NATS cluster
     # Value of the managed-by label on our slices; only slices with it are ever changed or deleted.
     instance: str = "draplane-inventory"
 
@@ -159,6 +160,7 @@ class InventoryService:
             retention=js_api.RetentionPolicy.LIMITS,
             max_msgs_per_subject=1,  # the latest snapshot of each node is all that matters
             max_age=self.settings.stream_max_age,
+            num_replicas=self.settings.stream_replicas,
         )
         try:
             await self.js.add_stream(config)
@@ -167,7 +169,8 @@ class InventoryService:
         try:
             self.kv = await self.js.key_value(self.names.feed_bucket)
         except nats.js.errors.BucketNotFoundError:
-            self.kv = await self.js.create_key_value(js_api.KeyValueConfig(bucket=self.names.feed_bucket, history=1))
+            self.kv = await self.js.create_key_value(js_api.KeyValueConfig(
+                bucket=self.names.feed_bucket, history=1, replicas=self.settings.stream_replicas))
 
     async def _prime_from_stream(self) -> dict[str, NodeSnapshot]:
         """The latest snapshot of every node, straight from the stream, without consuming it."""

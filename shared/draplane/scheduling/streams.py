@@ -39,7 +39,8 @@ async def _ensure_stream(js: JetStreamContext, config: StreamConfig) -> None:
         await js.update_stream(config)
 
 
-async def ensure_streams(js: JetStreamContext, subjects: Subjects) -> None:
+async def ensure_streams(js: JetStreamContext, subjects: Subjects, *, replicas: int = 1) -> None:
+    """`replicas`: 3 on a 3-server NATS cluster, so that losing one server loses nothing."""
     # Work-queue retention: a pending pod is gone once a shard acknowledged it, so a restarted
     # shard resumes with exactly what is left.
     await _ensure_stream(
@@ -49,6 +50,7 @@ async def ensure_streams(js: JetStreamContext, subjects: Subjects) -> None:
             subjects=[subjects.pending_all],
             retention=RetentionPolicy.WORK_QUEUE,
             storage=StorageType.FILE,
+            num_replicas=replicas,
         ),
     )
     await _ensure_stream(
@@ -58,6 +60,7 @@ async def ensure_streams(js: JetStreamContext, subjects: Subjects) -> None:
             subjects=[subjects.results],
             retention=RetentionPolicy.WORK_QUEUE,
             storage=StorageType.FILE,
+            num_replicas=replicas,
         ),
     )
     await _ensure_stream(
@@ -68,18 +71,19 @@ async def ensure_streams(js: JetStreamContext, subjects: Subjects) -> None:
             retention=RetentionPolicy.LIMITS,
             max_age=RELEASED_MAX_AGE_SECONDS,
             storage=StorageType.FILE,
+            num_replicas=replicas,
         ),
     )
 
 
-async def reservation_bucket(js: JetStreamContext, subjects: Subjects) -> KeyValue:
+async def reservation_bucket(js: JetStreamContext, subjects: Subjects, *, replicas: int = 1) -> KeyValue:
     try:
         return await js.key_value(subjects.reservations_bucket)
     except nats.js.errors.BucketNotFoundError:
         pass
     try:
         return await js.create_key_value(
-            KeyValueConfig(bucket=subjects.reservations_bucket, history=1, storage=StorageType.FILE)
+            KeyValueConfig(bucket=subjects.reservations_bucket, history=1, storage=StorageType.FILE, replicas=replicas)
         )
     except nats.js.errors.BadRequestError:
         return await js.key_value(subjects.reservations_bucket)  # another service created it first
