@@ -132,7 +132,7 @@ class Binder:
         self.placement_slots = asyncio.Semaphore(settings.concurrency)
         self._tasks: list[asyncio.Task] = []
         self.counters = {"placements_written": 0, "placements_failed": 0, "unschedulable": 0, "released": 0,
-                         "claims_created": 0, "pending_published": 0}
+                         "claims_created": 0, "pending_published": 0, "pending_publish_failed": 0}
 
     # --- lifecycle of the service ------------------------------------------------------------------
 
@@ -354,7 +354,20 @@ class Binder:
         )
         shard = shard_for(partition_key(pending), self.settings.shards)
         self.in_flight[uid] = time.monotonic()
-        await self.js.publish(self.subjects.pending(shard), encode_message(pending))
+        try:
+            await self.js.publish(self.subjects.pending(shard), encode_message(pending))
+        except (nats.errors.Error, asyncio.TimeoutError) as exc:
+            # Not in the stream (its leader is being re-elected after a NATS server died, or the
+            # connection is down): the pod is not in flight, so retry it soon rather than after the
+            # 60 s in-flight backstop. A publish that landed but lost its ack makes a duplicate
+            # PendingPod, which the shards already handle (JetStream redelivery makes them too).
+            self.in_flight.pop(uid, None)
+            self.retry[uid] = (time.monotonic() + self.settings.retry_initial_seconds,
+                               self.retry.get(uid, (0.0, self.settings.retry_initial_seconds))[1])
+            self.counters["pending_publish_failed"] += 1
+            log.warning("pod %s/%s: PendingPod not published to shard %d (%r); retrying in %.1f s",
+                        namespace, key[1], shard, exc, self.settings.retry_initial_seconds)
+            return
         self.counters["pending_published"] += 1
 
     async def _mark_unschedulable(self, pod: Pod, message: str) -> None:

@@ -64,7 +64,9 @@ def build_app(args: argparse.Namespace) -> web.Application:
         async def on_reconnected() -> None:
             log.info("NATS connection back")
 
-        connection = await nats.connect(args.nats, name="draplane-inventory", max_reconnect_attempts=-1,
+        # A comma-separated list names every server of a cluster, as for the allocator and binder.
+        servers = [server.strip() for server in args.nats.split(",") if server.strip()]
+        connection = await nats.connect(servers, name="draplane-inventory", max_reconnect_attempts=-1,
                                         reconnect_time_wait=0.5, error_cb=on_error, disconnected_cb=on_disconnected,
                                         reconnected_cb=on_reconnected, **options)
         service = InventoryService(kube, connection, InventorySettings(
