@@ -48,6 +48,18 @@ def add_http_arguments(parser: argparse.ArgumentParser, *, default_port: int) ->
                         help="port for /healthz and /readyz (0: any free port; default %(default)s)")
 
 
+def serve(app: web.Application, *, host: str, port: int, verbose: int = 0) -> None:
+    """Run a service until SIGINT/SIGTERM: its logging, uvloop, and the probe server around the app."""
+    import logging
+
+    import uvloop
+
+    logging.basicConfig(level=logging.INFO - 10 * min(verbose, 1),
+                        format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    uvloop.install()
+    run_http(app, host=host, port=port)
+
+
 def run_http(app: web.Application, *, host: str, port: int) -> None:
     if port:
         web.run_app(app, host=host, port=port, print=None)

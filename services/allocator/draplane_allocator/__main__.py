@@ -16,7 +16,9 @@ from pathlib import Path
 import nats
 from aiohttp import web
 
-from draplane.entrypoints import add_http_arguments, add_nats_arguments, add_stream_replicas_argument, nats_connect_options, run_http
+from draplane.entrypoints import (
+    add_http_arguments, add_nats_arguments, add_stream_replicas_argument, nats_connect_options, serve,
+)
 from draplane.kube import KubeClient
 from draplane.scheduling.messages import DEFAULT_PREFIX
 from draplane.scheduling.reservations import DEFAULT_LEASE_SECONDS
@@ -98,12 +100,7 @@ def main(argv: list[str] | None = None) -> int:
     if args.shards < 1:
         print("draplane-allocator: --shards must be at least 1", file=sys.stderr)
         return 2
-    logging.basicConfig(level=logging.INFO - 10 * min(args.verbose, 1),
-                        format="%(asctime)s %(levelname)s %(name)s: %(message)s")
-    import uvloop
-
-    uvloop.install()
-    run_http(build_app(args), host=args.host, port=args.port)
+    serve(build_app(args), host=args.host, port=args.port, verbose=args.verbose)
     return 0
 
 

@@ -7,7 +7,6 @@ in another; /healthz answers while the process runs, /readyz once its caches hav
 from __future__ import annotations
 
 import argparse
-import logging
 import os
 import sys
 from pathlib import Path
@@ -15,7 +14,9 @@ from pathlib import Path
 import nats
 from aiohttp import web
 
-from draplane.entrypoints import add_http_arguments, add_nats_arguments, add_stream_replicas_argument, nats_connect_options, run_http
+from draplane.entrypoints import (
+    add_http_arguments, add_nats_arguments, add_stream_replicas_argument, nats_connect_options, serve,
+)
 from draplane.kube import KubeClient
 from draplane.scheduling.messages import DEFAULT_PREFIX
 from draplane.scheduling.reservations import DEFAULT_LEASE_SECONDS
@@ -104,13 +105,8 @@ def main(argv: list[str] | None = None) -> int:
     if args.shards < 1:
         print("draplane-binder: --shards must be at least 1", file=sys.stderr)
         return 2
-    logging.basicConfig(level=logging.INFO - 10 * min(args.verbose, 1),
-                        format="%(asctime)s %(levelname)s %(name)s: %(message)s")
-    import uvloop
-
-    uvloop.install()
     settings = settings_from(args)
-    run_http(build_app(settings), host=settings.http_host, port=settings.http_port)
+    serve(build_app(settings), host=settings.http_host, port=settings.http_port, verbose=args.verbose)
     return 0
 
 
