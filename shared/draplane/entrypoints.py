@@ -54,8 +54,10 @@ def serve(app: web.Application, *, host: str, port: int, verbose: int = 0) -> No
 
     import uvloop
 
+    # force: a library that logged while the app was being built has already given the root logger
+    # a WARNING-level handler, which would silently drop every INFO line of the service.
     logging.basicConfig(level=logging.INFO - 10 * min(verbose, 1),
-                        format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+                        format="%(asctime)s %(levelname)s %(name)s: %(message)s", force=True)
     uvloop.install()
     run_http(app, host=host, port=port)
 
