@@ -41,39 +41,18 @@ async def _ensure_stream(js: JetStreamContext, config: StreamConfig) -> None:
 
 async def ensure_streams(js: JetStreamContext, subjects: Subjects, *, replicas: int = 1) -> None:
     """`replicas`: 3 on a 3-server NATS cluster, so that losing one server loses nothing."""
-    # Work-queue retention: a pending pod is gone once a shard acknowledged it, so a restarted
-    # shard resumes with exactly what is left.
-    await _ensure_stream(
-        js,
-        StreamConfig(
-            name=subjects.pending_stream,
-            subjects=[subjects.pending_all],
-            retention=RetentionPolicy.WORK_QUEUE,
-            storage=StorageType.FILE,
-            num_replicas=replicas,
-        ),
-    )
-    await _ensure_stream(
-        js,
-        StreamConfig(
-            name=subjects.results_stream,
-            subjects=[subjects.results],
-            retention=RetentionPolicy.WORK_QUEUE,
-            storage=StorageType.FILE,
-            num_replicas=replicas,
-        ),
-    )
-    await _ensure_stream(
-        js,
-        StreamConfig(
-            name=subjects.released_stream,
-            subjects=[subjects.released],
-            retention=RetentionPolicy.LIMITS,
-            max_age=RELEASED_MAX_AGE_SECONDS,
-            storage=StorageType.FILE,
-            num_replicas=replicas,
-        ),
-    )
+    # Work-queue retention for pending pods and placements: a message is gone once acknowledged,
+    # so a restarted consumer resumes with exactly what is left. Releases are kept for an hour.
+    streams = [
+        (subjects.pending_stream, subjects.pending_all, RetentionPolicy.WORK_QUEUE, None),
+        (subjects.results_stream, subjects.results, RetentionPolicy.WORK_QUEUE, None),
+        (subjects.released_stream, subjects.released, RetentionPolicy.LIMITS, RELEASED_MAX_AGE_SECONDS),
+    ]
+    for name, subject, retention, max_age in streams:
+        await _ensure_stream(js, StreamConfig(
+            name=name, subjects=[subject], retention=retention, max_age=max_age,
+            storage=StorageType.FILE, num_replicas=replicas,
+        ))
 
 
 async def reservation_bucket(js: JetStreamContext, subjects: Subjects, *, replicas: int = 1) -> KeyValue:
