@@ -175,9 +175,15 @@ def pod_scheduled_false(pod: Pod):
 
 
 async def audit(kube, namespace: str) -> dict:
-    """The invariants over every claim and pod of a namespace."""
-    claims, _ = await kube.list(ResourceClaim, namespace)
+    """The invariants over every claim and pod of a namespace.
+
+    Pods are listed before claims, and the order matters: the binder writes a claim's allocation
+    and reservedFor before it creates the pod's binding, so a pod bound in the first list has its
+    claim written in the second, unless something really cleared it. Listed the other way round,
+    a pod bound between the two lists looks bound without its claim (it did, once, in a CI run).
+    """
     pods, _ = await kube.list(Pod, namespace)
+    claims, _ = await kube.list(ResourceClaim, namespace)
     devices = all_claims_devices(claims)
     claims_by_name = {c.metadata.name: c for c in claims}
     bound_without_claim = []
