@@ -329,6 +329,7 @@ class Shard:
                                   failures=outcome.failures, claim_error=outcome.claim_error)
                 )
                 self.counters["unschedulable"] += 1
+                log.info("shard %d: pod %s unschedulable: %s", self.index, pending.pod.key(), outcome.message)
                 return
             expires_at = await self._commit(pending, outcome)
             if expires_at is None:
@@ -351,6 +352,9 @@ class Shard:
             self.state.assume_pod(pending.pod.uid, outcome.node, pod_requests(pod))
             await self._publish(placement)
             self.counters["placed"] += 1
+            log.info("shard %d: pod %s placed on node %s (%s)", self.index, pending.pod.key(), outcome.node,
+                     f"{len(outcome.new_claims)} claims newly reserved" if outcome.new_claims
+                     else "claims already allocated or reserved there: placement sent again")
             return
         raise RuntimeError(f"pod {pending.pod.key()}: lost {COMMIT_ATTEMPTS} reservation races in a row")
 

@@ -75,26 +75,43 @@ def allocation_node(claim: ResourceClaim) -> str | None:
 
 
 class WorkQueue:
-    """A set-backed queue: a key queued twice before it is taken is processed once."""
+    """A set-backed queue with client-go's workqueue guarantees: a key queued twice before it is
+    taken is processed once, and a key is never processed by two workers at once. A key put while
+    a worker has it is held back and queued again when that worker calls `done`.
 
-    __slots__ = ("_queue", "_queued")
+    Why the second guarantee: two workers reconciling one pod at once would each create a claim
+    from its template (the claims cache learns of the first create only when it returns).
+    """
+
+    __slots__ = ("_queue", "_queued", "_processing", "_again")
 
     def __init__(self) -> None:
         self._queue: asyncio.Queue = asyncio.Queue()
         self._queued: set = set()
+        self._processing: set = set()
+        self._again: set = set()
 
     def put(self, key) -> None:
-        if key not in self._queued:
+        if key in self._processing:
+            self._again.add(key)
+        elif key not in self._queued:
             self._queued.add(key)
             self._queue.put_nowait(key)
 
     async def get(self):
         key = await self._queue.get()
         self._queued.discard(key)
+        self._processing.add(key)
         return key
 
+    def done(self, key) -> None:
+        self._processing.discard(key)
+        if key in self._again:
+            self._again.discard(key)
+            self.put(key)
+
     def __len__(self) -> int:
-        return len(self._queued)
+        return len(self._queued) + len(self._again)
 
 
 class Binder:
@@ -300,6 +317,8 @@ class Binder:
                     log.warning("pod %s/%s: %s", *key, exc)
             except Exception:  # noqa: BLE001 - one bad pod must not stop the worker
                 log.exception("pod %s/%s: reconcile failed", *key)
+            finally:
+                self.pod_queue.done(key)
 
     def _pending_pod_needs_work(self, pod: Pod) -> bool:
         return (
@@ -329,6 +348,8 @@ class Binder:
             claim = lc.claim_from_template(pod, pod_claim_name, template)
             created = await self.kube.create(claim)
             self.counters["claims_created"] += 1
+            log.info("pod %s/%s: created resourceclaim %s from template %s for pod claim %s",
+                     namespace, key[1], created.metadata.name, template.metadata.name, pod_claim_name)
             self._on_claim("ADDED", created)
             new_statuses.append(PodResourceClaimStatus(name=pod_claim_name, resource_claim_name=created.metadata.name))
         if new_statuses:
@@ -380,6 +401,7 @@ class Binder:
             return
         self.last_reason[uid] = message
         self.counters["unschedulable"] += 1
+        log.info("pod %s/%s: unschedulable, retry in %.1f s: %s", *_key(pod), backoff, message)
         namespace, name = _key(pod)
         condition = {
             "type": "PodScheduled",
@@ -577,6 +599,11 @@ class Binder:
                     raise
         await self.store.confirm(placement.node, claim_uids)
         uid = placement.pod.uid
+        log.info("pod %s bound to node %s with %s (shard %d, %.0f ms after it was first seen)",
+                 placement.pod.key(), placement.node,
+                 "; ".join(f"resourceclaim {c.claim.name}: {_devices_text(c.allocation)}" for c in placement.claims)
+                 or "no claims",
+                 placement.shard, max(0.0, time.time() - placement.first_seen) * 1000 if placement.first_seen else 0.0)
         for table in (self.in_flight, self.retry, self.last_reason):
             table.pop(uid, None)
         self.counters["placements_written"] += 1
@@ -627,6 +654,9 @@ class Binder:
 
     async def _undo(self, placement: Placement, pod: Pod | None, written: list[ClaimRef], why: str) -> None:
         """Take this pod out of the claims it was written into, then release the reservation."""
+        if written:
+            log.info("pod %s: taking it out of the reservedFor of %s: %s", placement.pod.key(),
+                     ", ".join(f"resourceclaim {r.name}" for r in written), why)
         for ref in written:
             for _ in range(20):
                 try:
@@ -675,6 +705,10 @@ class Binder:
         node = found[0] if found else allocation_node(claim)
         if found:
             await self.store.release(found[0], [uid])
+        log.info("resourceclaim %s/%s: allocation gone (%s); reservation %s, release published",
+                 claim.metadata.namespace, claim.metadata.name,
+                 "claim deleted" if claim.metadata.deletion_timestamp else "cleared",
+                 f"on node {found[0]} released" if found else "already gone")
         released = ClaimReleased(claim=ClaimRef(namespace=claim.metadata.namespace or "", name=claim.metadata.name or "", uid=uid), node=node)
         await self.js.publish(self.subjects.released, encode_message(released))
         self.counters["released"] += 1
@@ -693,6 +727,8 @@ class Binder:
                     log.warning("claim %s/%s: %s", *key, exc)
             except Exception:  # noqa: BLE001
                 log.exception("claim %s/%s: reconcile failed", *key)
+            finally:
+                self.claim_queue.done(key)
 
     async def _pods_really_gone(self, claim: ResourceClaim, refs) -> list:
         """Confirm with a live read that pods missing from the cache are gone (the cache may lag)."""
@@ -727,6 +763,10 @@ class Binder:
             # never mutate the cached object: _on_claim compares old and new to detect releases
             changed = msgspec.structs.replace(claim, status=lc.status_without_consumers(claim, drop))
             updated = await self.kube.update_status(changed)
+            what = [f"removed finished or deleted pods {[r.name for r in drop]} from reservedFor"] if drop else []
+            if changed.status.allocation is None:
+                what.append("deallocated: nobody reserves it")
+            log.info("resourceclaim %s/%s: %s", *key, "; ".join(what))
             self._on_claim("MODIFIED", updated)
             return  # continues from the new state
         if lc.is_template_claim_of_gone_pod(claim, self.pods_by_uid):
@@ -744,6 +784,7 @@ class Binder:
                 claim = await self.kube.update(_with_finalizers(claim, finalizers))
                 self._on_claim("MODIFIED", claim)
             await self.kube.delete(ResourceClaim, key[1], key[0])
+            log.info("resourceclaim %s/%s: deleted, the pod it was generated for is gone or finished", *key)
             return
         if claim.metadata.deletion_timestamp and not (claim.status and claim.status.allocation):
             finalizers = lc.finalizers_without_protection(claim)
@@ -757,6 +798,11 @@ async def _unsubscribe(sub) -> None:
         await asyncio.wait_for(sub.unsubscribe(), 2.0)
     except (Exception, asyncio.CancelledError):  # noqa: BLE001 - the connection may be gone already
         pass
+
+
+def _devices_text(allocation) -> str:
+    results = allocation.devices.results if allocation.devices and allocation.devices.results else []
+    return ", ".join(f"{r.pool}/{r.device}" + (f" (share {r.share_id})" if r.share_id else "") for r in results) or "no devices"
 
 
 def _pods_named_by(claim: ResourceClaim) -> set[str]:
