@@ -1,0 +1,198 @@
+"""An upper bound on the GPU milli that any policy could allocate to one arrival sequence.
+
+Any policy, even an offline one that knows every arrival in advance, ends with some set of pods
+placed on nodes. The linear program below accepts every such end state (each constraint is a fact
+about every integral packing, and the comment on it says why), so its optimum bounds the allocated
+GPU milli from above, and 100 − optimum/capacity bounds the simulator's figure of merit from below.
+
+Variables: x[p, n] ≥ 0, the number of pods of shape p (CPU, memory, GPU count, milli per GPU,
+allowed models) placed on nodes of shape n (CPU, memory, GPU count, model). Nodes of one shape are
+aggregated: the LP over individual nodes has the same optimum, because averaging any solution over
+identical nodes gives a symmetric one.
+
+Why the bound ignores arrival order: a scheduler places every pod that fits at its arrival, so one
+could add "if a pod of shape q was refused, every node lacks room for q at the end" as a case split
+(each node's refusal reason relaxed to one linear inequality). Tried, with GPU coverage counted per
+GPU: the optimum did not move on any trace (seed 42), because a scheduler that first spreads pods one
+per GPU does make large shares unplaceable early, so order alone forces little waste. Left out.
+
+What the bound does not see, so it can be loose: which pods share one node (CPU, memory and GPUs
+are pooled per node shape, not per node) and the exact packing of shares on a GPU (approximated by
+the dual feasible functions below, not by enumerating per-GPU configurations).
+"""
+
+from __future__ import annotations
+
+from collections import Counter
+from dataclasses import dataclass
+from typing import Iterable, Sequence
+
+import numpy as np
+from scipy.optimize import linprog
+from scipy.sparse import coo_matrix
+
+from draplane.simulation.trace import MILLI_PER_GPU, TraceNode, TracePod
+
+MILLI = MILLI_PER_GPU
+# Fekete and Schepers' dual feasible functions u_k (see `dual_feasible`), k = 1..DFF_ORDERS, for GPUs,
+# CPU and memory.
+DFF_ORDERS = 12
+
+
+@dataclass(frozen=True, slots=True)
+class NodeShape:
+    cpu_milli: int
+    memory_mib: int
+    gpus: int
+    model: str
+
+
+@dataclass(frozen=True, slots=True)
+class PodShape:
+    cpu_milli: int
+    memory_mib: int
+    num_gpu: int
+    gpu_milli: int
+    models: tuple[str, ...]
+
+    @property
+    def gpu_demand(self) -> int:
+        return self.num_gpu * self.gpu_milli
+
+    @property
+    def shares_gpu(self) -> bool:
+        return self.num_gpu == 1 and 0 < self.gpu_milli < MILLI
+
+
+@dataclass(frozen=True, slots=True)
+class CapacityBound:
+    capacity_milli: int
+    arrived_milli: int
+    allocatable_milli: float  # the LP optimum: no policy allocates more
+
+    @property
+    def min_unallocated_pct(self) -> float:
+        # The solver's tolerance can put the optimum a hair above capacity; nothing allocates more.
+        return max(0.0, 100.0 - 100.0 * self.allocatable_milli / self.capacity_milli)
+
+
+def dual_feasible(k: int, size: int, capacity: int = MILLI) -> float:
+    """u_k(size/capacity), Fekete and Schepers' dual feasible function (2001): x when (k+1)·x is an
+    integer, else floor((k+1)·x)/k.
+
+    Why it is valid: for any sizes s_1..s_m with Σ s_i ≤ capacity, Σ u_k(s_i/capacity) ≤ 1. So for
+    items packed into bins of that capacity (shares into GPUs of 1000 milli, pods into a node's CPU
+    or memory), the bins number at least Σ u_k over the items. Large items count for more than their
+    size (u_1 gives 1 to anything above half: no two fit in one bin), which plain sums miss."""
+    scaled = (k + 1) * size
+    if scaled % capacity == 0:
+        return size / capacity
+    return (scaled // capacity) / k
+
+
+def node_shapes(nodes: Iterable[TraceNode]) -> Counter[NodeShape]:
+    return Counter(NodeShape(n.cpu_milli, n.memory_mib, n.gpus, n.model) for n in nodes if n.gpus > 0)
+
+
+def pod_shapes(pods: Iterable[TracePod]) -> Counter[PodShape]:
+    return Counter(PodShape(p.cpu_milli, p.memory_mib, p.num_gpu, p.gpu_milli, tuple(sorted(p.gpu_spec))) for p in pods)
+
+
+def can_host(node: NodeShape, pod: PodShape) -> bool:
+    """The pod fits on an empty node of this shape (the simulator's filters)."""
+    if pod.cpu_milli > node.cpu_milli or pod.memory_mib > node.memory_mib:
+        return False
+    if pod.num_gpu == 0:
+        return True
+    if pod.models and node.model not in pod.models:
+        return False
+    return pod.num_gpu <= node.gpus
+
+
+class BoundProblem:
+    """The LP for one arrival sequence."""
+
+    def __init__(self, nodes: Sequence[TraceNode], arrivals: Sequence[TracePod]):
+        self.nodes = node_shapes(nodes)
+        self.pods = pod_shapes(arrivals)
+        self.capacity = sum(s.gpus * c for s, c in self.nodes.items()) * MILLI
+        self.arrived = sum(s.gpu_demand * c for s, c in self.pods.items())
+        self.node_list = sorted(self.nodes, key=lambda s: (s.model, s.gpus, s.cpu_milli, s.memory_mib))
+        self.pod_list = sorted(self.pods, key=lambda s: (s.num_gpu, s.gpu_milli, s.cpu_milli, s.memory_mib, s.models))
+        self.var: dict[tuple[int, int], int] = {}
+        for p, pod in enumerate(self.pod_list):
+            for n, node in enumerate(self.node_list):
+                if can_host(node, pod):
+                    self.var[(p, n)] = len(self.var)
+        self.objective = np.zeros(len(self.var))
+        for (p, _), v in self.var.items():
+            self.objective[v] = -self.pod_list[p].gpu_demand  # linprog minimises
+        self._build_constraints()
+
+    def _build_constraints(self) -> None:
+        rows: list[int] = []
+        cols: list[int] = []
+        vals: list[float] = []
+        rhs: list[float] = []
+
+        def row(entries: Iterable[tuple[int, float]], bound: float) -> None:
+            r = len(rhs)
+            for v, a in entries:
+                if a:
+                    rows.append(r)
+                    cols.append(v)
+                    vals.append(a)
+            rhs.append(bound)
+
+        for n, node in enumerate(self.node_list):
+            count = self.nodes[node]
+            on_node = [(p, v) for (p, m), v in self.var.items() if m == n]
+            # Each node's CPU and memory requests stay within its allocatable (NodeResourcesFit):
+            # the plain sums, and with u_k each node's pods weigh at most 1 (`dual_feasible`), so
+            # Σ u_k(c/C)·x ≤ nodes, and likewise for memory.
+            row(((v, self.pod_list[p].cpu_milli) for p, v in on_node), count * node.cpu_milli)
+            row(((v, self.pod_list[p].memory_mib) for p, v in on_node), count * node.memory_mib)
+            for k in range(1, DFF_ORDERS + 1):
+                row(((v, dual_feasible(k, self.pod_list[p].cpu_milli, node.cpu_milli)) for p, v in on_node), count)
+                row(((v, dual_feasible(k, self.pod_list[p].memory_mib, node.memory_mib)) for p, v in on_node), count)
+            # GPU milli: a GPU gives out at most 1000 (shares and whole GPUs alike).
+            row(((v, self.pod_list[p].gpu_demand) for p, v in on_node), count * node.gpus * MILLI)
+            # GPUs as bins: a whole-GPU pod takes k GPUs entirely; the shares on one GPU have
+            # Σ u_k(z) ≤ 1 (`dual_feasible`); so Σ k·x + Σ u_k(z)·x ≤ GPUs, for every k.
+            for k in range(1, DFF_ORDERS + 1):
+                entries = []
+                for p, v in on_node:
+                    pod = self.pod_list[p]
+                    if pod.shares_gpu:
+                        entries.append((v, dual_feasible(k, pod.gpu_milli)))
+                    elif pod.num_gpu:
+                        entries.append((v, float(pod.num_gpu)))
+                row(entries, count * node.gpus)
+            # Whole-GPU pods of more than half a node's GPUs: two of them would need more GPUs than
+            # the node has, so each node holds at most one, and Σ x over them ≤ nodes.
+            big = [
+                (v, 1.0) for p, v in on_node
+                if self.pod_list[p].gpu_milli == MILLI and 2 * self.pod_list[p].num_gpu > node.gpus
+            ]
+            if big:
+                row(big, count)
+        # No more pods of a shape than arrived.
+        for p, pod in enumerate(self.pod_list):
+            row(((v, 1.0) for (q, _), v in self.var.items() if q == p), self.pods[pod])
+        self.a_ub = coo_matrix((vals, (rows, cols)), shape=(len(rhs), len(self.var))).tocsr()
+        self.b_ub = np.array(rhs, dtype=float)
+
+    def solve(self) -> float:
+        """The most GPU milli any packing of the arrived pods allocates (the LP optimum)."""
+        if not self.var:
+            return 0.0  # no pod fits on any node
+        result = linprog(self.objective, A_ub=self.a_ub, b_ub=self.b_ub, bounds=(0, None), method="highs")
+        if result.status != 0:
+            raise RuntimeError(f"bound LP failed: {result.message}")
+        return -float(result.fun)
+
+
+def allocation_bound(nodes: Sequence[TraceNode], arrivals: Sequence[TracePod]) -> CapacityBound:
+    """The most GPU milli any policy can allocate to these arrivals on these nodes, from above."""
+    problem = BoundProblem(nodes, arrivals)
+    return CapacityBound(problem.capacity, problem.arrived, problem.solve())
