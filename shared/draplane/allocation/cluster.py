@@ -27,6 +27,24 @@ from draplane.allocation.state import AllocatedState, claim_key
 NodeFilter = Callable[[Node], bool]
 
 
+def placement_device_milli(placement: NodePlacement) -> float:
+    """What a placement takes of its node's devices, in milli-devices: 1000 per device taken whole,
+    the consumed fraction (its largest capacity) of a shared one."""
+    total = 0.0
+    for chosen in placement.chosen:
+        for c in chosen:
+            if not c.consumed:
+                total += 1000.0
+                continue
+            fraction = 0.0
+            for cap_name, amount in c.consumed.items():
+                cap = c.record.capacity.get(cap_name)
+                if cap is not None and cap.value.value > 0:
+                    fraction = max(fraction, float(amount.value / cap.value.value))
+            total += 1000.0 * fraction
+    return total
+
+
 @dataclass(slots=True)
 class Unallocatable:
     """No node can take the claims. `failures` has one entry per node examined (when explained)."""
@@ -36,6 +54,17 @@ class Unallocatable:
 
     def __str__(self) -> str:
         return self.message
+
+
+@dataclass(frozen=True, slots=True)
+class NodeResources:
+    """The pod's CPU (milli) and memory (bytes) requests, and each node's free CPU and memory
+    (allocatable minus the requests of the pods bound there), for policies whose node score reads
+    them (`ScoringPolicy.reads_node_resources`)."""
+
+    cpu: int
+    memory: int
+    free: Callable[[str], tuple[int, int]]
 
 
 @dataclass(slots=True)
@@ -87,6 +116,7 @@ class Cluster:
         self._shapes: dict[tuple, _ShapeIndex] = {}
         # (selectors, constraint attributes, policy) -> node -> (its pools, what its devices look like)
         self._likeness_cache: dict[tuple, dict[str, tuple]] = {}
+        self._device_free: dict[str, tuple[tuple, float]] = {}  # node -> (stamp, free milli-devices)
         for n in nodes:
             self.set_node(n)
 
@@ -216,17 +246,25 @@ class Cluster:
         node_filter: NodeFilter | None = None,
         policy: ScoringPolicy | None = None,
         explain: bool = False,
+        node_resources: NodeResources | None = None,
     ) -> NodePlacement | Unallocatable:
         """The best node for all claims together, per the policy. Raises AllocationError (fatal input
-        errors, or an evaluation error on any node, as kube-scheduler fails the whole attempt)."""
+        errors, or an evaluation error on any node, as kube-scheduler fails the whole attempt).
+
+        With `node_resources`, a policy that reads them adds a term per node for its CPU and memory
+        (see `_best_with_resources`); which nodes are feasible does not change."""
         policy = policy or self.policy
         plans = [self.allocator.plan(c) for c in claims]  # fatal validation errors surface here
         shape = (policy.name, tuple(encode_json(c.spec) for c in claims))
         index = self._refresh(shape, claims, policy, plans)
         if index.errors:
             raise next(iter(index.errors.values()))
+        with_resources = node_resources is not None and policy.reads_node_resources
         while True:
-            name = self._best(index, node_filter)
+            if with_resources:
+                name = self._best_with_resources(index, node_filter, policy, node_resources)
+            else:
+                name = self._best(index, node_filter)
             if name is None:
                 return self._unallocatable(index, node_filter, claims, plans, explain)
             template = index.entries[name].outcome
@@ -347,6 +385,65 @@ class Cluster:
         for item in skipped:
             heapq.heappush(heap, item)
         return found
+
+    def _best_with_resources(self, index: _ShapeIndex, node_filter: NodeFilter | None, policy: ScoringPolicy,
+                             resources: NodeResources) -> str | None:
+        """The feasible node with the lowest device score plus the policy's CPU/memory term.
+
+        The term depends on the node's CPU and memory, which the per-shape heap does not track, so
+        every feasible node is scored (arithmetic only: the device searches are the cached ones);
+        the node filter (node fit) is then asked in score order, as `_best` does."""
+        scored = []
+        observed = False
+        taken_by_outcome: dict[int, float] = {}  # nodes alike share one outcome object
+        for name, entry in index.entries.items():
+            outcome = entry.outcome
+            if not isinstance(outcome, NodePlacement) or entry.stamp != self._stamp(name):
+                continue
+            taken = taken_by_outcome.get(id(outcome))
+            if taken is None:
+                taken = taken_by_outcome[id(outcome)] = placement_device_milli(outcome)
+            if not observed:
+                # Same claims, same devices asked on every node: learn the pod's shape once.
+                policy.observe_requests(resources.cpu, resources.memory, taken)
+                observed = True
+            term = policy.node_resources_score(self.device_free_milli(name), taken, resources.free(name),
+                                               (resources.cpu, resources.memory))
+            scored.append((outcome.score + term, self._node_order.get(name, 0), name))
+        scored.sort()
+        for _, _, name in scored:
+            if node_filter is None or node_filter(self.nodes[name]):
+                return name
+        return None
+
+    def device_free_milli(self, name: str) -> float:
+        """The node's free devices in milli-devices: 1000 per free device, the unused fraction of a
+        shared one (its most used capacity), 0 for one in exclusive use. Remembered until the
+        node's stamp changes (an allocation from its pools, a slice on it)."""
+        stamp = self._stamp(name)
+        cached = self._device_free.get(name)
+        if cached is not None and cached[0] == stamp:
+            return cached[1]
+        state = self.state
+        total = 0.0
+        for pool in self.inventory.pools_for_node(self.node(name)):
+            if not pool.usable:
+                continue
+            for r in pool.devices:
+                if not state.is_allocated(r.id):
+                    total += 1000.0
+                    continue
+                shared = state.shared_capacity(r.id)
+                if shared is None:
+                    continue
+                used = 0.0
+                for cap_name, amount in shared.items():
+                    cap = r.capacity.get(cap_name)
+                    if cap is not None and cap.value.value > 0:
+                        used = max(used, float(amount / cap.value.value))
+                total += 1000.0 * max(0.0, 1.0 - used)
+        self._device_free[name] = (stamp, total)
+        return total
 
     def _for_claims(self, placement: NodePlacement, claims, plans, policy) -> NodePlacement:
         # The cached placement may have been computed for other claims of the same shape; results do

@@ -41,6 +41,20 @@ class ScoringPolicy:
     def score_placement(self, placement: "NodePlacement", view: "NodeView") -> float:
         return 0.0
 
+    # Whether `node_resources_score` reads anything: when it does, and the caller passes the pod's
+    # CPU and memory and the nodes' free amounts (`Cluster.allocate(node_resources=...)`), the
+    # cluster adds it to each feasible node's score. Never consulted for feasibility.
+    reads_node_resources = False
+
+    def observe_requests(self, cpu: int, memory: int, device_milli: float) -> None:
+        """A pod about to be placed: its CPU (milli), memory (bytes) and devices (milli-devices)."""
+
+    def node_resources_score(self, device_free: float, device_taken: float, free: tuple[int, int],
+                             requests: tuple[int, int]) -> float:
+        """Added to a node's score (lower is better) from its free devices (milli-devices), what the
+        placement takes of them, its free CPU and memory, and the pod's CPU and memory requests."""
+        return 0.0
+
 
 class FirstFitPolicy(ScoringPolicy):
     """Kubernetes' choice: the first valid placement in device order, on the first node that fits."""

@@ -17,9 +17,9 @@ from __future__ import annotations
 import dataclasses
 from collections.abc import Iterable, Sequence
 
-from draplane.allocation.cluster import Cluster, Unallocatable
+from draplane.allocation.cluster import Cluster, NodeResources, Unallocatable
 from draplane.allocation.errors import AllocationError, Reason
-from draplane.allocation.nodefit import NodeFitError, node_fit, pod_requests
+from draplane.allocation.nodefit import CPU, MEMORY, NodeFitError, node_allocatable, node_fit, pod_requests
 from draplane.allocation.state import claim_key
 from draplane.api.core import Node, Pod
 from draplane.api.meta import ObjectMeta
@@ -92,6 +92,10 @@ class ClusterState:
         self._reserved_by_node: dict[str, set[str]] = {}
         self._held: dict[str, str] = {}  # claim uid -> state key it is recorded under
         self._feed_slices: dict[str, list[str]] = {}  # feed key -> slice names
+        # For the node score's CPU/memory term: node -> (Node, allocatable CPU, memory), node ->
+        # requests summed over its pods (dropped when a pod comes or goes there).
+        self._allocatable: dict[str, tuple[object, int, int]] = {}
+        self._used: dict[str, tuple[int, int]] = {}
 
     # --- updates ---------------------------------------------------------------------------------
 
@@ -138,11 +142,13 @@ class ClusterState:
         self.forget_pod(uid)
         self.pods_on_node.setdefault(node, {})[uid] = requests
         self._pod_node[uid] = node
+        self._used.pop(node, None)
 
     def forget_pod(self, uid: str) -> None:
         node = self._pod_node.pop(uid, None)
         if node is not None:
             self.pods_on_node.get(node, {}).pop(uid, None)
+            self._used.pop(node, None)
 
     def set_claim(self, claim: ResourceClaim, deleted: bool = False) -> None:
         uid = claim.metadata.uid or ""
@@ -196,6 +202,27 @@ class ClusterState:
             for resource, amount in other.items():
                 used[resource] = used.get(resource, 0) + amount
         return node_fit(pod, node, requests=requests, in_use=(used, len(pods_here)))
+
+    def _free_cpu_memory(self, name: str) -> tuple[int, int]:
+        """The node's allocatable CPU and memory minus the requests of the pods on it (0 when the
+        Node object does not say). Asked for every feasible node per pod, so both halves are kept:
+        allocatable per Node object, the pods' sums per node until a pod comes or goes there."""
+        node = self.nodes.get(name)
+        allocatable = self._allocatable.get(name)
+        if allocatable is None or allocatable[0] is not node:
+            try:
+                parsed = node_allocatable(node) if node is not None else {}
+            except NodeFitError:
+                parsed = {}
+            allocatable = self._allocatable[name] = (node, parsed.get(CPU, 0), parsed.get(MEMORY, 0))
+        used = self._used.get(name)
+        if used is None:
+            cpu = memory = 0
+            for requests in self.pods_on_node.get(name, {}).values():
+                cpu += requests.get(CPU, 0)
+                memory += requests.get(MEMORY, 0)
+            used = self._used[name] = (cpu, memory)
+        return allocatable[1] - used[0], allocatable[2] - used[1]
 
     def place_pod(self, pod: Pod, claims: Sequence[ResourceClaim]) -> Placed | NotPlaced:
         """Where `pod` and its claims can go: node fit first, then the devices, best score wins."""
@@ -251,8 +278,9 @@ class ClusterState:
             ]
             return NotPlaced(message=summarize(failures, len(self.nodes)), failures=failures)
 
+        resources = NodeResources(requests.get(CPU, 0), requests.get(MEMORY, 0), self._free_cpu_memory)
         try:
-            outcome = self.cluster.allocate(pending, node_filter=node_filter, explain=True)
+            outcome = self.cluster.allocate(pending, node_filter=node_filter, explain=True, node_resources=resources)
         except AllocationError as exc:
             return NotPlaced(message=exc.message, failures=[], claim_error=exc.message)
         if isinstance(outcome, Unallocatable):
