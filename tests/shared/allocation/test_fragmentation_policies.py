@@ -152,6 +152,17 @@ def test_packing_waste_table():
     assert waste[299] == 299 and waste[350] == 50 and waste[1] == 1 and waste[0] == 0
 
 
+def test_filler_sizes_leave_out_rare_and_scarce_sizes():
+    from draplane.allocation.fragmentation import filler_sizes
+
+    # 160s are common but ten times rarer than the 810s whose 190-milli slivers they would fill;
+    # 470s pair among themselves (no large share leaves room for them); 50s are rare.
+    frequency = {810: 0.30, 470: 0.20, 320: 0.10, 650: 0.10, 160: 0.03, 50: 0.005, 1000: 0.2}
+    assert filler_sizes(frequency, 0.01) == [320, 470, 650, 810, 1000]
+    # Enough 160s for a quarter of the slivers: counted.
+    assert 160 in filler_sizes({**frequency, 160: 0.1}, 0.01)
+
+
 def test_fgd_fragmentation_measure():
     profile = typical_shapes([PodShape(1000, 0, 1, 500), PodShape(1000, 0, 1, 1000)])
     # A 300-milli remainder is lost to both shapes; an empty node loses nothing.
