@@ -16,7 +16,9 @@ from typing import Any, AsyncIterator, TypeVar
 from urllib.parse import urlencode
 
 import aiohttp
+import aiohttp.helpers
 import msgspec
+import yarl
 from kubernetes_asyncio import client as k8s_client
 from kubernetes_asyncio import config as k8s_config
 
@@ -117,6 +119,7 @@ class KubeClient:
     def __init__(self, api_client: k8s_client.ApiClient, *, max_retries: int = 5):
         self._api = api_client
         self._max_retries = max_retries
+        self._proxy, self._proxy_auth = _environment_proxy_once(api_client)
 
     @classmethod
     async def from_kubeconfig(cls, path: str | Path | None = None, *, impersonate: str | None = None) -> "KubeClient":
@@ -165,7 +168,8 @@ class KubeClient:
         if query:
             url += "?" + urlencode({k: _query_value(v) for k, v in query.items() if v is not None})
         session: aiohttp.ClientSession = self._api.rest_client.pool_manager
-        return await session.request(method, url, data=body, headers=headers, timeout=timeout or aiohttp.ClientTimeout(total=60))
+        return await session.request(method, url, data=body, headers=headers, proxy=self._proxy,
+                                     proxy_auth=self._proxy_auth, timeout=timeout or aiohttp.ClientTimeout(total=60))
 
     async def request(
         self, method: str, path: str, *, query: dict[str, Any] | None = None, body: Any = None,
@@ -292,6 +296,28 @@ class KubeClient:
         path = raw_collection_path(raw)
         data = await self.request("POST", path, body=raw, query={"dryRun": "All" if dry_run else None})
         return msgspec.json.decode(data)
+
+
+def _environment_proxy_once(api_client: k8s_client.ApiClient) -> tuple[str | None, aiohttp.BasicAuth | None]:
+    """The proxy the environment names for the apiserver, looked up once; then trust_env goes off.
+
+    kubernetes_asyncio's session trusts the environment, and aiohttp then reads ~/.netrc and the
+    proxy variables in a worker thread on every request: two thread hops per apiserver call, a
+    fifth of the binder's CPU under load. The answer cannot change while we run, so ask once and
+    pass the proxy explicitly. A proxy set in the kubeconfig (proxy-url) wins over the environment.
+    """
+    configuration = api_client.configuration
+    if configuration.proxy:
+        return configuration.proxy, None
+    session: aiohttp.ClientSession = api_client.rest_client.pool_manager
+    if not session.trust_env:
+        return None, None
+    session._trust_env = False  # no public setter; tests/shared/kube check it takes effect
+    try:
+        proxy, auth = aiohttp.helpers.get_env_proxy_for_url(yarl.URL(configuration.host))
+    except LookupError:
+        return None, None
+    return str(proxy), auth
 
 
 def raw_collection_path(raw: dict[str, Any]) -> str:
