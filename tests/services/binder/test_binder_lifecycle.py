@@ -44,6 +44,7 @@ def test_claim_from_template_has_kubernetes_name_annotation_and_owner():
     assert claim.metadata.generate_name == "web-gpu-"
     assert claim.metadata.annotations == {"x": "y", lc.POD_CLAIM_NAME_ANNOTATION: "gpu"}
     assert claim.metadata.labels == {"team": "a"}
+    assert claim.metadata.finalizers == [lc.DELETE_PROTECTION_FINALIZER]  # saves the scheduler's update
     (owner,) = claim.metadata.owner_references
     assert (owner.api_version, owner.kind, owner.name, owner.uid) == ("v1", "Pod", "web", "pod-uid")
     assert owner.controller is True and owner.block_owner_deletion is True
@@ -64,6 +65,10 @@ def test_resolve_creates_missing_template_claims_once():
     resolved = lc.resolve_pod_claims(p, {"web-gpu-abcde": created}, {"gpu-template": template()}, manage_templates=True)
     assert resolved.to_create == []
     assert resolved.statuses_to_record == [PodResourceClaimStatus(name="gpu", resource_claim_name="web-gpu-abcde")]
+    # The same answer from the caller's index of claims that name the pod, without a namespace scan.
+    namespace = {"web-gpu-abcde": created}
+    indexed = lc.resolve_pod_claims(p, namespace, {"gpu-template": template()}, manage_templates=True, related=[created])
+    assert indexed.statuses_to_record == resolved.statuses_to_record
     # Recorded: ready.
     p.status.resource_claim_statuses = resolved.statuses_to_record
     resolved = lc.resolve_pod_claims(p, {"web-gpu-abcde": created}, {}, manage_templates=True)
