@@ -90,7 +90,8 @@ class ClusterState:
         self.claims: dict[str, ResourceClaim] = {}  # uid -> claim
         self.reserved: dict[str, rv.Reservation] = {}  # claim uid -> reservation
         self._reserved_by_node: dict[str, set[str]] = {}
-        self._held: dict[str, str] = {}  # claim uid -> state key it is recorded under
+        # claim uid -> (state key it is recorded under, the allocation recorded)
+        self._held: dict[str, tuple[str, AllocationResult]] = {}
         self._feed_slices: dict[str, list[str]] = {}  # feed key -> slice names
         # For the node score's CPU/memory term: node -> (Node, allocatable CPU, memory), node ->
         # requests summed over its pods (dropped when a pod comes or goes there).
@@ -164,8 +165,12 @@ class ClusterState:
             self.reserved.pop(uid, None)
             self._refresh_claim(uid)
         for uid, reservation in entry.claims.items():
+            old = self.reserved.get(uid)
             self.reserved[uid] = reservation
-            self._refresh_claim(uid)
+            # Most writes to a node's entry renew or confirm one lease and leave the other claims
+            # as they were; only a claim reserved anew (or again) can change what is in use.
+            if old is None or old.reserved_at != reservation.reserved_at or old.devices != reservation.devices:
+                self._refresh_claim(uid)
         self._reserved_by_node[node] = set(entry.claims)
 
     def _refresh_claim(self, uid: str) -> None:
@@ -177,16 +182,24 @@ class ClusterState:
             reservation = self.reserved[uid]
             allocation = reservation.allocation
             namespace, name = reservation.claim_namespace, reservation.claim_name
-        previous = self._held.pop(uid, None)
+        previous = self._held.get(uid)
+        if previous is not None and allocation is not None and (
+            previous[1] is allocation or previous[1] == allocation
+        ):
+            # The same devices as before (a claim's reservedFor or finalizer changed, or its
+            # reservation turned into the status it described): releasing and adding them again
+            # would only invalidate the nodes' caches.
+            return
         if previous is not None:
-            self.cluster.release_claim(previous)
+            del self._held[uid]
+            self.cluster.release_claim(previous[0])
         if allocation is not None:
             holder = ResourceClaim(
                 metadata=ObjectMeta(namespace=namespace, name=name, uid=uid),
                 status=ResourceClaimStatus(allocation=allocation),
             )
             self.cluster.add_allocated_claim(holder)
-            self._held[uid] = claim_key(holder)
+            self._held[uid] = (claim_key(holder), allocation)
 
     def claim_is_allocated(self, uid: str) -> bool:
         claim = self.claims.get(uid)
