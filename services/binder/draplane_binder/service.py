@@ -147,6 +147,9 @@ class Binder:
         # pod uid -> the last unschedulable message written, to avoid rewriting the same one
         self.last_reason: dict[str, str] = {}
         self.placement_slots = asyncio.Semaphore(settings.concurrency)
+        # node -> claim uids written to Kubernetes whose reservation is still under a lease
+        self.to_confirm: dict[str, set[str]] = {}
+        self._confirm_wanted = asyncio.Event()
         self._tasks: list[asyncio.Task] = []
         self.counters = {"placements_written": 0, "placements_failed": 0, "unschedulable": 0, "released": 0,
                          "claims_created": 0, "pending_published": 0, "pending_publish_failed": 0}
@@ -168,6 +171,7 @@ class Binder:
             self._spawn(self._claim_worker, f"claim worker {i}")
         self._spawn(self._consume_results, "results consumer")
         self._spawn(self._retry_loop, "retry loop")
+        self._spawn(self._confirm_loop, "confirm loop")
 
     @property
     def ready(self) -> bool:
@@ -230,11 +234,13 @@ class Binder:
             for pc in old.spec.resource_claims or ():
                 if pc.resource_claim_name:
                     self.pods_by_claim.get((key[0], pc.resource_claim_name), set()).discard(key)
-        if kind == "DELETED":
-            self.pods.pop(key, None)
+        if kind == "DELETED" or pod.spec.node_name or lc.pod_is_done(pod):
+            # bound, finished or gone: nothing left to schedule, so nothing to remember for it
             uid = pod.metadata.uid or ""
             for table in (self.in_flight, self.retry, self.first_seen, self.last_reason):
                 table.pop(uid, None)
+        if kind == "DELETED":
+            self.pods.pop(key, None)
         else:
             self.pods[key] = pod
             self.pods_by_uid[pod.metadata.uid or ""] = pod
@@ -342,6 +348,7 @@ class Binder:
             self.claims_by_namespace.get(namespace, {}),
             self.templates.get(namespace, {}),
             manage_templates=self.settings.manage_claims,
+            related=[self.claims[k] for k in self.claims_by_pod.get(uid, ()) if k in self.claims],
         )
         new_statuses = list(resolved.statuses_to_record)
         for pod_claim_name, template in resolved.to_create:
@@ -597,14 +604,17 @@ class Binder:
                     return False
                 else:
                     raise
-        await self.store.confirm(placement.node, claim_uids)
+        self.to_confirm.setdefault(placement.node, set()).update(claim_uids)
+        self._confirm_wanted.set()
         uid = placement.pod.uid
         log.info("pod %s bound to node %s with %s (shard %d, %.0f ms after it was first seen)",
                  placement.pod.key(), placement.node,
                  "; ".join(f"resourceclaim {c.claim.name}: {_devices_text(c.allocation)}" for c in placement.claims)
                  or "no claims",
                  placement.shard, max(0.0, time.time() - placement.first_seen) * 1000 if placement.first_seen else 0.0)
-        for table in (self.in_flight, self.retry, self.last_reason):
+        # in_flight stays until the pod watch shows the pod bound: an older event of the pod,
+        # still on its way, must not make it look pending and be sent to the shards again
+        for table in (self.retry, self.last_reason):
             table.pop(uid, None)
         self.counters["placements_written"] += 1
         return True
@@ -695,6 +705,24 @@ class Binder:
         self.in_flight.pop(uid, None)
         if pod is not None and self._pending_pod_needs_work(pod):
             self.retry[uid] = (time.monotonic() + self.settings.retry_flush_seconds, self.settings.retry_initial_seconds)
+
+    async def _confirm_loop(self) -> None:
+        """Clear the leases of written placements, one bucket write per node for all of them.
+
+        Batched because placements land on the same busy nodes in bursts, and every bucket write
+        is read and decoded by every shard. A crash before the flush loses nothing: a lapsed lease
+        whose claim is allocated in Kubernetes is confirmed by the shards' pruning instead.
+        """
+        while True:
+            await self._confirm_wanted.wait()
+            self._confirm_wanted.clear()
+            await asyncio.sleep(0.05)  # let a burst gather
+            batch, self.to_confirm = self.to_confirm, {}
+            for node, uids in batch.items():
+                try:
+                    await self.store.confirm(node, uids)
+                except Exception:  # noqa: BLE001 - the lease then lapses into a confirmation
+                    log.warning("could not confirm %d reservations on node %s", len(uids), node, exc_info=True)
 
     # --- claims ------------------------------------------------------------------------------------
 
