@@ -1,13 +1,14 @@
 """One allocator shard: consume its partition of pending pods, place them, commit, publish.
 
 State (all in memory, rebuilt on start): the inventory feed bucket, DeviceClasses, Nodes, Pods and
-every ResourceClaim from Kubernetes, and the reservation bucket. A pending pod is handled in four
-steps, one pod at a time per shard:
-1. place it against the state (pure: draplane_allocator.placing);
-2. commit its new claims' reservations with a compare-and-set on the node's entry, computed from
-   the revision the state was built on; a lost race refreshes that entry and starts over at 1;
-3. publish the Placement (or an Unschedulable) for the binder;
-4. acknowledge the pending message. A crash anywhere before 4 means redelivery; the reservation
+every ResourceClaim from Kubernetes, and the reservation bucket. Pending pods are fetched in
+batches, and a batch is handled in four steps:
+1. place its pods one after the other against the state (pure: draplane.scheduling.placing), each
+   seeing the devices the ones before it took;
+2. commit the new reservations with one compare-and-set per node, from the revision the state was
+   built on; a node that lost a race is read again and its pods go back to 1;
+3. publish the Placements (and Unschedulables) for the binder;
+4. acknowledge the pending messages. A crash anywhere before 4 means redelivery; the reservation
    already in the bucket makes the retry republish the same placement rather than make a new one.
 """
 
@@ -240,19 +241,25 @@ class Shard:
                         await msg.term()
                         continue
                     decoded.append((msg, pending))
-                # Reads of pods and claims the watches have not delivered yet go out together; the
-                # placing and committing that follow stay one pod at a time.
+                # Reads of pods and claims the watches have not delivered yet go out together.
                 fetched = await asyncio.gather(*(self._inputs(p) for _, p in decoded), return_exceptions=True)
+                batch = []
                 for (msg, pending), inputs in zip(decoded, fetched):
-                    try:
-                        if isinstance(inputs, BaseException):
-                            raise inputs
-                        await self.handle(pending, inputs)
-                    except Exception:
-                        log.exception("shard %d: pod %s: handling failed; redelivering", self.index, pending.pod.key())
+                    if isinstance(inputs, BaseException):
+                        log.error("shard %d: pod %s: reading its pod and claims failed (%s); redelivering",
+                                  self.index, pending.pod.key(), inputs)
                         await msg.nak(delay=1.0)
-                        continue
-                    await msg.ack()
+                    else:
+                        batch.append((msg, pending, inputs))
+                try:
+                    await self.handle_batch([(pending, inputs) for _, pending, inputs in batch])
+                except Exception:
+                    # Placements already committed are published again on redelivery (their
+                    # reservations are in the bucket); the binder writes a placement once.
+                    log.exception("shard %d: a batch of %d pods failed; redelivering it", self.index, len(batch))
+                    await asyncio.gather(*(msg.nak(delay=1.0) for msg, _, _ in batch), return_exceptions=True)
+                    continue
+                await asyncio.gather(*(msg.ack() for msg, _, _ in batch))
         finally:
             try:
                 await asyncio.wait_for(sub.unsubscribe(), 2.0)
@@ -314,69 +321,132 @@ class Shard:
     async def handle(self, pending: PendingPod, inputs: tuple[Pod, list[ResourceClaim]] | None = None) -> None:
         if inputs is None:
             inputs = await self._inputs(pending)
-            if inputs is None:
-                return
-        pod, claims = inputs
-        # the watch may have seen the pod bound while the inputs were read
-        current = self.pods.get(pending.pod.uid)
-        if current is not None and current.spec.node_name:
-            return
+        await self.handle_batch([(pending, inputs)])
+
+    async def handle_batch(self, batch: list[tuple[PendingPod, tuple[Pod, list[ResourceClaim]] | None]]) -> None:
+        """Place a fetched batch of pods, commit it with one compare-and-set per node, publish.
+
+        Placing stays one pod at a time and each pod sees the devices the pods before it took; the
+        round trips to NATS (one bucket write per node, then the placements) are made together.
+        One at a time, those round trips, not placing, were what limited a shard.
+        A node whose write loses a race is read again and its pods are placed again; so are pods
+        found unschedulable in that round, since the devices they missed may not be taken after all.
+        """
+        todo: list[tuple[PendingPod, Pod, list[ResourceClaim]]] = []
+        seen: set[str] = set()
+        for pending, inputs in batch:
+            if inputs is None or pending.pod.uid in seen:
+                continue  # gone, a claim vanished, or the same pod twice in one batch
+            seen.add(pending.pod.uid)
+            pod, claims = inputs
+            # the watch may have seen the pod bound while the inputs were read
+            current = self.pods.get(pending.pod.uid)
+            if current is not None and current.spec.node_name:
+                continue
+            todo.append((pending, pod, claims))
         for _ in range(COMMIT_ATTEMPTS):
+            if not todo:
+                return
+            todo = await self._place_and_commit(todo)
+        raise RuntimeError(f"shard {self.index}: {len(todo)} pods lost {COMMIT_ATTEMPTS} reservation races in a row")
+
+    async def _place_and_commit(self, todo):
+        """One round of handle_batch; returns the pods to place again."""
+        now = time.time()
+        expires_at = now + self.lease_seconds
+        # node -> (the revision the view was built on, the entry with this round's reservations)
+        views: dict[str, tuple[int, rv.NodeReservations]] = {}
+        staged: dict[str, list] = {}  # node -> [(pending, pod, claims, Placed)]
+        republish: list = []  # (pending, pod, claims, Placed): nothing new to reserve
+        unschedulable: list = []  # (pending, pod, claims, NotPlaced)
+        lost: set[str] = set()  # nodes whose entry must be read again
+        again: list = []
+        for item in todo:
+            pending, pod, claims = item
             outcome = self.state.place_pod(pod, claims)
             if isinstance(outcome, NotPlaced):
-                await self._publish(
-                    Unschedulable(pod=pending.pod, shard=self.index, message=outcome.message,
-                                  failures=outcome.failures, claim_error=outcome.claim_error)
-                )
-                self.counters["unschedulable"] += 1
-                log.info("shard %d: pod %s unschedulable: %s", self.index, pending.pod.key(), outcome.message)
-                return
-            expires_at = await self._commit(pending, outcome)
-            if expires_at is None:
-                self.counters["commit_conflicts"] += 1
+                unschedulable.append((*item, outcome))
                 continue
-            claim_by_uid = {c.metadata.uid: c for c in claims}
-            placement = Placement(
-                pod=pending.pod,
-                node=outcome.node,
-                claims=[
-                    ClaimPlacement(claim=ref, allocation=outcome.allocations[ref.uid])
-                    for ref in pending.claims
-                    if ref.uid in claim_by_uid
-                ],
-                shard=self.index,
-                first_seen=pending.first_seen,
-                expires_at=expires_at,
-            )
-            # the pod now counts on that node for node fit, until the pod watch says otherwise
-            self.state.assume_pod(pending.pod.uid, outcome.node, pod_requests(pod))
-            await self._publish(placement)
-            self.counters["placed"] += 1
-            log.info("shard %d: pod %s placed on node %s (%s)", self.index, pending.pod.key(), outcome.node,
-                     f"{len(outcome.new_claims)} claims newly reserved" if outcome.new_claims
-                     else "claims already allocated or reserved there: placement sent again")
-            return
-        raise RuntimeError(f"pod {pending.pod.key()}: lost {COMMIT_ATTEMPTS} reservation races in a row")
+            if not outcome.new_claims:
+                republish.append((*item, outcome))
+                continue
+            node = outcome.node
+            if node not in views:
+                revision, entry = self.store.entry(node)
+                pruned, dropped = rv.prune(entry, now, self.state.claim_is_allocated)
+                if dropped:
+                    log.info("shard %d: node %s: released %d reservations whose lease ran out",
+                             self.index, node, len(dropped))
+                views[node] = (revision, pruned)
+            revision, entry = views[node]
+            try:
+                entry = rv.add(entry, self._reservations(pending, outcome, now, expires_at))
+            except rv.ReservationConflict as exc:
+                # our view missed a reservation: the mirror lags the bucket; read it, place again
+                log.debug("shard %d: %s", self.index, exc)
+                lost.add(node)
+                again.append(item)
+                continue
+            views[node] = (revision, entry)
+            staged.setdefault(node, []).append((*item, outcome))
+            # the pods after this one in the batch must see these devices taken and this pod there
+            self.state.set_reservations(node, entry)
+            self.state.assume_pod(pending.pod.uid, node, pod_requests(pod))
 
-    async def _commit(self, pending: PendingPod, placed: Placed) -> float | None:
-        """Reserve the new claims on the node; the lease's end, or None after a lost race."""
-        now = time.time()
-        revision, entry = self.store.entry(placed.node)
-        expires_at = now + self.lease_seconds
-        if not placed.new_claims:
-            # nothing new (all claims already allocated or reserved: a redelivery, a restarted
-            # binder asking again, or a shared claim): publish the same placement, keep the lease
-            if placed.allocations:
-                self.counters["republished"] += 1
-            leases = [entry.claims[u].expires_at for u in placed.allocations if u in entry.claims]
-            live = [t for t in leases if t is not None]
-            return min(live) if live else expires_at
-        pruned, dropped = rv.prune(entry, now, self.state.claim_is_allocated)
-        if dropped:
-            log.info("shard %d: node %s: released %d reservations whose lease ran out",
-                     self.index, placed.node, len(dropped))
+        nodes = list(staged)
+        written = await asyncio.gather(
+            *(self.store.write(node, views[node][1], views[node][0]) for node in nodes), return_exceptions=True
+        )
+        placements = []
+        failure: BaseException | None = None
+        for node, result in zip(nodes, written):
+            if isinstance(result, BaseException):
+                if not isinstance(result, StaleRevision):
+                    failure = result
+                lost.add(node)
+                for pending, pod, claims, _ in staged[node]:
+                    self.state.forget_pod(pending.pod.uid)
+                    again.append((pending, pod, claims))
+                if isinstance(result, StaleRevision):
+                    self.counters["commit_conflicts"] += len(staged[node])
+            else:
+                placements.extend((pending, claims, placed, expires_at) for pending, _, claims, placed in staged[node])
+        for node in lost:
+            await self.store.refresh(node)
+            self._on_reservations(node)  # drop this round's reservations from the view if refresh saw no news
+        for pending, pod, claims, placed in republish:
+            if placed.node in lost:
+                again.append((pending, pod, claims))  # it leaned on a reservation that did not stick
+            else:
+                self.state.assume_pod(pending.pod.uid, placed.node, pod_requests(pod))
+                placements.append((pending, claims, placed, self._lease_of(placed, expires_at)))
+                self.counters["republished"] += bool(placed.allocations)
+        if lost:
+            again.extend((pending, pod, claims) for pending, pod, claims, _ in unschedulable)
+            unschedulable = []
+
+        messages = [self._placement(pending, claims, placed, lease) for pending, claims, placed, lease in placements]
+        messages += [
+            Unschedulable(pod=pending.pod, shard=self.index, message=outcome.message,
+                          failures=outcome.failures, claim_error=outcome.claim_error)
+            for pending, _, _, outcome in unschedulable
+        ]
+        await asyncio.gather(*(self._publish(m) for m in messages))
+        self.counters["placed"] += len(placements)
+        self.counters["unschedulable"] += len(unschedulable)
+        for pending, claims, placed, _ in placements:
+            log.info("shard %d: pod %s placed on node %s (%s)", self.index, pending.pod.key(), placed.node,
+                     f"{len(placed.new_claims)} claims newly reserved" if placed.new_claims
+                     else "claims already allocated or reserved there: placement sent again")
+        for pending, _, _, outcome in unschedulable:
+            log.info("shard %d: pod %s unschedulable: %s", self.index, pending.pod.key(), outcome.message)
+        if failure is not None:
+            raise failure
+        return again
+
+    def _reservations(self, pending: PendingPod, placed: Placed, now: float, expires_at: float) -> list[rv.Reservation]:
         claims = {c.uid: c for c in pending.claims}
-        reservations = [
+        return [
             rv.Reservation(
                 claim_uid=uid,
                 claim_namespace=claims[uid].namespace,
@@ -390,19 +460,28 @@ class Shard:
             )
             for uid in placed.new_claims
         ]
-        try:
-            new_entry = rv.add(pruned, reservations)
-        except rv.ReservationConflict as exc:
-            # our view missed a reservation: the mirror lags the bucket; read it and place again
-            log.debug("shard %d: %s", self.index, exc)
-            await self.store.refresh(placed.node)
-            return None
-        try:
-            await self.store.write(placed.node, new_entry, revision)
-        except StaleRevision:
-            await self.store.refresh(placed.node)
-            return None
-        return expires_at
+
+    def _lease_of(self, placed: Placed, default: float) -> float:
+        """A placement sent again keeps the lease its claims already have."""
+        _, entry = self.store.entry(placed.node)
+        live = [entry.claims[u].expires_at for u in placed.allocations if u in entry.claims]
+        live = [t for t in live if t is not None]
+        return min(live) if live else default
+
+    def _placement(self, pending: PendingPod, claims: list[ResourceClaim], placed: Placed, expires_at: float) -> Placement:
+        claim_uids = {c.metadata.uid for c in claims}
+        return Placement(
+            pod=pending.pod,
+            node=placed.node,
+            claims=[
+                ClaimPlacement(claim=ref, allocation=placed.allocations[ref.uid])
+                for ref in pending.claims
+                if ref.uid in claim_uids
+            ],
+            shard=self.index,
+            first_seen=pending.first_seen,
+            expires_at=expires_at,
+        )
 
     async def _publish(self, message) -> None:
         await self.js.publish(self.subjects.results, encode_message(message))
