@@ -131,15 +131,22 @@ class BindRecorder:
 
 
 async def create_pods(kube: KubeClient, namespace: str, names: list[str], created_at: dict[str, float],
-                      *, rate: float | None = None, batch: int = 20) -> None:
+                      *, rate: float | None = None, batch: int = 64) -> None:
     async def one(name: str) -> None:
         t = time.time()
         await kube.create(scenario.pod(namespace, name, template_name="one-gpu"))
         created_at[name] = t
 
     if rate is None:
-        for i in range(0, len(names), batch):
-            await asyncio.gather(*(one(n) for n in names[i : i + batch]))
+        # `batch` creates in flight at any time, as scheduler_perf's client keeps many: creating in
+        # lock-step batches made the benchmark measure its own creation rate, not the scheduler
+        slots = asyncio.Semaphore(batch)
+
+        async def limited(name: str) -> None:
+            async with slots:
+                await one(name)
+
+        await asyncio.gather(*(limited(n) for n in names))
         return
     start = time.monotonic()
     tasks = []
