@@ -203,15 +203,22 @@ class Shard:
             await asyncio.sleep(PRUNE_INTERVAL_SECONDS)
             now = time.time()
             for node, (_, entry) in list(self.store.entries.items()):
-                if any(r.expires_at is not None and r.expires_at <= now for r in entry.claims.values()):
+                if rv.has_lapsed(entry, now):
+                    counts = [0, 0, 0]
+
                     def edit(current: rv.NodeReservations) -> rv.NodeReservations | None:
                         pruned, dropped = rv.prune(current, time.time(), self.state.claim_is_allocated)
                         confirmed = sum(1 for u, r in current.claims.items()
                                         if r.expires_at is not None and u in pruned.claims and pruned.claims[u].confirmed)
-                        return pruned if dropped or confirmed else None
+                        counts[:] = [len(dropped), confirmed, len(current.pods) - len(pruned.pods)]
+                        return pruned if any(counts) else None
 
                     if await self.store.change(node, edit):
-                        log.info("shard %d: node %s: lapsed reservations released or confirmed", self.index, node)
+                        # pod reservations lapse after every placement by design: not news
+                        level = logging.INFO if counts[0] or counts[1] else logging.DEBUG
+                        log.log(level, "shard %d: node %s: lapsed leases: %d claim reservations released, "
+                                "%d confirmed (their claims are allocated), %d pod reservations dropped",
+                                self.index, node, *counts)
 
     # --- pending pods ------------------------------------------------------------------------------
 
@@ -367,9 +374,6 @@ class Shard:
             if isinstance(outcome, NotPlaced):
                 unschedulable.append((*item, outcome))
                 continue
-            if not outcome.new_claims:
-                republish.append((*item, outcome))
-                continue
             node = outcome.node
             if node not in views:
                 revision, entry = self.store.entry(node)
@@ -379,19 +383,28 @@ class Shard:
                              self.index, node, len(dropped))
                 views[node] = (revision, pruned)
             revision, entry = views[node]
+            pod_reservation = rv.PodReservation(
+                pod_uid=pending.pod.uid, pod_namespace=pending.pod.namespace, pod_name=pending.pod.name,
+                requests=pod_requests(pod), reserved_at=now, expires_at=expires_at, shard=self.index,
+            )
             try:
-                entry = rv.add(entry, self._reservations(pending, outcome, now, expires_at))
+                added = rv.add(entry, self._reservations(pending, outcome, now, expires_at), pod_reservation)
             except rv.ReservationConflict as exc:
                 # our view missed a reservation: the mirror lags the bucket; read it, place again
                 log.debug("shard %d: %s", self.index, exc)
                 lost.add(node)
                 again.append(item)
                 continue
-            views[node] = (revision, entry)
+            if added is entry:
+                # its claims and the pod are reserved there already (a redelivery, or the binder
+                # asking again after a restart): send the same placement, nothing to write
+                republish.append((*item, outcome))
+                continue
+            views[node] = (revision, added)
             staged.setdefault(node, []).append((*item, outcome))
-            # the pods after this one in the batch must see these devices taken and this pod there
-            self.state.set_reservations(node, entry)
-            self.state.assume_pod(pending.pod.uid, node, pod_requests(pod))
+            # the pods after this one in the batch must see these devices and this pod's CPU and
+            # memory taken; the view is the node's entry as it will be written
+            self.state.set_reservations(node, added)
 
         nodes = list(staged)
         written = await asyncio.gather(
@@ -405,7 +418,6 @@ class Shard:
                     failure = result
                 lost.add(node)
                 for pending, pod, claims, _ in staged[node]:
-                    self.state.forget_pod(pending.pod.uid)
                     again.append((pending, pod, claims))
                 if isinstance(result, StaleRevision):
                     self.counters["commit_conflicts"] += len(staged[node])
@@ -418,7 +430,6 @@ class Shard:
             if placed.node in lost:
                 again.append((pending, pod, claims))  # it leaned on a reservation that did not stick
             else:
-                self.state.assume_pod(pending.pod.uid, placed.node, pod_requests(pod))
                 placements.append((pending, claims, placed, self._lease_of(placed, expires_at)))
                 self.counters["republished"] += bool(placed.allocations)
         if lost:

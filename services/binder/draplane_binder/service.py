@@ -508,6 +508,7 @@ class Binder:
         """Renew the leases of a fetched batch at once, one write per node: a placement waiting
         here behind slow apiserver writes must not lapse and be given to someone else."""
         by_node: dict[str, dict[str, list]] = {}
+        pods_by_node: dict[str, set[str]] = {}
         for msg in messages:
             try:
                 result = decode_message(msg.data)
@@ -517,9 +518,10 @@ class Binder:
                 expected = by_node.setdefault(result.node, {})
                 for c in result.claims:
                     expected[c.claim.uid] = rv.devices_of(c.allocation)
+                pods_by_node.setdefault(result.node, set()).add(result.pod.uid)
         for node, expected in by_node.items():
             try:
-                await self.store.hold(node, expected, self.settings.lease_seconds)
+                await self.store.hold(node, expected, self.settings.lease_seconds, pods=pods_by_node[node])
             except Exception:  # noqa: BLE001 - best effort; each placement checks its lease again
                 log.warning("could not renew %d leases on node %s", len(expected), node, exc_info=True)
 
@@ -566,8 +568,13 @@ class Binder:
         # other devices now. The check renews the leases in the same compare-and-set.
         held = await self.store.hold(
             placement.node, {c.claim.uid: rv.devices_of(c.allocation) for c in placement.claims},
-            self.settings.lease_seconds,
+            self.settings.lease_seconds, pods=[placement.pod.uid],
         )
+        if placement.pod.uid not in held and pod.spec.node_name != placement.node:
+            # Its CPU and memory were counted on that node under a lease that lapsed: another
+            # shard may have placed pods in that room since. Place it again.
+            await self._abandon(placement, pod, f"its reservation of CPU and memory on node {placement.node} lapsed")
+            return False
         for item in placement.claims:
             if item.claim.uid in held:
                 continue
@@ -699,8 +706,10 @@ class Binder:
             )
             if not allocated_here:
                 to_release[item.claim.uid] = rv.devices_of(item.allocation)
-        if to_release:
-            await self.store.release_matching(placement.node, to_release)
+        pod_not_there = pod is None or pod.spec.node_name != placement.node
+        if to_release or pod_not_there:
+            await self.store.release_matching(placement.node, to_release,
+                                              pods=[placement.pod.uid] if pod_not_there else ())
         uid = placement.pod.uid
         self.in_flight.pop(uid, None)
         if pod is not None and self._pending_pod_needs_work(pod):

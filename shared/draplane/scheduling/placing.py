@@ -89,6 +89,9 @@ class ClusterState:
         self._pod_node: dict[str, str] = {}
         self.claims: dict[str, ResourceClaim] = {}  # uid -> claim
         self.reserved: dict[str, rv.Reservation] = {}  # claim uid -> reservation
+        # node -> pod uid -> requests, for pods reserved there in the bucket (placed by any shard,
+        # maybe not bound yet); node fit counts them with the bound ones, each pod once
+        self.reserved_pods: dict[str, dict[str, dict[str, int]]] = {}
         self._reserved_by_node: dict[str, set[str]] = {}
         # claim uid -> (state key it is recorded under, the allocation recorded)
         self._held: dict[str, tuple[str, AllocationResult]] = {}
@@ -172,6 +175,24 @@ class ClusterState:
             if old is None or old.reserved_at != reservation.reserved_at or old.devices != reservation.devices:
                 self._refresh_claim(uid)
         self._reserved_by_node[node] = set(entry.claims)
+        pods = {uid: p.requests for uid, p in entry.pods.items()}
+        if pods != self.reserved_pods.get(node, {}):
+            if pods:
+                self.reserved_pods[node] = pods
+            else:
+                self.reserved_pods.pop(node, None)
+            self._used.pop(node, None)
+
+    def pods_here(self, node: str) -> dict[str, dict[str, int]]:
+        """The pods that count against a node's CPU and memory: bound or placed there (from the
+        pod watch and this shard's own placements) and reserved there (by any shard)."""
+        bound = self.pods_on_node.get(node, {})
+        reserved = self.reserved_pods.get(node)
+        if not reserved:
+            return bound
+        merged = dict(reserved)
+        merged.update(bound)
+        return merged
 
     def _refresh_claim(self, uid: str) -> None:
         """The devices a claim holds: its status' allocation, else its reservation."""
@@ -209,7 +230,7 @@ class ClusterState:
 
     def _node_fit(self, pod: Pod, requests: dict[str, int], node: Node):
         name = node.metadata.name or ""
-        pods_here = {u: r for u, r in self.pods_on_node.get(name, {}).items() if u != pod.metadata.uid}
+        pods_here = {u: r for u, r in self.pods_here(name).items() if u != pod.metadata.uid}
         used: dict[str, int] = {}
         for other in pods_here.values():
             for resource, amount in other.items():
@@ -231,7 +252,7 @@ class ClusterState:
         used = self._used.get(name)
         if used is None:
             cpu = memory = 0
-            for requests in self.pods_on_node.get(name, {}).values():
+            for requests in self.pods_here(name).values():
                 cpu += requests.get(CPU, 0)
                 memory += requests.get(MEMORY, 0)
             used = self._used[name] = (cpu, memory)

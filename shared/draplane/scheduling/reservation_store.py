@@ -143,14 +143,18 @@ class ReservationStore:
         uids = list(claim_uids)
         return await self.change(node, lambda entry: rv.release(entry, uids))
 
-    async def release_matching(self, node: str, expected: dict[str, list[rv.ReservedDevice]]) -> bool:
+    async def release_matching(
+        self, node: str, expected: dict[str, list[rv.ReservedDevice]], pods: Iterable[str] = ()
+    ) -> bool:
         """Release these claims' reservations, but only where they still hold these devices: a
-        claim reserved again since (with other devices) keeps its new reservation."""
+        claim reserved again since (with other devices) keeps its new reservation. The pods'
+        reservations on this node go too."""
+        pod_uids = list(pods)
 
         def edit(entry: rv.NodeReservations) -> rv.NodeReservations | None:
             gone = [uid for uid, devices in expected.items()
                     if uid in entry.claims and sorted(entry.claims[uid].devices) == sorted(devices)]
-            return rv.release(entry, gone) if gone else None
+            return rv.release(entry, gone, pod_uids)
 
         return await self.change(node, edit)
 
@@ -166,8 +170,11 @@ class ReservationStore:
 
         await self.change(node, edit)
 
-    async def hold(self, node: str, expected: dict[str, list[rv.ReservedDevice]], seconds: float) -> set[str]:
-        """The claims whose reservation on `node` is still the expected one, with their leases renewed.
+    async def hold(
+        self, node: str, expected: dict[str, list[rv.ReservedDevice]], seconds: float, pods: Iterable[str] = ()
+    ) -> set[str]:
+        """The claims whose reservation on `node` is still the expected one, and the pods still
+        reserved there, with their leases renewed.
 
         Atomic with the check (one compare-and-set), so a reservation found here cannot lapse and be
         given away for `seconds`. A claim missing from the result must not be written with these
@@ -183,10 +190,12 @@ class ReservationStore:
         until = now + seconds
         fresh_enough = now + seconds / 2
         matched: set[str] = set()
+        pod_uids = set(pods)
 
         def edit(entry: rv.NodeReservations) -> rv.NodeReservations | None:
             matched.clear()
             claims = dict(entry.claims)
+            held_pods = dict(entry.pods)
             changed = False
             for uid, devices in expected.items():
                 reservation = claims.get(uid)
@@ -196,10 +205,18 @@ class ReservationStore:
                 if reservation.expires_at is not None and reservation.expires_at < fresh_enough:
                     claims[uid] = msgspec.structs.replace(reservation, expires_at=until)
                     changed = True
-            return rv.NodeReservations(node=entry.node, claims=claims) if changed else None
+            for uid in pod_uids:
+                pod = held_pods.get(uid)
+                if pod is None:
+                    continue
+                matched.add(uid)
+                if pod.expires_at < fresh_enough:
+                    held_pods[uid] = msgspec.structs.replace(pod, expires_at=until)
+                    changed = True
+            return rv.NodeReservations(node=entry.node, claims=claims, pods=held_pods) if changed else None
 
         await self.change(node, edit)
-        if len(matched) < len(expected):
+        if len(matched) < len(expected) + len(pod_uids):
             # A shard's reservation reaches the binder as a placement, and may get here before
             # the bucket watch brings the write itself: a miss in the mirror is only believed
             # after reading the entry from the bucket.

@@ -12,6 +12,12 @@ Lifecycle of one claim's reservation in a node entry:
   any --claim deleted or its allocation cleared--> removed by the binder (release)
 Kubernetes claim status stays the source of truth: a restarted shard rebuilds from the claims and
 from this bucket, and a lease-expired reservation whose claim *is* allocated is kept (confirmed).
+
+The entry also reserves the placed pod's CPU and memory (`pods`), so that node fit, like devices,
+is decided once across shards: two shards placing on one node serialise on the same write. A pod
+reservation is never confirmed; it lapses with its lease, by when the pod watch of every shard
+shows the pod bound there (the binder renews the lease while it writes, so at least half a lease
+is left when the binding is made).
 """
 
 from __future__ import annotations
@@ -57,10 +63,24 @@ class Reservation(msgspec.Struct, kw_only=True):
         return self.expires_at is None
 
 
+class PodReservation(msgspec.Struct, kw_only=True):
+    pod_uid: str
+    pod_namespace: str
+    pod_name: str
+    # resource name -> amount, as draplane.allocation.nodefit.pod_requests gives them
+    requests: dict[str, int]
+    reserved_at: float
+    expires_at: float
+    shard: int = 0
+
+
 class NodeReservations(msgspec.Struct, kw_only=True):
     version: int = SCHEMA_VERSION
     node: str
     claims: dict[str, Reservation] = msgspec.field(default_factory=dict)
+    # Added after version 1 without a bump: a reader that does not know it ignores it, and is no
+    # worse off than before (node fit per shard).
+    pods: dict[str, PodReservation] = msgspec.field(default_factory=dict)
 
 
 _encoder = msgspec.json.Encoder()
@@ -128,17 +148,31 @@ def prune(
                 dropped.append(reservation)
             continue
         kept[claim_uid] = reservation
-    return NodeReservations(node=entry.node, claims=kept), dropped
+    pods = {uid: p for uid, p in entry.pods.items() if p.expires_at > now}
+    return NodeReservations(node=entry.node, claims=kept, pods=pods), dropped
 
 
-def add(entry: NodeReservations, reservations: Iterable[Reservation]) -> NodeReservations:
-    """The entry with these reservations added; raises ReservationConflict if a device is taken.
+def has_lapsed(entry: NodeReservations, now: float) -> bool:
+    """Whether `prune` would change anything."""
+    return any(r.expires_at is not None and r.expires_at <= now for r in entry.claims.values()) or any(
+        p.expires_at <= now for p in entry.pods.values()
+    )
 
-    Re-adding a claim's identical reservation is a no-op so a redelivered commit stays idempotent;
-    a *different* reservation for a claim already reserved here is a conflict.
+
+def add(
+    entry: NodeReservations, reservations: Iterable[Reservation], pod: PodReservation | None = None
+) -> NodeReservations:
+    """The entry with these reservations (and the pod's) added; raises ReservationConflict if a
+    device is taken. The same entry object when there was nothing new to add.
+
+    Re-adding a claim's identical reservation, or a pod already reserved here, is a no-op so a
+    redelivered commit stays idempotent; a *different* reservation for a claim already reserved
+    here is a conflict. Whether the pod's CPU and memory fit is the caller's node fit, computed
+    with the pods of this entry.
     """
     claims = dict(entry.claims)
     held = exclusive_devices(entry)
+    added = False
     for reservation in reservations:
         existing = claims.get(reservation.claim_uid)
         if existing is not None:
@@ -157,7 +191,14 @@ def add(entry: NodeReservations, reservations: Iterable[Reservation]) -> NodeRes
                     )
                 held.add(key)
         claims[reservation.claim_uid] = reservation
-    return NodeReservations(node=entry.node, claims=claims)
+        added = True
+    pods = entry.pods
+    if pod is not None and pod.pod_uid not in pods:
+        pods = {**pods, pod.pod_uid: pod}
+        added = True
+    if not added:
+        return entry
+    return NodeReservations(node=entry.node, claims=claims, pods=pods)
 
 
 def confirm(entry: NodeReservations, claim_uid: str) -> NodeReservations | None:
@@ -167,7 +208,7 @@ def confirm(entry: NodeReservations, claim_uid: str) -> NodeReservations | None:
         return None
     claims = dict(entry.claims)
     claims[claim_uid] = msgspec.structs.replace(reservation, expires_at=None)
-    return NodeReservations(node=entry.node, claims=claims)
+    return NodeReservations(node=entry.node, claims=claims, pods=entry.pods)
 
 
 def extend(entry: NodeReservations, claim_uid: str, expires_at: float) -> NodeReservations | None:
@@ -176,12 +217,17 @@ def extend(entry: NodeReservations, claim_uid: str, expires_at: float) -> NodeRe
         return None
     claims = dict(entry.claims)
     claims[claim_uid] = msgspec.structs.replace(reservation, expires_at=max(expires_at, reservation.expires_at))
-    return NodeReservations(node=entry.node, claims=claims)
+    return NodeReservations(node=entry.node, claims=claims, pods=entry.pods)
 
 
-def release(entry: NodeReservations, claim_uids: Iterable[str]) -> NodeReservations | None:
-    """The entry without these claims; None when none of them is here (nothing to write)."""
+def release(entry: NodeReservations, claim_uids: Iterable[str], pod_uids: Iterable[str] = ()) -> NodeReservations | None:
+    """The entry without these claims and pods; None when none of them is here (nothing to write)."""
     uids = set(claim_uids)
-    if not uids & entry.claims.keys():
+    pods = set(pod_uids)
+    if not uids & entry.claims.keys() and not pods & entry.pods.keys():
         return None
-    return NodeReservations(node=entry.node, claims={k: v for k, v in entry.claims.items() if k not in uids})
+    return NodeReservations(
+        node=entry.node,
+        claims={k: v for k, v in entry.claims.items() if k not in uids},
+        pods={k: v for k, v in entry.pods.items() if k not in pods},
+    )

@@ -126,3 +126,26 @@ def test_the_stranding_term_never_picks_a_node_the_pod_does_not_fit():
     assert isinstance(placed, Placed) and placed.node == "a-poor"
     pod, claim = pod_objects(TracePod("huge", 12000, 4096, 1, 1000))
     assert isinstance(state.place_pod(with_uid(pod, "p2"), [with_uid(claim, "c2")]), NotPlaced)
+
+
+def test_pods_reserved_by_another_shard_count_against_the_node_cpu():
+    """Node fit across shards: the CPU of pods placed by another shard and not bound yet is in the
+    node's reservation entry, and counts like a bound pod's (each pod once)."""
+    state = ClusterState()
+    state.set_node(scenario.gpu_node("small", cpu="4"))
+    pod = with_uid(scenario.pod("ns", "p", cpu="3"), "mine")
+    assert isinstance(state.place_pod(pod, []), Placed)
+    other = rv.PodReservation(pod_uid="theirs", pod_namespace="ns", pod_name="theirs", requests={"cpu": 2000},
+                              reserved_at=0.0, expires_at=time.time() + 30)
+    state.set_reservations("small", rv.add(rv.NodeReservations(node="small"), [], other))
+    outcome = state.place_pod(pod, [])
+    assert isinstance(outcome, NotPlaced) and "Insufficient cpu" in outcome.message
+    # bound now, and seen by the pod watch too: still counted once
+    bound = with_uid(scenario.pod("ns", "theirs", cpu="2"), "theirs")
+    bound.spec.node_name = "small"
+    state.set_pod(bound)
+    assert isinstance(state.place_pod(with_uid(scenario.pod("ns", "q", cpu="2"), "q"), []), Placed)
+    # the reservation lapsed: the bound pod alone holds its CPU
+    state.set_reservations("small", rv.NodeReservations(node="small"))
+    assert isinstance(state.place_pod(pod, []), NotPlaced)
+    assert isinstance(state.place_pod(with_uid(scenario.pod("ns", "q", cpu="2"), "q"), []), Placed)

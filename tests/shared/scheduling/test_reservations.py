@@ -73,3 +73,36 @@ def test_entry_codec_checks_node_and_version():
         rv.decode_entry(rv.encode_entry(entry), "n2")
     with pytest.raises(ValueError, match="reservation entry for node n1"):
         rv.decode_entry(b"{not json", "n1")
+
+
+def pod_reservation(uid: str, cpu: int = 1000, expires: float = 10.0) -> rv.PodReservation:
+    return rv.PodReservation(pod_uid=uid, pod_namespace="ns", pod_name=uid, requests={"cpu": cpu},
+                             reserved_at=0.0, expires_at=expires)
+
+
+def test_a_pod_is_reserved_once_and_adding_nothing_new_returns_the_same_entry():
+    entry = rv.add(rv.NodeReservations(node="n1"), [reservation("a", "gpu-0")], pod_reservation("p1"))
+    assert set(entry.pods) == {"p1"}
+    # a redelivered placement: the same claim and pod are there already, nothing to write
+    assert rv.add(entry, [reservation("a", "gpu-0")], pod_reservation("p1")) is entry
+    # a pod without claims still takes its CPU and memory
+    assert set(rv.add(entry, [], pod_reservation("p2")).pods) == {"p1", "p2"}
+
+
+def test_pod_reservations_lapse_and_are_released_with_their_claims():
+    entry = rv.add(rv.NodeReservations(node="n1"), [reservation("a", "gpu-0", expires=50.0)], pod_reservation("p1", expires=5.0))
+    entry = rv.add(entry, [], pod_reservation("p2", expires=50.0))
+    assert not rv.has_lapsed(entry, now=4.0) and rv.has_lapsed(entry, now=6.0)
+    pruned, dropped = rv.prune(entry, now=6.0, claim_is_allocated=lambda uid: False)
+    assert dropped == [] and set(pruned.pods) == {"p2"} and set(pruned.claims) == {"a"}
+    released = rv.release(entry, ["a"], ["p1"])
+    assert released.claims == {} and set(released.pods) == {"p2"}
+    assert rv.release(entry, ["zzz"], ["nobody"]) is None
+    # confirming or renewing a claim keeps the pods
+    assert set(rv.confirm(entry, "a").pods) == {"p1", "p2"}
+    assert rv.decode_entry(rv.encode_entry(entry), "n1") == entry
+
+
+def test_an_entry_written_before_pod_reservations_still_reads():
+    old = b'{"version":1,"node":"n1","claims":{}}'
+    assert rv.decode_entry(old, "n1").pods == {}
