@@ -203,7 +203,7 @@ class Shard:
             await asyncio.sleep(PRUNE_INTERVAL_SECONDS)
             now = time.time()
             for node, (_, entry) in list(self.store.entries.items()):
-                if rv.has_lapsed(entry, now):
+                if rv.has_lapsed_claims(entry, now):
                     counts = [0, 0, 0]
 
                     def edit(current: rv.NodeReservations) -> rv.NodeReservations | None:

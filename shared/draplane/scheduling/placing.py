@@ -15,6 +15,7 @@ applied.
 from __future__ import annotations
 
 import dataclasses
+import time
 from collections.abc import Iterable, Sequence
 
 from draplane.allocation.cluster import Cluster, NodeResources, Unallocatable
@@ -89,9 +90,10 @@ class ClusterState:
         self._pod_node: dict[str, str] = {}
         self.claims: dict[str, ResourceClaim] = {}  # uid -> claim
         self.reserved: dict[str, rv.Reservation] = {}  # claim uid -> reservation
-        # node -> pod uid -> requests, for pods reserved there in the bucket (placed by any shard,
-        # maybe not bound yet); node fit counts them with the bound ones, each pod once
-        self.reserved_pods: dict[str, dict[str, dict[str, int]]] = {}
+        # node -> pod uid -> (requests, lease end), for pods reserved there in the bucket (placed
+        # by any shard, maybe not bound yet); node fit counts the live ones with the bound pods,
+        # each pod once
+        self.reserved_pods: dict[str, dict[str, tuple[dict[str, int], float]]] = {}
         self._reserved_by_node: dict[str, set[str]] = {}
         # claim uid -> (state key it is recorded under, the allocation recorded)
         self._held: dict[str, tuple[str, AllocationResult]] = {}
@@ -175,7 +177,7 @@ class ClusterState:
             if old is None or old.reserved_at != reservation.reserved_at or old.devices != reservation.devices:
                 self._refresh_claim(uid)
         self._reserved_by_node[node] = set(entry.claims)
-        pods = {uid: p.requests for uid, p in entry.pods.items()}
+        pods = {uid: (p.requests, p.expires_at) for uid, p in entry.pods.items()}
         if pods != self.reserved_pods.get(node, {}):
             if pods:
                 self.reserved_pods[node] = pods
@@ -183,14 +185,15 @@ class ClusterState:
                 self.reserved_pods.pop(node, None)
             self._used.pop(node, None)
 
-    def pods_here(self, node: str) -> dict[str, dict[str, int]]:
-        """The pods that count against a node's CPU and memory: bound or placed there (from the
-        pod watch and this shard's own placements) and reserved there (by any shard)."""
+    def pods_here(self, node: str, now: float | None = None) -> dict[str, dict[str, int]]:
+        """The pods that count against a node's CPU and memory: bound there (from the pod watch)
+        and reserved there by any shard under a lease that has not run out."""
         bound = self.pods_on_node.get(node, {})
         reserved = self.reserved_pods.get(node)
         if not reserved:
             return bound
-        merged = dict(reserved)
+        now = time.time() if now is None else now
+        merged = {uid: requests for uid, (requests, expires_at) in reserved.items() if expires_at > now}
         merged.update(bound)
         return merged
 

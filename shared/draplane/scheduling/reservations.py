@@ -17,7 +17,8 @@ The entry also reserves the placed pod's CPU and memory (`pods`), so that node f
 is decided once across shards: two shards placing on one node serialise on the same write. A pod
 reservation is never confirmed; it lapses with its lease, by when the pod watch of every shard
 shows the pod bound there (the binder renews the lease while it writes, so at least half a lease
-is left when the binding is made).
+is left when the binding is made). Node fit ignores a lapsed one, and the next write to the node
+removes it.
 """
 
 from __future__ import annotations
@@ -152,11 +153,12 @@ def prune(
     return NodeReservations(node=entry.node, claims=kept, pods=pods), dropped
 
 
-def has_lapsed(entry: NodeReservations, now: float) -> bool:
-    """Whether `prune` would change anything."""
-    return any(r.expires_at is not None and r.expires_at <= now for r in entry.claims.values()) or any(
-        p.expires_at <= now for p in entry.pods.values()
-    )
+def has_lapsed_claims(entry: NodeReservations, now: float) -> bool:
+    """Whether a claim's lease ran out, so that `prune` would free or confirm it.
+
+    Lapsed pod reservations alone are not worth a write: node fit ignores them already, and the
+    next placement on the node prunes them with its own write."""
+    return any(r.expires_at is not None and r.expires_at <= now for r in entry.claims.values())
 
 
 def add(

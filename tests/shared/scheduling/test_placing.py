@@ -149,3 +149,12 @@ def test_pods_reserved_by_another_shard_count_against_the_node_cpu():
     state.set_reservations("small", rv.NodeReservations(node="small"))
     assert isinstance(state.place_pod(pod, []), NotPlaced)
     assert isinstance(state.place_pod(with_uid(scenario.pod("ns", "q", cpu="2"), "q"), []), Placed)
+
+
+def test_a_lapsed_pod_reservation_no_longer_takes_cpu():
+    state = ClusterState()
+    state.set_node(scenario.gpu_node("small", cpu="4"))
+    lapsed = rv.PodReservation(pod_uid="gone", pod_namespace="ns", pod_name="gone", requests={"cpu": 3000},
+                               reserved_at=0.0, expires_at=time.time() - 1)
+    state.set_reservations("small", rv.add(rv.NodeReservations(node="small"), [], lapsed))
+    assert isinstance(state.place_pod(with_uid(scenario.pod("ns", "p", cpu="3"), "p"), []), Placed)
