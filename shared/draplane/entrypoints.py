@@ -22,10 +22,15 @@ def add_nats_arguments(parser: argparse.ArgumentParser) -> None:
                         help="file with this service's NATS nkey seed (draplane nats-auth issue)")
 
 
+def nats_servers(url: str) -> list[str]:
+    """`--nats` as nats.connect() wants it: a list (a comma-separated string is one bad URL to it)."""
+    return [server.strip() for server in url.split(",") if server.strip()]
+
+
 def nats_connect_options(url: str, nkey_seed: str | None, *, name: str) -> dict[str, Any]:
     """Keyword arguments for nats.connect(): servers, identity, credentials, endless reconnects."""
     options: dict[str, Any] = {
-        "servers": [server.strip() for server in url.split(",") if server.strip()],
+        "servers": nats_servers(url),
         "name": name,
         "max_reconnect_attempts": -1,
     }

@@ -1,6 +1,6 @@
 import argparse
 
-from draplane.entrypoints import add_http_arguments, add_nats_arguments, nats_connect_options
+from draplane.entrypoints import add_http_arguments, add_nats_arguments, nats_connect_options, nats_servers
 
 
 def test_nats_options_carry_servers_and_the_nkey_seed():
@@ -9,6 +9,12 @@ def test_nats_options_carry_servers_and_the_nkey_seed():
     assert options["nkeys_seed"] == "/etc/draplane/nats/nkey.seed"
     assert options["max_reconnect_attempts"] == -1 and options["name"] == "x"
     assert "nkeys_seed" not in nats_connect_options("nats://a:4222", None, name="x")
+
+
+def test_nats_servers_is_a_list_for_every_service_node_agent_included():
+    # nats.connect() takes a comma-separated string as one (bad) URL
+    assert nats_servers("nats://a:4222,nats://b:4222 ,") == ["nats://a:4222", "nats://b:4222"]
+    assert nats_servers("nats://a:4222") == ["nats://a:4222"]
 
 
 def test_probe_server_defaults_to_loopback_and_reads_the_environment(monkeypatch):

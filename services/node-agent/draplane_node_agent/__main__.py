@@ -15,6 +15,7 @@ import signal
 import sys
 from pathlib import Path
 
+from draplane.entrypoints import nats_servers
 from draplane.messages.inventory import DEFAULT_PREFIX, InventoryNames
 from draplane_node_agent.agent import AgentFleet, SimulatedAgent
 from draplane_node_agent.hardware import driver_devices
@@ -59,7 +60,8 @@ def simulated_node_names(prefix: str, count: int) -> list[str]:
 
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(prog="draplane-node-agent", description=__doc__.splitlines()[0])
-    parser.add_argument("--nats", default=os.environ.get("DRAPLANE_NATS_URL", "nats://127.0.0.1:4222"))
+    parser.add_argument("--nats", default=os.environ.get("DRAPLANE_NATS_URL", "nats://127.0.0.1:4222"),
+                        help="NATS server URL(s), comma-separated for a cluster")
     parser.add_argument("--prefix", default=DEFAULT_PREFIX, help="NATS subject prefix (default %(default)s)")
     parser.add_argument("--backend", choices=["nvml", "profile"], default=None)
     parser.add_argument("--profile", help=f"profile name ({', '.join(shipped_profiles())}) or YAML path")
@@ -104,7 +106,7 @@ async def run(args: argparse.Namespace) -> int:
     if options and len(nodes) == 1:
         # A node's credentials only let it read replies under its own inbox prefix.
         options["inbox_prefix"] = names.agent_inbox_prefix(nodes[0])
-    fleet = AgentFleet(args.nats, agents, names=names, heartbeat_interval=args.heartbeat_interval,
+    fleet = AgentFleet(nats_servers(args.nats), agents, names=names, heartbeat_interval=args.heartbeat_interval,
                        rescan_interval=args.rescan_interval, connect_options=options)
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()
