@@ -25,6 +25,7 @@ from nats.aio.client import Client as NatsClient
 
 from draplane.allocation.nodefit import pod_requests
 from draplane.api.core import Node, Pod
+from draplane.api.meta import ObjectMeta
 from draplane.api.resource import DeviceClass, ResourceClaim
 from draplane.kube import KubeApiError, KubeClient, watch_objects
 from draplane.messages.inventory import InventoryNames, decode_feed_entry
@@ -88,7 +89,9 @@ class Shard:
         self._spawn(self._watch_feed, "inventory feed watch")
         self._spawn(lambda: self._watch(DeviceClass, "classes", self._on_class), "classes watch")
         self._spawn(lambda: self._watch(Node, "nodes", self._on_node), "nodes watch")
-        self._spawn(lambda: self._watch(Pod, "pods", self._on_pod), "pods watch")
+        # Bound pods only: they are what node fit counts. A pending pod's spec comes with its
+        # PendingPod, so the many changes of pending pods need not reach every shard.
+        self._spawn(lambda: self._watch(Pod, "pods", self._on_pod, field_selector="spec.nodeName!="), "pods watch")
         self._spawn(lambda: self._watch(ResourceClaim, "claims", self._on_claim), "claims watch")
         self._spawn(self._consume, "pending consumer")
         self._spawn(self._prune_expired, "lease reconciler")
@@ -130,8 +133,8 @@ class Shard:
 
     # --- state -------------------------------------------------------------------------------------
 
-    async def _watch(self, model, what: str, handle) -> None:
-        async for event in watch_objects(self.kube, model):
+    async def _watch(self, model, what: str, handle, field_selector: str | None = None) -> None:
+        async for event in watch_objects(self.kube, model, field_selector=field_selector):
             if event.type == "SYNCED":
                 self.synced[what].set()
                 continue
@@ -286,7 +289,10 @@ class Shard:
             await asyncio.sleep(0.2)
 
     async def _pod(self, pending: PendingPod) -> Pod | None:
-        pod = self.pods.get(pending.pod.uid)
+        pod = self.pods.get(pending.pod.uid)  # bound already, if the watch has it
+        if pod is None and pending.spec is not None:
+            return Pod(metadata=ObjectMeta(namespace=pending.pod.namespace, name=pending.pod.name, uid=pending.pod.uid),
+                       spec=pending.spec)
         if pod is None:
             try:
                 pod = await self.kube.get(Pod, pending.pod.name, pending.pod.namespace)

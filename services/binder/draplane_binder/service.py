@@ -379,6 +379,7 @@ class Binder:
             pod=PodRef(namespace=namespace, name=key[1], uid=uid),
             claims=[ClaimRef(namespace=namespace, name=c.metadata.name or "", uid=c.metadata.uid or "") for c in claims],
             first_seen=self.first_seen[uid],
+            spec=pod.spec,
         )
         shard = shard_for(partition_key(pending), self.settings.shards)
         self.in_flight[uid] = time.monotonic()

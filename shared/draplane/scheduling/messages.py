@@ -14,6 +14,7 @@ import re
 
 import msgspec
 
+from draplane.api.core import PodSpec
 from draplane.api.resource import AllocationResult
 
 SCHEMA_VERSION = 1
@@ -55,6 +56,11 @@ class PendingPod(msgspec.Struct, tag="pending", kw_only=True):
     # Wall-clock seconds when the binder first saw the pod pending; carried for latency figures.
     first_seen: float
     attempt: int = 0
+    # The pod's spec as far as scheduling reads it (requests, node selector, affinity,
+    # tolerations; immutable while the pod is pending). With it a shard needs to watch only
+    # bound pods, not every change of every pending one. None from a binder that predates it:
+    # the shard then reads the pod.
+    spec: PodSpec | None = None
 
 
 class ClaimPlacement(msgspec.Struct, kw_only=True):

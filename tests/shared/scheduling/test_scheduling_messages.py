@@ -86,3 +86,16 @@ def test_subject_names_are_valid_stream_names():
     assert subjects.pending(3) == "t-42.draplane.pending.3"
     assert subjects.pending_stream == "T-42_DRAPLANE_PENDING"
     assert subjects.reservations_bucket == "T-42_DRAPLANE_RESERVATIONS"
+
+
+def test_pending_pod_carries_the_scheduling_spec_and_reads_without_it():
+    from draplane.scheduling import scenario
+
+    spec = scenario.pod("ns", "p", template_name="t", cpu="2").spec
+    decoded = decode_message(encode_message(PendingPod(pod=POD, claims=[], first_seen=0.0, spec=spec)))
+    assert decoded.spec == spec
+    # from a binder that predates the field: the shard reads the pod instead
+    fields = msgspec.msgpack.decode(encode_message(PendingPod(pod=POD, claims=[], first_seen=0.0)))
+    fields.pop("spec", None)
+    old = msgspec.msgpack.encode(fields)
+    assert decode_message(old).spec is None
