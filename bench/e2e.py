@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import contextlib
 import logging
 import signal
 import subprocess
@@ -171,8 +172,11 @@ async def prepare(plane: ControlPlane, nodes: int, gpus: int):
     return kube, nc, namespace
 
 
-async def throughput_case(args, shards: int) -> dict:
-    workdir = Path(tempfile.mkdtemp(prefix="draplane-e2e-"))
+@contextlib.asynccontextmanager
+async def running_services(args, shards: int, prefix: str):
+    """A fresh control plane, its nodes and the services, up once a probe pod binds; torn down after.
+    Yields the client, the namespace, the bind recorder and the creation times to fill."""
+    workdir = Path(tempfile.mkdtemp(prefix=prefix))
     plane = ControlPlane.start(workdir / "plane")
     procs: list[subprocess.Popen] = []
     try:
@@ -180,9 +184,21 @@ async def throughput_case(args, shards: int) -> dict:
         procs = start_services(plane, shards, workdir)
         recorder = BindRecorder(kube, namespace)
         created_at: dict[str, float] = {}
-        # one probe pod: the services are up once it binds
         await create_pods(kube, namespace, ["probe"], created_at)
         await recorder.wait_bound(["probe"], timeout=120)
+        try:
+            yield kube, namespace, recorder, created_at
+        finally:
+            recorder.stop()
+            await nc.close()
+            await kube.close()
+    finally:
+        stop_services(procs)
+        plane.stop()
+
+
+async def throughput_case(args, shards: int) -> dict:
+    async with running_services(args, shards, "draplane-e2e-") as (kube, namespace, recorder, created_at):
         names = [f"p-{i:05d}" for i in range(args.pods - 1)]
         warm, measured = names[: args.warmup - 1], names[args.warmup - 1 :]
         await create_pods(kube, namespace, warm, created_at)
@@ -192,38 +208,17 @@ async def throughput_case(args, shards: int) -> dict:
         first = min(created_at[n] for n in measured)
         last = max(recorder.bound_at[n] for n in measured)
         latencies = [(recorder.bound_at[n] - created_at[n]) * 1000 for n in measured]
-        recorder.stop()
-        await nc.close()
-        await kube.close()
-        return {"pods_per_s": len(measured) / (last - first), "p50_ms": percentile(latencies, 50),
-                "p99_ms": percentile(latencies, 99)}
-    finally:
-        stop_services(procs)
-        plane.stop()
+    return {"pods_per_s": len(measured) / (last - first), "p50_ms": percentile(latencies, 50),
+            "p99_ms": percentile(latencies, 99)}
 
 
 async def steady_case(args, shards: int) -> dict:
-    workdir = Path(tempfile.mkdtemp(prefix="draplane-e2e-steady-"))
-    plane = ControlPlane.start(workdir / "plane")
-    procs: list[subprocess.Popen] = []
-    try:
-        kube, nc, namespace = await prepare(plane, args.nodes, args.gpus)
-        procs = start_services(plane, shards, workdir)
-        recorder = BindRecorder(kube, namespace)
-        created_at: dict[str, float] = {}
-        await create_pods(kube, namespace, ["probe"], created_at)
-        await recorder.wait_bound(["probe"], timeout=120)
+    async with running_services(args, shards, "draplane-e2e-steady-") as (kube, namespace, recorder, created_at):
         names = [f"s-{i:05d}" for i in range(int(args.steady_seconds * 10))]
         await create_pods(kube, namespace, names, created_at, rate=10.0)
         await recorder.wait_bound(names, timeout=args.timeout)
         latencies = [(recorder.bound_at[n] - created_at[n]) * 1000 for n in names]
-        recorder.stop()
-        await nc.close()
-        await kube.close()
-        return {"p50_ms": percentile(latencies, 50), "p99_ms": percentile(latencies, 99)}
-    finally:
-        stop_services(procs)
-        plane.stop()
+    return {"p50_ms": percentile(latencies, 50), "p99_ms": percentile(latencies, 99)}
 
 
 def main(argv: list[str] | None = None) -> int:

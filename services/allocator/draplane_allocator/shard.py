@@ -23,7 +23,6 @@ import nats.errors
 import nats.js.errors
 from nats.aio.client import Client as NatsClient
 
-from draplane.allocation.nodefit import pod_requests
 from draplane.api.core import Node, Pod
 from draplane.api.meta import ObjectMeta
 from draplane.api.resource import DeviceClass, ResourceClaim
@@ -391,7 +390,7 @@ class Shard:
             revision, entry = views[node]
             pod_reservation = rv.PodReservation(
                 pod_uid=pending.pod.uid, pod_namespace=pending.pod.namespace, pod_name=pending.pod.name,
-                requests=pod_requests(pod), reserved_at=now, expires_at=expires_at, shard=self.index,
+                requests=outcome.requests, reserved_at=now, expires_at=expires_at, shard=self.index,
             )
             try:
                 added = rv.add(entry, self._reservations(pending, outcome, now, expires_at), pod_reservation)

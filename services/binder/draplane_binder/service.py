@@ -45,6 +45,7 @@ from draplane.scheduling.messages import (
     partition_key,
     shard_for,
 )
+from draplane.scheduling.placing import allocation_node
 from draplane.scheduling.reservation_store import ReservationStore
 from draplane.scheduling.unschedulable import CONDITION_REASON, EVENT_REASON, claim_problem
 from draplane_binder import lifecycle as lc
@@ -61,17 +62,6 @@ def _now_rfc3339() -> str:
 
 def _key(obj) -> Key:
     return (obj.metadata.namespace or "", obj.metadata.name or "")
-
-
-def allocation_node(claim: ResourceClaim) -> str | None:
-    """The node an allocation is pinned to, from its nodeSelector (how kube-scheduler writes it)."""
-    allocation = claim.status.allocation if claim.status else None
-    selector = allocation.node_selector if allocation else None
-    for term in selector.node_selector_terms if selector else ():
-        for req in term.match_fields or ():
-            if req.key == "metadata.name" and req.operator == "In" and req.values and len(req.values) == 1:
-                return req.values[0]
-    return None
 
 
 class WorkQueue:
@@ -497,29 +487,33 @@ class Binder:
                     messages = await sub.fetch(64, timeout=1.0)
                 except (nats.errors.TimeoutError, asyncio.TimeoutError):
                     continue
-                await self._extend_received(messages)
+                results = []
                 for msg in messages:
+                    try:
+                        results.append((msg, decode_message(msg.data)))
+                    except MessageError as exc:
+                        log.error("dropping a result that is not ours: %s", exc)
+                        await msg.term()
+                await self._extend_received([result for _, result in results])
+                for msg, result in results:
                     await self.placement_slots.acquire()
-                    task = asyncio.create_task(self._handle_result(msg))
+                    task = asyncio.create_task(self._handle_result(msg, result))
                     task.add_done_callback(lambda t: (self.placement_slots.release(), _log_failure(t)))
         finally:
             await _unsubscribe(sub)
 
-    async def _extend_received(self, messages) -> None:
+    async def _extend_received(self, results) -> None:
         """Renew the leases of a fetched batch at once, one write per node: a placement waiting
         here behind slow apiserver writes must not lapse and be given to someone else."""
         by_node: dict[str, dict[str, list]] = {}
         pods_by_node: dict[str, set[str]] = {}
-        for msg in messages:
-            try:
-                result = decode_message(msg.data)
-            except MessageError:
-                continue
+        for result in results:
             if isinstance(result, Placement):
                 expected = by_node.setdefault(result.node, {})
                 for c in result.claims:
                     expected[c.claim.uid] = rv.devices_of(c.allocation)
                 pods_by_node.setdefault(result.node, set()).add(result.pod.uid)
+
         async def renew(node: str, expected: dict[str, list]) -> None:
             try:
                 await self.store.hold(node, expected, self.settings.lease_seconds, pods=pods_by_node[node])
@@ -529,13 +523,7 @@ class Binder:
         # one write per node, all nodes at once: a batch spread over 64 nodes waited for 64 round trips
         await asyncio.gather(*(renew(node, expected) for node, expected in by_node.items()))
 
-    async def _handle_result(self, msg) -> None:
-        try:
-            result = decode_message(msg.data)
-        except MessageError as exc:
-            log.error("dropping a result that is not ours: %s", exc)
-            await msg.term()
-            return
+    async def _handle_result(self, msg, result) -> None:
         try:
             if isinstance(result, Placement):
                 await self.write_placement(result)
@@ -743,7 +731,7 @@ class Binder:
         """A claim's allocation is gone (cleared or deleted): free its reservation, tell everyone."""
         uid = claim.metadata.uid or ""
         found = self.store.find_claim(uid) if self.store else None
-        node = found[0] if found else allocation_node(claim)
+        node = found[0] if found else allocation_node(claim.status.allocation if claim.status else None)
         if found:
             await self.store.release(found[0], [uid])
         log.info("resourceclaim %s/%s: allocation gone (%s); reservation %s, release published",

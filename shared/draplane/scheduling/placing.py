@@ -57,6 +57,8 @@ class Placed:
     allocations: dict[str, AllocationResult]
     # the claims this placement newly allocates (and so must reserve)
     new_claims: list[str]
+    # the pod's requests as node fit counted them (the shard reserves them on the node)
+    requests: dict[str, int]
 
 
 @dataclasses.dataclass(slots=True)
@@ -85,7 +87,7 @@ class ClusterState:
     def __init__(self, policy: str | None = None) -> None:
         self.cluster = Cluster(policy=policy)
         self.nodes = self.cluster.nodes
-        # node -> pod uid -> requests, for pods bound there (from the pod watch) or placed by us
+        # node -> pod uid -> requests, for pods bound there (from the pod watch)
         self.pods_on_node: dict[str, dict[str, dict[str, int]]] = {}
         self._pod_node: dict[str, str] = {}
         self.claims: dict[str, ResourceClaim] = {}  # uid -> claim
@@ -308,7 +310,7 @@ class ClusterState:
             for name in candidates:
                 node = self.nodes.get(name)
                 if node is not None and node_filter(node):
-                    return Placed(node=name, allocations=done, new_claims=[])
+                    return Placed(node=name, allocations=done, new_claims=[], requests=requests)
             failures = [
                 NodeFailure(node=n, reason=FailureReason.NODE_DOES_NOT_FIT.value, detail=fit_failures.get(n, "node not found"))
                 for n in candidates
@@ -334,4 +336,4 @@ class ClusterState:
         for claim, allocation in zip(pending, outcome.allocations):
             allocations[claim.metadata.uid or ""] = allocation
             new_claims.append(claim.metadata.uid or "")
-        return Placed(node=outcome.node, allocations=allocations, new_claims=new_claims)
+        return Placed(node=outcome.node, allocations=allocations, new_claims=new_claims, requests=requests)
