@@ -3,7 +3,7 @@ import random
 
 import pytest
 
-from draplane.simulation.bound import allocation_bound, dual_feasible
+from draplane.simulation.bound import allocation_bound, dual_feasible, gpu_configurations
 from draplane.simulation.experiment import POLICIES, run_one
 from draplane.simulation.trace import TraceNode, TracePod
 from draplane.simulation.workload import arrival_sequence
@@ -90,3 +90,38 @@ def test_no_policy_beats_the_bound(seed):
     for policy in POLICIES:
         result = run_one(nodes, pods, policy, seed, 1.3, through_core=False)
         assert result.unallocated_pct >= bound.min_unallocated_pct - 1e-6, policy
+
+
+def test_gpu_configurations_are_the_maximal_multisets_that_fit():
+    configs = gpu_configurations([470, 550, 320])
+    assert sorted(configs) == sorted([(470, 470), (550, 320), (470, 320), (320, 320, 320)])
+    for config in configs:
+        assert sum(config) <= 1000
+        assert all(sum(config) + z > 1000 for z in (470, 550, 320))
+    # Every multiset that fits lies inside one of them.
+    for n in range(1, 4):
+        for combo in itertools.combinations_with_replacement([470, 550, 320], n):
+            if sum(combo) <= 1000:
+                assert any(all(c.count(z) >= combo.count(z) for z in combo) for c in configs), combo
+    assert gpu_configurations([]) == []
+    assert gpu_configurations([10, 20, 30], limit=5) is None
+
+
+def test_configurations_see_shares_that_milli_and_dual_feasible_functions_miss():
+    # 470 + 550 + 550 on one GPU: any two exceed 1000, so at most 550 is allocated. Milli sums and
+    # the dual feasible functions allow 928; GPU configurations ({550} or {470, 470}) allow 745.
+    nodes = [TraceNode("n", 64000, 262144, 1, "T4")]
+    pods = [TracePod(f"p{i}", 1000, 1024, 1, z) for i, z in enumerate((470, 550, 550))]
+    assert allocation_bound(nodes, pods).allocatable_milli == pytest.approx(745)
+    assert _best_packing(nodes, pods) == 550
+
+
+@pytest.mark.parametrize("seed", range(8, 20))
+def test_bound_with_shares_is_above_the_exact_optimum(seed):
+    rng = random.Random(seed)
+    nodes = [TraceNode(f"n{i}", rng.choice([4000, 8000]), 16384, rng.choice([1, 2]), "T4") for i in range(2)]
+    pods = [
+        TracePod(f"p{i}", rng.choice([1000, 2000]), 2048, 1, rng.choice([160, 230, 320, 470, 550, 650, 810]))
+        for i in range(5)
+    ]
+    assert allocation_bound(nodes, pods).allocatable_milli >= _best_packing(nodes, pods) - 1e-6
