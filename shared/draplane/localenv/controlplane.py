@@ -233,6 +233,7 @@ def _start_apiserver(
         f"--tls-cert-file={certs.serving_cert}",
         f"--tls-private-key-file={certs.serving_key}",
         f"--client-ca-file={certs.ca_cert}",
+        f"--token-auth-file={certs.token_file}",
         f"--service-account-key-file={certs.service_account_pub}",
         f"--service-account-signing-key-file={certs.service_account_key}",
         "--service-account-issuer=https://kubernetes.default.svc.cluster.local",
@@ -267,7 +268,8 @@ def _write_kubeconfig(path: Path, server: str, certs: pki.Pki) -> None:
         "users": [
             {
                 "name": "draplane-admin",
-                "user": {"client-certificate-data": b64(certs.admin_cert), "client-key-data": b64(certs.admin_key)},
+                # a token, not the admin certificate: see `pki.Pki.admin_token`
+                "user": {"token": certs.admin_token.read_text()},
             }
         ],
         "contexts": [{"name": "draplane", "context": {"cluster": "draplane", "user": "draplane-admin"}}],
