@@ -1,5 +1,6 @@
 import argparse
 
+from draplane import entrypoints
 from draplane.entrypoints import add_http_arguments, add_nats_arguments, nats_connect_options, nats_servers
 
 
@@ -30,3 +31,17 @@ def test_probe_server_defaults_to_loopback_and_reads_the_environment(monkeypatch
     add_nats_arguments(parser)
     args = parser.parse_args([])
     assert args.nkey_seed == "/seed" and args.host == "0.0.0.0"
+
+
+def test_services_collect_garbage_less_often_and_skip_startup_objects():
+    import gc
+
+    before = gc.get_threshold()
+    try:
+        entrypoints.tune_garbage_collector()
+        assert gc.get_threshold() == entrypoints.GC_THRESHOLDS
+        assert gc.get_threshold()[0] > before[0]
+        assert gc.get_freeze_count() > 0
+    finally:
+        gc.unfreeze()
+        gc.set_threshold(*before)

@@ -14,7 +14,7 @@ import sys
 
 from aiohttp import web
 
-from draplane.entrypoints import add_stream_replicas_argument
+from draplane.entrypoints import add_stream_replicas_argument, tune_garbage_collector
 from draplane.messages.inventory import DEFAULT_PREFIX
 from draplane_inventory.service import InventoryService, InventorySettings
 
@@ -104,6 +104,7 @@ def main(argv: list[str] | None = None) -> int:
     import uvloop
 
     uvloop.install()
+    tune_garbage_collector()  # it holds every node's slices, as the shards hold every claim
     web.run_app(build_app(args), host=host or "127.0.0.1", port=int(port), print=None)
     return 0
 
