@@ -26,7 +26,7 @@ import pytest
 from draplane.api.core import Node
 from draplane.api.resource import ResourceSlice
 from draplane.localenv import binaries
-from draplane.localenv.environment import _apply, _register_node, standard_device_classes
+from draplane.localenv.environment import _apply, _ready, _register_node, standard_device_classes
 from draplane.localenv.natscluster import NatsCluster
 from draplane.localenv.processes import ServerProcess, free_port
 from draplane.scheduling import scenario
@@ -43,14 +43,6 @@ SHARDS = 2
 def _get_json(url: str) -> dict:
     with urllib.request.urlopen(url, timeout=2) as response:
         return json.load(response)
-
-
-def _ready(url: str) -> bool:
-    try:
-        with urllib.request.urlopen(url, timeout=2) as response:
-            return response.status == 200
-    except OSError:
-        return False
 
 
 def _meta_leader(cluster: NatsCluster) -> str:

@@ -55,6 +55,7 @@ import numpy as np
 from scipy.optimize import linprog
 from scipy.sparse import coo_matrix
 
+from draplane.allocation.fragmentation import PodShape
 from draplane.simulation.trace import MILLI_PER_GPU, TraceNode, TracePod
 
 MILLI = MILLI_PER_GPU
@@ -74,21 +75,10 @@ class NodeShape:
     model: str
 
 
-@dataclass(frozen=True, slots=True)
-class PodShape:
-    cpu_milli: int
-    memory_mib: int
-    num_gpu: int
-    gpu_milli: int
-    models: tuple[str, ...]
-
-    @property
-    def gpu_demand(self) -> int:
-        return self.num_gpu * self.gpu_milli
-
-    @property
-    def shares_gpu(self) -> bool:
-        return self.num_gpu == 1 and 0 < self.gpu_milli < MILLI
+def takes_share(pod: PodShape) -> bool:
+    """A one-GPU share that takes something: a GPU pod of 0 milli takes nothing in the simulator,
+    so it is left out of the share rows (which only relaxes them)."""
+    return pod.shares_gpu and pod.gpu_milli > 0
 
 
 @dataclass(frozen=True, slots=True)
@@ -181,12 +171,12 @@ class BoundProblem:
             for n, node in enumerate(self.node_list):
                 if can_host(node, pod):
                     self.var[(p, n)] = len(self.var)
-        share_sizes = {pod.gpu_milli for pod in self.pod_list if pod.shares_gpu}
+        share_sizes = {pod.gpu_milli for pod in self.pod_list if takes_share(pod)}
         self.configurations = gpu_configurations(share_sizes) or []
         # y[c, n]: only for node shapes that can host some share.
         self.config_var: dict[tuple[int, int], int] = {}
         for n in range(len(self.node_list)):
-            if any(self.pod_list[p].shares_gpu for (p, m) in self.var if m == n):
+            if any(takes_share(self.pod_list[p]) for (p, m) in self.var if m == n):
                 for c in range(len(self.configurations)):
                     self.config_var[(c, n)] = len(self.var) + len(self.config_var)
         self.objective = np.zeros(len(self.var) + len(self.config_var))
@@ -228,7 +218,7 @@ class BoundProblem:
                 entries = []
                 for p, v in on_node:
                     pod = self.pod_list[p]
-                    if pod.shares_gpu:
+                    if takes_share(pod):
                         entries.append((v, dual_feasible(k, pod.gpu_milli)))
                     elif pod.num_gpu:
                         entries.append((v, float(pod.num_gpu)))
@@ -251,7 +241,7 @@ class BoundProblem:
                 row(whole + [(self.config_var[(c, n)], 1.0) for c in range(len(configs))], count * node.gpus)
                 by_size: dict[int, list[int]] = {}
                 for p, v in on_node:
-                    if self.pod_list[p].shares_gpu:
+                    if takes_share(self.pod_list[p]):
                         by_size.setdefault(self.pod_list[p].gpu_milli, []).append(v)
                 for size, columns in by_size.items():
                     row([(v, 1.0) for v in columns]

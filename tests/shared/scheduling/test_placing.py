@@ -2,7 +2,6 @@
 
 import time
 
-from draplane.api.meta import ObjectMeta
 from draplane.api.resource import ResourceClaimStatus
 from draplane.scheduling import reservations as rv
 from draplane.scheduling import scenario
@@ -82,25 +81,33 @@ def test_node_fit_and_claim_errors():
     assert isinstance(outcome, NotPlaced) and "no-such-class" in outcome.claim_error
 
 
+def _cpu_poor_and_rich_t4_nodes(policy) -> ClusterState:
+    """Two 2-GPU T4 nodes alike but for CPU: a-poor 10 CPUs, b-rich 64."""
+    from draplane.simulation.trace import TraceNode, gpu_device_class, node_objects
+
+    state = ClusterState(policy=policy)
+    state.set_class(gpu_device_class())
+    for trace_node in (TraceNode("a-poor", 10000, 65536, 2, "T4"), TraceNode("b-rich", 64000, 65536, 2, "T4")):
+        node, slice_ = node_objects(trace_node)
+        state.set_node(node)
+        state.set_feed_entry(f"node.{trace_node.name}", [slice_])
+    return state
+
+
 def test_draplane_sends_a_cpu_heavy_gpu_pod_where_cpu_can_still_feed_the_gpus():
     """The stranding term reaches the shard's core: on the CPU-poor node the pod would leave a GPU
     that the remaining CPU cannot feed at the ratio of the GPU pods seen so far. The device score
     alone (the base policy) ties the two nodes and takes the first by name."""
     from draplane.allocation.fragmentation import FragmentationAwareDraplane
     from draplane.allocation.scoring import DraplanePolicy
-    from draplane.simulation.trace import TraceNode, TracePod, gpu_device_class, node_objects, pod_objects
+    from draplane.simulation.trace import TracePod, pod_objects
 
     chosen = {}
     for label, policy in (("base", DraplanePolicy()), ("draplane", FragmentationAwareDraplane())):
         if label == "draplane":
             for _ in range(10):  # earlier GPU pods: 2 CPUs and 4 GiB per GPU
                 policy.observe_requests(2000, 4 << 30, 1000.0)
-        state = ClusterState(policy=policy)
-        state.set_class(gpu_device_class())
-        for trace_node in (TraceNode("a-poor", 10000, 65536, 2, "T4"), TraceNode("b-rich", 64000, 65536, 2, "T4")):
-            node, slice_ = node_objects(trace_node)
-            state.set_node(node)
-            state.set_feed_entry(f"node.{trace_node.name}", [slice_])
+        state = _cpu_poor_and_rich_t4_nodes(policy)
         pod, claim = pod_objects(TracePod("heavy", 9000, 4096, 1, 1000))
         placed = state.place_pod(with_uid(pod, "p1"), [with_uid(claim, "c1")])
         assert isinstance(placed, Placed), placed
@@ -110,16 +117,11 @@ def test_draplane_sends_a_cpu_heavy_gpu_pod_where_cpu_can_still_feed_the_gpus():
 
 def test_the_stranding_term_never_picks_a_node_the_pod_does_not_fit():
     from draplane.allocation.fragmentation import FragmentationAwareDraplane
-    from draplane.simulation.trace import TraceNode, TracePod, gpu_device_class, node_objects, pod_objects
+    from draplane.simulation.trace import TracePod, pod_objects
 
     policy = FragmentationAwareDraplane()
     policy.observe_requests(2000, 4 << 30, 1000.0)
-    state = ClusterState(policy=policy)
-    state.set_class(gpu_device_class())
-    for trace_node in (TraceNode("a-poor", 10000, 65536, 2, "T4"), TraceNode("b-rich", 64000, 65536, 2, "T4")):
-        node, slice_ = node_objects(trace_node)
-        state.set_node(node)
-        state.set_feed_entry(f"node.{trace_node.name}", [slice_])
+    state = _cpu_poor_and_rich_t4_nodes(policy)
     state.assume_pod("other", "b-rich", {"cpu": 60000, "memory": 1 << 30})  # b-rich: 4 CPUs left
     pod, claim = pod_objects(TracePod("heavy", 9000, 4096, 1, 1000))
     placed = state.place_pod(with_uid(pod, "p1"), [with_uid(claim, "c1")])
