@@ -46,9 +46,6 @@ from draplane.scheduling.placing import ClusterState, NotPlaced, Placed
 log = logging.getLogger(__name__)
 
 COMMIT_ATTEMPTS = 20
-PRUNE_INTERVAL_SECONDS = 5.0
-# Placements published but not yet taken by the binder, above which shards wait.
-MAX_BINDER_BACKLOG = 128
 
 
 class Shard:
@@ -76,7 +73,8 @@ class Shard:
         self.pods: dict[str, Pod] = {}  # uid -> pod
         self.synced = {k: asyncio.Event() for k in ("classes", "nodes", "pods", "claims", "feed")}
         self._tasks: list[asyncio.Task] = []
-        self.counters = {"placed": 0, "unschedulable": 0, "commit_conflicts": 0, "republished": 0}
+        self.counters = {"placed": 0, "unschedulable": 0, "commit_conflicts": 0, "republished": 0, "errors": 0,
+                         "gone": 0}
 
     # --- service lifecycle -------------------------------------------------------------------------
 
@@ -250,14 +248,20 @@ class Shard:
                         await msg.term()
                         continue
                     decoded.append((msg, pending))
-                # Reads of pods and claims the watches have not delivered yet go out together.
-                fetched = await asyncio.gather(*(self._inputs(p) for _, p in decoded), return_exceptions=True)
+                # Reads of pods and claims the watches have not delivered yet go out together. A
+                # message delivered before was not acknowledged: its pod may be gone since (the
+                # spec it carries cannot say), so that pod is read from the apiserver.
+                fetched = await asyncio.gather(
+                    *(self._inputs(p, verify=streams.deliveries(msg) > 1) for msg, p in decoded), return_exceptions=True
+                )
                 batch = []
                 for (msg, pending), inputs in zip(decoded, fetched):
                     if isinstance(inputs, BaseException):
-                        log.error("shard %d: pod %s: reading its pod and claims failed (%s); redelivering",
-                                  self.index, pending.pod.key(), inputs)
-                        await msg.nak(delay=1.0)
+                        delay = streams.redelivery_delay(streams.deliveries(msg))
+                        self.counters["errors"] += 1
+                        log.error("shard %d: pod %s: reading its pod and claims failed (%s); redelivering in %.0f s",
+                                  self.index, pending.pod.key(), inputs, delay)
+                        await msg.nak(delay=delay)
                     else:
                         batch.append((msg, pending, inputs))
                 try:
@@ -265,8 +269,13 @@ class Shard:
                 except Exception:
                     # Placements already committed are published again on redelivery (their
                     # reservations are in the bucket); the binder writes a placement once.
-                    log.exception("shard %d: a batch of %d pods failed; redelivering it", self.index, len(batch))
-                    await asyncio.gather(*(msg.nak(delay=1.0) for msg, _, _ in batch), return_exceptions=True)
+                    # Errors of one pod are answered in handle_batch; what reaches here is NATS
+                    # failing under the whole batch.
+                    self.counters["errors"] += 1
+                    log.exception("shard %d: a batch of %d pods failed; redelivering it with backoff",
+                                  self.index, len(batch))
+                    await asyncio.gather(*(msg.nak(delay=streams.redelivery_delay(streams.deliveries(msg))) for msg, _, _ in batch),
+                                         return_exceptions=True)
                     continue
                 await asyncio.gather(*(msg.ack() for msg, _, _ in batch))
         finally:
@@ -287,9 +296,9 @@ class Shard:
                 return
             await asyncio.sleep(0.2)
 
-    async def _pod(self, pending: PendingPod) -> Pod | None:
+    async def _pod(self, pending: PendingPod, verify: bool = False) -> Pod | None:
         pod = self.pods.get(pending.pod.uid)  # bound already, if the watch has it
-        if pod is None and pending.spec is not None:
+        if pod is None and pending.spec is not None and not verify:
             return Pod(metadata=ObjectMeta(namespace=pending.pod.namespace, name=pending.pod.name, uid=pending.pod.uid),
                        spec=pending.spec)
         if pod is None:
@@ -299,7 +308,7 @@ class Shard:
                 if exc.is_not_found:
                     return None
                 raise
-            if pod.metadata.uid != pending.pod.uid:
+            if pod.metadata.uid != pending.pod.uid or pod.metadata.deletion_timestamp:
                 return None
         return pod
 
@@ -321,9 +330,12 @@ class Shard:
             claims.append(claim)
         return claims
 
-    async def _inputs(self, pending: PendingPod) -> tuple[Pod, list[ResourceClaim]] | None:
-        pod = await self._pod(pending)
+    async def _inputs(self, pending: PendingPod, verify: bool = False) -> tuple[Pod, list[ResourceClaim]] | None:
+        pod = await self._pod(pending, verify)
         if pod is None or pod.spec.node_name:
+            if pod is None:
+                self.counters["gone"] += 1
+                log.info("shard %d: pod %s is gone or being deleted: not placed", self.index, pending.pod.key())
             return None  # gone, or bound meanwhile: nothing to place
         claims = await self._claims(pending)
         if claims is None:
@@ -360,7 +372,17 @@ class Shard:
             if not todo:
                 return
             todo = await self._place_and_commit(todo)
-        raise RuntimeError(f"shard {self.index}: {len(todo)} pods lost {COMMIT_ATTEMPTS} reservation races in a row")
+        # The view and the bucket kept disagreeing about these pods' nodes. Not a hot loop: each
+        # pod is answered as unschedulable with why, so the binder records it on the pod and
+        # retries it with its backoff.
+        self.counters["errors"] += len(todo)
+        message = (f"draplane shard {self.index}: the placement lost {COMMIT_ATTEMPTS} reservation races in a "
+                   f"row (the nodes' reservations kept changing); retrying")
+        log.error("shard %d: %d pods lost %d reservation races in a row: %s", self.index, len(todo),
+                  COMMIT_ATTEMPTS, ", ".join(pending.pod.key() for pending, _, _ in todo))
+        await asyncio.gather(*(self._publish(Unschedulable(pod=pending.pod, shard=self.index, message=message,
+                                                            failures=[], claim_error=message))
+                               for pending, _, _ in todo))
 
     async def _place_and_commit(self, todo):
         """One round of handle_batch; returns the pods to place again."""
@@ -375,7 +397,13 @@ class Shard:
         again: list = []
         for item in todo:
             pending, pod, claims = item
-            outcome = self.state.place_pod(pod, claims)
+            try:
+                outcome = self.state.place_pod(pod, claims)
+            except Exception as exc:  # noqa: BLE001 - a bug met by one pod must not hold up the batch
+                self.counters["errors"] += 1
+                log.exception("shard %d: pod %s: placing it failed", self.index, pending.pod.key())
+                message = f"draplane shard {self.index}: internal error while placing the pod: {exc!r}"
+                outcome = NotPlaced(message=message, failures=[], claim_error=message)
             if isinstance(outcome, NotPlaced):
                 unschedulable.append((*item, outcome))
                 continue

@@ -47,7 +47,7 @@ from draplane.scheduling.messages import (
 )
 from draplane.scheduling.placing import allocation_node
 from draplane.scheduling.reservation_store import ReservationStore
-from draplane.scheduling.unschedulable import CONDITION_REASON, EVENT_REASON, claim_problem
+from draplane.scheduling.unschedulable import CONDITION_REASON, ERROR_CONDITION_REASON, EVENT_REASON, claim_problem
 from draplane_binder import lifecycle as lc
 from draplane_binder.settings import BinderSettings
 
@@ -142,7 +142,7 @@ class Binder:
         self._confirm_wanted = asyncio.Event()
         self._tasks: list[asyncio.Task] = []
         self.counters = {"placements_written": 0, "placements_failed": 0, "unschedulable": 0, "released": 0,
-                         "claims_created": 0, "pending_published": 0, "pending_publish_failed": 0}
+                         "claims_created": 0, "pending_published": 0, "pending_publish_failed": 0, "errors": 0}
 
     # --- lifecycle of the service ------------------------------------------------------------------
 
@@ -533,10 +533,35 @@ class Binder:
                     await self._mark_unschedulable(pod, result.message)
             else:
                 log.error("unexpected %s on the results subject", type(result).__name__)
-        except Exception:
-            await msg.nak(delay=1.0)
-            raise
+        except Exception as exc:  # noqa: BLE001 - counted, logged, told to the pod, redelivered with backoff
+            deliveries = streams.deliveries(msg)
+            delay = streams.redelivery_delay(deliveries)
+            self.counters["errors"] += 1
+            log.exception("pod %s: handling its %s failed (delivery %d); redelivering in %.0f s",
+                          result.pod.key(), type(result).__name__, deliveries, delay)
+            await msg.nak(delay=delay)
+            await self._report_error(result.pod.uid, f"draplane binder: {type(result).__name__.lower()} of the pod "
+                                     f"failed: {exc!r}; retrying in {delay:.0f} s")
+            return
         await msg.ack()
+
+    async def _report_error(self, pod_uid: str, message: str) -> None:
+        """An internal error, on the pod as kube-scheduler reports one: PodScheduled=False with
+        reason SchedulerError, and a FailedScheduling Event. Best effort: the error may be the
+        apiserver's own."""
+        pod = self.pods_by_uid.get(pod_uid)
+        if pod is None or not self._pending_pod_needs_work(pod) or self.last_reason.get(pod_uid) == message:
+            return
+        self.last_reason[pod_uid] = message
+        namespace, name = _key(pod)
+        condition = {"type": "PodScheduled", "status": "False", "reason": ERROR_CONDITION_REASON,
+                     "message": message, "lastTransitionTime": _now_rfc3339()}
+        try:
+            await self.kube.patch(Pod, name, {"status": {"conditions": [condition]}}, namespace,
+                                  subresource="status", patch_type="application/strategic-merge-patch+json")
+            await self._event(pod, EVENT_REASON, message)
+        except Exception:  # noqa: BLE001
+            log.warning("pod %s/%s: could not record the error on the pod", namespace, name, exc_info=True)
 
     async def write_placement(self, placement: Placement) -> bool:
         """Finalizer, status, binding; idempotent. On failure, undo and release. True when bound."""

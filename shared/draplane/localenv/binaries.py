@@ -62,6 +62,14 @@ KUBE_APISERVER = ServerBinary(
     package="k8s.io/kubernetes/cmd/kube-apiserver",
     ldflags=_kube_ldflags(KUBERNETES_VERSION),
 )
+KUBECTL = ServerBinary(
+    name="kubectl",
+    version=KUBERNETES_VERSION,
+    env_override="DRAPLANE_KUBECTL",
+    module="k8s.io/kubernetes",
+    package="k8s.io/kubernetes/cmd/kubectl",
+    ldflags=_kube_ldflags(KUBERNETES_VERSION),
+)
 ETCD = ServerBinary(
     name="etcd",
     version=ETCD_VERSION,
@@ -78,7 +86,14 @@ NATS_SERVER = ServerBinary(
     package="github.com/nats-io/nats-server/v2",
     ldflags="-s -w",
 )
-ALL_BINARIES = (ETCD, NATS_SERVER, KUBE_APISERVER)
+ALL_BINARIES = (ETCD, NATS_SERVER, KUBE_APISERVER, KUBECTL)
+# The Kubernetes binaries share most of their packages: one wrapper module and one `go build`
+# compiles those once for all of them.
+KUBERNETES_BINARIES = (KUBE_APISERVER, KUBECTL)
+
+
+def _build_group(binary: ServerBinary) -> tuple[ServerBinary, ...]:
+    return KUBERNETES_BINARIES if binary in KUBERNETES_BINARIES else (binary,)
 
 
 def cache_dir() -> Path:
@@ -157,44 +172,53 @@ def _staging_modules(go: str, workdir: Path, log: Path) -> list[str]:
 
 
 def build(binary: ServerBinary, *, progress=print) -> Path:
-    """Build one binary into the cache unless it is already there. Safe to run concurrently."""
+    """Build a binary into the cache unless it is already there, together with the other binaries
+    of its module that are missing (one `go build`). Safe to run concurrently."""
     target = binary.cache_path
     if target.is_file():
         return target
     go = _go_executable()
     target.parent.mkdir(parents=True, exist_ok=True)
-    lock_path = target.parent / f".{target.name}.lock"
+    group = _build_group(binary)
+    lock_path = target.parent / f".{group[0].module.replace('/', '_')}-{binary.version}.lock"
     with lock_path.open("w") as lock:
         fcntl.flock(lock, fcntl.LOCK_EX)
         if target.is_file():  # someone else built it while we waited
             return target
+        wanted = [b for b in group if not b.cache_path.is_file()]
+        names = ", ".join(b.name for b in wanted)
         started = time.monotonic()
-        progress(f"building {binary.name} {binary.version} from Go modules (first run only; can take minutes)")
+        progress(f"building {names} {binary.version} from Go modules (first run only; can take minutes)")
         logs = cache_dir() / "logs"
         logs.mkdir(parents=True, exist_ok=True)
-        log = logs / f"build-{binary.name}-{binary.version}.log"
+        log = logs / f"build-{wanted[0].name}-{binary.version}.log"
         log.write_text("")
         with tempfile.TemporaryDirectory(prefix=f"draplane-build-{binary.name}-") as tmp:
             workdir = Path(tmp)
             # A wrapper module: requiring the server's module from our own go.mod lets one
             # `go build` resolve it, and for Kubernetes lets us map staging paths to releases.
-            lines = [f"module draplane.local/build/{binary.name}", "", "go 1.26", "",
+            lines = [f"module draplane.local/build/{wanted[0].name}", "", "go 1.26", "",
                      f"require {binary.module} {binary.version}", ""]
-            if binary is KUBE_APISERVER:
+            if binary.module == "k8s.io/kubernetes":
                 (workdir / "go.mod").write_text("\n".join(lines))
                 release = "v0." + KUBERNETES_VERSION.split(".", 1)[1]
                 for module in _staging_modules(go, workdir, log):
                     lines.append(f"replace {module} => {module} {release}")
             (workdir / "go.mod").write_text("\n".join(lines) + "\n")
-            (workdir / "tools.go").write_text(
-                f'//go:build tools\n\npackage tools\n\nimport _ "{binary.package}"\n'
-            )
-            _run_go(go, ["mod", "tidy"], workdir, log, binary.name)
-            out = workdir / binary.name
-            _run_go(go, ["build", "-trimpath", "-ldflags", binary.ldflags, "-o", str(out), binary.package],
-                    workdir, log, binary.name)
-            os.replace(out, target)  # atomic: a half-written binary is never found
-        progress(f"built {binary.name} {binary.version} in {time.monotonic() - started:.0f}s -> {target}")
+            imports = "".join(f'import _ "{b.package}"\n' for b in wanted)
+            (workdir / "tools.go").write_text(f"//go:build tools\n\npackage tools\n\n{imports}")
+            _run_go(go, ["mod", "tidy"], workdir, log, names)
+            out = workdir / "out"
+            out.mkdir()
+            # With -o naming a folder, one `go build` of several main packages writes one binary
+            # per package, named after its last path element (cmd/kubectl -> kubectl).
+            output = f"{out}/" if len(wanted) > 1 else str(out / wanted[0].name)
+            _run_go(go, ["build", "-trimpath", "-ldflags", binary.ldflags, "-o", output, *(b.package for b in wanted)],
+                    workdir, log, names)
+            for b in wanted:
+                built = out / (b.package.rsplit("/", 1)[1] if len(wanted) > 1 else b.name)
+                os.replace(built, b.cache_path)  # atomic: a half-written binary is never found
+        progress(f"built {names} {binary.version} in {time.monotonic() - started:.0f}s -> {target.parent}")
     return target
 
 

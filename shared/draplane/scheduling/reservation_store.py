@@ -153,7 +153,7 @@ class ReservationStore:
 
         def edit(entry: rv.NodeReservations) -> rv.NodeReservations | None:
             gone = [uid for uid, devices in expected.items()
-                    if uid in entry.claims and sorted(entry.claims[uid].devices) == sorted(devices)]
+                    if uid in entry.claims and rv.same_devices(entry.claims[uid].devices, devices)]
             return rv.release(entry, gone, pod_uids)
 
         return await self.change(node, edit)
@@ -199,7 +199,7 @@ class ReservationStore:
             changed = False
             for uid, devices in expected.items():
                 reservation = claims.get(uid)
-                if reservation is None or sorted(reservation.devices) != sorted(devices):
+                if reservation is None or not rv.same_devices(reservation.devices, devices):
                     continue
                 matched.add(uid)
                 if reservation.expires_at is not None and reservation.expires_at < fresh_enough:

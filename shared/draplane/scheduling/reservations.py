@@ -23,6 +23,7 @@ removes it.
 
 from __future__ import annotations
 
+from collections import Counter
 from collections.abc import Callable, Iterable
 
 import msgspec
@@ -44,6 +45,20 @@ class ReservedDevice(msgspec.Struct, frozen=True, array_like=True):
     # Set for a share of a device that allows multiple allocations; such shares never conflict
     # here (their capacity accounting is the allocator's, against the same revision).
     share_id: str | None = None
+    # An adminAccess result neither takes the device nor is kept from one in use, as in
+    # Kubernetes' allocator. Last, with a default, so entries written before it decode.
+    admin_access: bool = False
+
+    @property
+    def exclusive(self) -> bool:
+        """Whether this result holds the device whole: no other claim may get it meanwhile."""
+        return self.share_id is None and not self.admin_access
+
+
+def same_devices(a: Iterable[ReservedDevice], b: Iterable[ReservedDevice]) -> bool:
+    """Whether two reservations hold the same devices, in any order (a multiset: one claim can
+    hold two shares, or two adminAccess results, of one device)."""
+    return Counter(a) == Counter(b)
 
 
 class Reservation(msgspec.Struct, kw_only=True):
@@ -114,7 +129,7 @@ def node_key(node: str) -> str:
 
 def devices_of(allocation: AllocationResult) -> list[ReservedDevice]:
     results = allocation.devices.results if allocation.devices and allocation.devices.results else []
-    return [ReservedDevice(r.driver, r.pool, r.device, r.share_id) for r in results]
+    return [ReservedDevice(r.driver, r.pool, r.device, r.share_id, bool(r.admin_access)) for r in results]
 
 
 def exclusive_devices(entry: NodeReservations, *, except_claim: str | None = None) -> set[tuple[str, str, str]]:
@@ -124,7 +139,7 @@ def exclusive_devices(entry: NodeReservations, *, except_claim: str | None = Non
         if claim_uid == except_claim:
             continue
         for d in reservation.devices:
-            if d.share_id is None:
+            if d.exclusive:
                 held.add((d.driver, d.pool, d.device))
     return held
 
@@ -178,14 +193,14 @@ def add(
     for reservation in reservations:
         existing = claims.get(reservation.claim_uid)
         if existing is not None:
-            if sorted(existing.devices) == sorted(reservation.devices):
+            if same_devices(existing.devices, reservation.devices):
                 continue
             raise ReservationConflict(
                 f"claim {reservation.claim_namespace}/{reservation.claim_name} is already reserved on node "
                 f"{entry.node} with other devices"
             )
         for d in reservation.devices:
-            if d.share_id is None:
+            if d.exclusive:
                 key = (d.driver, d.pool, d.device)
                 if key in held:
                     raise ReservationConflict(

@@ -76,3 +76,22 @@ def work_consumer(durable: str) -> ConsumerConfig:
         ack_wait=ACK_WAIT_SECONDS,
         max_ack_pending=1024,
     )
+
+
+# A message that could not be handled is redelivered after this, doubling per delivery up to the cap.
+REDELIVERY_DELAY_SECONDS = 1.0
+MAX_REDELIVERY_DELAY_SECONDS = 30.0
+
+
+def redelivery_delay(deliveries: int) -> float:
+    """Backoff for the n-th failed delivery of one message: never a hot loop on a lasting error."""
+    return min(MAX_REDELIVERY_DELAY_SECONDS, REDELIVERY_DELAY_SECONDS * 2 ** max(0, deliveries - 1))
+
+
+def deliveries(msg) -> int:
+    """How often JetStream has delivered this message, this time included."""
+    metadata = getattr(msg, "metadata", None)
+    try:
+        return max(1, int(metadata.num_delivered)) if metadata is not None else 1
+    except (AttributeError, TypeError, ValueError):
+        return 1

@@ -14,6 +14,8 @@ from draplane.scheduling.messages import NodeFailure
 
 # Event and condition reasons, as kube-scheduler spells them.
 CONDITION_REASON = "Unschedulable"
+# The condition's reason when scheduling failed on an internal error rather than on the pod.
+ERROR_CONDITION_REASON = "SchedulerError"
 EVENT_REASON = "FailedScheduling"
 
 

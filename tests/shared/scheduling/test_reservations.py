@@ -4,8 +4,10 @@ from draplane.api.resource import AllocationResult, DeviceAllocationResult, Devi
 from draplane.scheduling import reservations as rv
 
 
-def reservation(claim: str, *devices: str, expires: float | None = 10.0, share: str | None = None) -> rv.Reservation:
-    results = [DeviceRequestAllocationResult(request="r", driver="d", pool="p", device=d, share_id=share) for d in devices]
+def reservation(claim: str, *devices: str, expires: float | None = 10.0, share: str | None = None,
+                admin: bool | None = None) -> rv.Reservation:
+    results = [DeviceRequestAllocationResult(request="r", driver="d", pool="p", device=d, share_id=share,
+                                             admin_access=admin) for d in devices]
     allocation = AllocationResult(devices=DeviceAllocationResult(results=results))
     return rv.Reservation(
         claim_uid=claim,
@@ -38,6 +40,37 @@ def test_shares_do_not_conflict_here():
     entry = rv.add(rv.NodeReservations(node="n1"), [reservation("a", "gpu-0", share="s1")])
     entry = rv.add(entry, [reservation("b", "gpu-0", share="s2")])
     assert len(entry.claims) == 2
+
+
+def test_a_multi_device_reservation_is_the_same_in_any_order():
+    # Two results without a share ID used to be compared with `<`, which ReservedDevice lacks.
+    entry = rv.add(rv.NodeReservations(node="n1"), [reservation("a", "gpu-0", "gpu-1", "nic-0")])
+    again = reservation("a", "nic-0", "gpu-1", "gpu-0")
+    assert rv.add(entry, [again]) is entry
+    assert rv.same_devices(entry.claims["a"].devices, again.devices)
+    assert not rv.same_devices(entry.claims["a"].devices, reservation("a", "gpu-0", "gpu-1").devices)
+    mixed = reservation("m", "gpu-0", "gpu-0", share="s1").devices + reservation("m", "gpu-0").devices
+    assert rv.same_devices(mixed, list(reversed(mixed)))
+
+
+def test_admin_access_neither_takes_a_device_nor_is_kept_from_one_in_use():
+    entry = rv.add(rv.NodeReservations(node="n1"), [reservation("user", "gpu-0")])
+    entry = rv.add(entry, [reservation("admin", "gpu-0", admin=True)])
+    entry = rv.add(entry, [reservation("admin2", "gpu-0", "gpu-1", admin=True)])
+    # gpu-1 is only watched by an admin: an ordinary claim still gets it
+    entry = rv.add(entry, [reservation("user2", "gpu-1")])
+    assert set(entry.claims) == {"user", "admin", "admin2", "user2"}
+    assert rv.exclusive_devices(entry) == {("d", "p", "gpu-0"), ("d", "p", "gpu-1")}
+    with pytest.raises(rv.ReservationConflict):
+        rv.add(entry, [reservation("user3", "gpu-1")])
+
+
+def test_entries_written_before_admin_access_was_recorded_still_decode():
+    old = b'{"version":1,"node":"n1","claims":{"a":{"claim_uid":"a","claim_namespace":"ns","claim_name":"a",' \
+          b'"pod_uid":"p","devices":[["d","p","gpu-0",null]],"allocation":{},"reserved_at":0,"expires_at":null}}}'
+    entry = rv.decode_entry(old, "n1")
+    assert entry.claims["a"].devices == [rv.ReservedDevice("d", "p", "gpu-0")]
+    assert entry.claims["a"].devices[0].exclusive
 
 
 def test_prune_drops_lapsed_leases_unless_kubernetes_has_the_allocation():
