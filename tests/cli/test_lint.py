@@ -133,11 +133,57 @@ def test_yaml_that_is_not_a_kubernetes_object(capsys, tmp_path):
     assert "fix: start it with apiVersion: resource.k8s.io/v1" in out
 
 
-def test_unknown_kind(capsys, tmp_path):
-    path = write(tmp_path, "deploy.yaml", {"apiVersion": "apps/v1", "kind": "Deployment", "metadata": {"name": "web"}})
+def test_kinds_of_other_groups_are_passed_over_and_a_misspelt_dra_kind_is_not(capsys, tmp_path):
+    path = write(tmp_path, "deploy.yaml", {"apiVersion": "apps/v1", "kind": "Deployment", "metadata": {"name": "web"}},
+                 {"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": "team"}})
+    code, out, _ = lint(capsys, path)
+    assert code == 0, out
+    assert "2 objects of other kinds not checked: Deployment web, Namespace team" in out
+    path = write(tmp_path, "typo.yaml", {"apiVersion": "resource.k8s.io/v1", "kind": "DeviceClas", "metadata": {"name": "x"}})
     code, out, _ = lint(capsys, path)
     assert code == 1
-    assert "Deployment web" in out and "kind: Unsupported value" in out
+    assert "DeviceClas x" in out and "kind: Unsupported value" in out
+
+
+def test_yaml_1_1_booleans_are_read_as_kubectl_reads_them(capsys, tmp_path):
+    path = tmp_path / "class.yaml"
+    path.write_text("apiVersion: resource.k8s.io/v1\nkind: DeviceClass\nmetadata:\n  name: n\n")
+    code, out, _ = lint(capsys, path)
+    assert code == 1
+    assert "metadata.name: " in out and "must be a string, got a boolean" in out, out
+    assert 'quote the value you meant, such as "n"' in out
+    path.write_text("apiVersion: resource.k8s.io/v1\nkind: DeviceClass\nmetadata:\n  name: \"n\"\n")
+    assert lint(capsys, path)[0] == 0
+
+
+def test_a_namespace_in_the_same_input_allows_admin_access(capsys, tmp_path):
+    claim = {"apiVersion": "resource.k8s.io/v1", "kind": "ResourceClaim", "metadata": {"name": "watch", "namespace": "ops"},
+             "spec": {"devices": {"requests": [{"name": "gpu", "exactly": {"deviceClassName": "gpu", "adminAccess": True}}]}}}
+    alone = write(tmp_path, "claim.yaml", claim)
+    code, out, _ = lint(capsys, alone)
+    assert code == 1 and "adminAccess" in out
+    namespace = {"apiVersion": "v1", "kind": "Namespace",
+                 "metadata": {"name": "ops", "labels": {"resource.kubernetes.io/admin-access": "true"}}}
+    assert lint(capsys, write(tmp_path, "both.yaml", namespace, claim))[0] == 0
+    other = {**claim, "metadata": {"name": "watch", "namespace": "elsewhere"}}
+    assert lint(capsys, write(tmp_path, "other.yaml", namespace, other))[0] == 1
+
+
+def test_device_taint_rules(capsys, tmp_path):
+    rule = {"apiVersion": "resource.k8s.io/v1", "kind": "DeviceTaintRule", "metadata": {"name": "maintenance"},
+            "spec": {"deviceSelector": {"driver": "gpu.nvidia.com", "pool": "node-1"},
+                     "taint": {"key": "example.com/maintenance", "value": "true", "effect": "NoSchedule"}}}
+    assert lint(capsys, write(tmp_path, "rule.yaml", rule))[0] == 0
+    for effect in ("None", "NoExecute"):
+        ok = {**rule, "spec": {**rule["spec"], "taint": {**rule["spec"]["taint"], "effect": effect}}}
+        assert lint(capsys, write(tmp_path, "rule.yaml", ok))[0] == 0
+    bad = {**rule, "spec": {"deviceSelector": {"pool": "Node_1", "device": "GPU 0", "deviceClassName": "gpu"},
+                            "taint": {"key": "-bad", "effect": "PreferNoSchedule"}}}
+    code, out, _ = lint(capsys, write(tmp_path, "bad.yaml", bad))
+    assert code == 1
+    for field in ("spec.deviceSelector.pool", "spec.deviceSelector.device", "spec.deviceSelector.deviceClassName",
+                  "spec.taint.key", "spec.taint.effect"):
+        assert f"{field}: " in out, (field, out)
 
 
 def test_oversized_objects(capsys, tmp_path):

@@ -25,7 +25,7 @@ from nats.aio.client import Client as NatsClient
 
 from draplane.api.core import Node, Pod
 from draplane.api.meta import ObjectMeta
-from draplane.api.resource import DeviceClass, ResourceClaim
+from draplane.api.resource import DeviceClass, DeviceTaintRule, ResourceClaim
 from draplane.kube import KubeApiError, KubeClient, watch_objects
 from draplane.messages.inventory import InventoryNames, decode_feed_entry
 from draplane.scheduling import reservations as rv
@@ -71,7 +71,7 @@ class Shard:
         self.state = ClusterState(policy=policy)
         self.store: ReservationStore | None = None
         self.pods: dict[str, Pod] = {}  # uid -> pod
-        self.synced = {k: asyncio.Event() for k in ("classes", "nodes", "pods", "claims", "feed")}
+        self.synced = {k: asyncio.Event() for k in ("classes", "nodes", "pods", "claims", "feed", "taint rules")}
         self._tasks: list[asyncio.Task] = []
         self.counters = {"placed": 0, "unschedulable": 0, "commit_conflicts": 0, "republished": 0, "errors": 0,
                          "gone": 0}
@@ -86,6 +86,7 @@ class Shard:
         self._spawn(self._watch_feed, "inventory feed watch")
         self._spawn(lambda: self._watch(DeviceClass, "classes", self._on_class), "classes watch")
         self._spawn(lambda: self._watch(Node, "nodes", self._on_node), "nodes watch")
+        self._spawn(lambda: self._watch(DeviceTaintRule, "taint rules", self._on_taint_rule), "device taint rules watch")
         # Bound pods only: they are what node fit counts. A pending pod's spec comes with its
         # PendingPod, so the many changes of pending pods need not reach every shard.
         self._spawn(lambda: self._watch(Pod, "pods", self._on_pod, field_selector="spec.nodeName!="), "pods watch")
@@ -139,6 +140,12 @@ class Shard:
 
     def _on_class(self, obj: DeviceClass, deleted: bool) -> None:
         self.state.set_class(obj, deleted)
+
+    def _on_taint_rule(self, obj: DeviceTaintRule, deleted: bool) -> None:
+        effect = obj.spec.taint.effect
+        log.info("shard %d: devicetaintrule %s %s: taint %s=%s:%s", self.index, obj.metadata.name,
+                 "deleted" if deleted else "applied", obj.spec.taint.key, obj.spec.taint.value or "", effect)
+        self.state.set_taint_rule(obj, deleted)
 
     def _on_node(self, obj: Node, deleted: bool) -> None:
         self.state.set_node(obj, deleted)

@@ -17,7 +17,7 @@ from typing import Callable, Iterable, Sequence
 from draplane.api.codec import encode_json
 from draplane.api.core import Node
 from draplane.api.meta import ObjectMeta
-from draplane.api.resource import DeviceClass, ResourceClaim, ResourceSlice
+from draplane.api.resource import DeviceClass, DeviceTaintRule, ResourceClaim, ResourceSlice
 from draplane.allocation.allocator import NodeAllocator, NodePlacement, SelectorMatcher, ShareIDFactory, random_share_id
 from draplane.allocation.errors import AllocationError, NodeFailure, Reason
 from draplane.allocation.inventory import Inventory, PoolID
@@ -97,12 +97,16 @@ class Cluster:
         *,
         slices: Iterable[ResourceSlice] = (),
         classes: Iterable[DeviceClass] = (),
+        taint_rules: Iterable[DeviceTaintRule] = (),
         nodes: Iterable[Node] = (),
         policy: str | ScoringPolicy | None = None,
         share_ids: ShareIDFactory = random_share_id,
         matcher: SelectorMatcher | None = None,
     ):
-        self.inventory = Inventory(slices)
+        self.inventory = Inventory()
+        self.inventory.set_taint_rules(taint_rules)
+        for s in slices:
+            self.inventory.apply_slice(s)
         self.state = AllocatedState()
         self.classes: dict[str, DeviceClass] = {c.metadata.name: c for c in classes}
         self.policy = policy if isinstance(policy, ScoringPolicy) else get_policy(policy)
@@ -157,6 +161,11 @@ class Cluster:
         self.classes = {c.metadata.name: c for c in classes}
         self.allocator.set_classes(self.classes)
         self._epoch += 1
+
+    def set_taint_rules(self, rules: Iterable[DeviceTaintRule]) -> None:
+        """The cluster's DeviceTaintRules: their taints count as the devices' own."""
+        if self.inventory.set_taint_rules(rules):
+            self._epoch += 1
 
     def apply_slice(self, slice_: ResourceSlice) -> None:
         before = self.inventory.version

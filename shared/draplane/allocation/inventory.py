@@ -21,7 +21,8 @@ import msgspec
 from draplane.api.core import Node
 from draplane.api.meta import NodeSelector
 from draplane.api.quantity import Quantity, parse_quantity
-from draplane.api.resource import Device, ResourceSlice
+from draplane.allocation.taintrules import taint_slice
+from draplane.api.resource import Device, DeviceTaintRule, ResourceSlice
 
 DeviceID = tuple[str, str, str]  # (driver, pool, device)
 PoolID = tuple[str, str]  # (driver, pool)
@@ -250,6 +251,10 @@ class Inventory:
         self.version = 0  # bumped when something visible to more than one node changes
         self._node_versions: dict[str, int] = {}
         self._pool_cache: dict[str, tuple[tuple, Node, list[Pool]]] = {}
+        # The slices as published, by name, and the DeviceTaintRules applied to them: what is
+        # indexed is each slice with the rules' taints added (the same object where none applies).
+        self._published: dict[str, ResourceSlice] = {}
+        self._taint_rules: dict[str, DeviceTaintRule] = {}
         for s in slices:
             self.apply_slice(s)
 
@@ -262,6 +267,8 @@ class Inventory:
             raise ValueError("ResourceSlice without metadata.name cannot be indexed")
         if name in self._slices:
             self._remove(name)
+        self._published[name] = slice_
+        slice_ = taint_slice(slice_, self._taint_rules.values())
         entry = _slice_entry(slice_)
         self._slices[name] = entry
         pool_id = (slice_.spec.driver, slice_.spec.pool.name)
@@ -280,7 +287,27 @@ class Inventory:
         for s in slices:
             self.apply_slice(s)
 
+    def set_taint_rules(self, rules: Iterable[DeviceTaintRule]) -> bool:
+        """Replace the DeviceTaintRules; re-index the slices whose devices' taints change. True
+        when anything changed."""
+        rules = {r.metadata.name or "": r for r in rules}
+        if rules == self._taint_rules:
+            return False
+        self._taint_rules = rules
+        changed = False
+        for name, published in list(self._published.items()):
+            tainted = taint_slice(published, rules.values())
+            if tainted is not self._slices[name].slice and tainted != self._slices[name].slice:
+                self.apply_slice(published)
+                changed = True
+        return changed
+
+    @property
+    def taint_rules(self) -> list[DeviceTaintRule]:
+        return list(self._taint_rules.values())
+
     def _remove(self, name: str) -> None:
+        self._published.pop(name, None)
         entry = self._slices.pop(name)
         pool_id = (entry.slice.spec.driver, entry.slice.spec.pool.name)
         pool_slices = self._pools[pool_id]

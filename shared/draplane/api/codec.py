@@ -6,6 +6,7 @@ Errors name the document, the object and the field, because that is what a user 
 
 from __future__ import annotations
 
+import re
 from pathlib import Path
 from typing import Any, Iterable, Iterator, TypeVar
 
@@ -13,7 +14,7 @@ import msgspec
 import yaml
 
 from draplane.api.core import Node, Pod
-from draplane.api.resource import DeviceClass, ResourceClaim, ResourceClaimTemplate, ResourceSlice
+from draplane.api.resource import DeviceClass, DeviceTaintRule, ResourceClaim, ResourceClaimTemplate, ResourceSlice
 
 T = TypeVar("T", bound=msgspec.Struct)
 
@@ -24,11 +25,35 @@ MODELS: dict[tuple[str, str], type[msgspec.Struct]] = {
     ("resource.k8s.io/v1", "ResourceSlice"): ResourceSlice,
     ("resource.k8s.io/v1", "ResourceClaim"): ResourceClaim,
     ("resource.k8s.io/v1", "ResourceClaimTemplate"): ResourceClaimTemplate,
+    ("resource.k8s.io/v1", "DeviceTaintRule"): DeviceTaintRule,
     ("v1", "Node"): Node,
     ("v1", "Pod"): Pod,
 }
 
 _json_encoder = msgspec.json.Encoder()
+
+
+class KubernetesYamlLoader(yaml.SafeLoader):
+    """YAML as kubectl and the apiserver read it (sigs.k8s.io/yaml, which is YAML 1.1).
+
+    PyYAML already reads yes/no/on/off as booleans, but not y/Y/n/N, which Go's YAML does: a
+    `name: n` that PyYAML keeps as a string is `false` to kubectl, which then rejects the object.
+    Timestamps stay the strings they were written as, as they do on their way to JSON there.
+    """
+
+    bool_values = {**yaml.SafeLoader.bool_values, "y": True, "n": False}
+    yaml_implicit_resolvers = {
+        first: [(tag, regexp) for tag, regexp in resolvers if tag != "tag:yaml.org,2002:timestamp"]
+        for first, resolvers in yaml.SafeLoader.yaml_implicit_resolvers.items()
+    }
+
+
+KubernetesYamlLoader.add_implicit_resolver("tag:yaml.org,2002:bool", re.compile(r"^(?:y|Y|n|N)$"), list("yYnN"))
+
+
+def load_yaml_documents(text: str) -> list[Any]:
+    """Every document of a YAML (or JSON) text, read as Kubernetes reads it; empty ones dropped."""
+    return [d for d in yaml.load_all(text, Loader=KubernetesYamlLoader) if d is not None]
 
 
 class DecodeError(ValueError):
@@ -96,10 +121,10 @@ def decode_object(raw: Any, *, where: str = "") -> msgspec.Struct:
 def iter_documents(text: str, *, source: str = "<input>") -> Iterator[tuple[str, Any]]:
     """(location, raw document) for each document; `List` kinds are flattened."""
     try:
-        docs = list(yaml.safe_load_all(text))
+        docs = load_yaml_documents(text)
     except yaml.YAMLError as exc:
         raise DecodeError(f"{source}: not valid YAML or JSON: {exc}".replace("\n", " ")) from None
-    for index, doc in enumerate(d for d in docs if d is not None):
+    for index, doc in enumerate(docs):
         where = f"{source} document {index + 1}: "
         if isinstance(doc, dict) and isinstance(doc.get("kind"), str) and doc["kind"].endswith("List") and "items" in doc:
             items = doc["items"] or []

@@ -1,4 +1,4 @@
-"""resource.k8s.io/v1: DeviceClass, ResourceSlice, ResourceClaim, ResourceClaimTemplate.
+"""resource.k8s.io/v1: DeviceClass, ResourceSlice, ResourceClaim, ResourceClaimTemplate, DeviceTaintRule.
 
 Field for field the v1 API of Kubernetes 1.37, so that what the apiserver returns decodes with
 nothing lost and what we encode is what it accepts. Quantities stay strings here; the allocator
@@ -293,6 +293,35 @@ class ResourceClaimTemplate(Base, kw_only=True):
     spec: ResourceClaimTemplateSpec = msgspec.field(default_factory=ResourceClaimTemplateSpec)
 
 
+# --- DeviceTaintRule -----------------------------------------------------------------------------
+
+
+class DeviceTaintSelector(Base, kw_only=True):
+    # Each set field must match; none set matches every device. (deviceClassName and selectors
+    # were tombstoned in 1.35.)
+    driver: str | None = None
+    pool: str | None = None
+    device: str | None = None
+
+
+class DeviceTaintRuleSpec(Base, kw_only=True):
+    # Without a selector the rule matches no device.
+    device_selector: DeviceTaintSelector | None = None
+    taint: DeviceTaint
+
+
+class DeviceTaintRuleStatus(Base, kw_only=True):
+    conditions: list[Condition] | None = None
+
+
+class DeviceTaintRule(Base, kw_only=True):
+    api_version: str = msgspec.field(default_factory=_api_version)
+    kind: str = msgspec.field(default_factory=lambda: "DeviceTaintRule")
+    metadata: ObjectMeta = msgspec.field(default_factory=ObjectMeta)
+    spec: DeviceTaintRuleSpec
+    status: DeviceTaintRuleStatus | None = None
+
+
 # --- lists, as the apiserver returns them --------------------------------------------------------
 
 
@@ -314,3 +343,8 @@ class ResourceClaimList(Base, kw_only=True):
 class ResourceClaimTemplateList(Base, kw_only=True):
     metadata: ListMeta | None = None
     items: list[ResourceClaimTemplate] = msgspec.field(default_factory=list)
+
+
+class DeviceTaintRuleList(Base, kw_only=True):
+    metadata: ListMeta | None = None
+    items: list[DeviceTaintRule] = msgspec.field(default_factory=list)

@@ -24,9 +24,9 @@ EXIT_ALLOCATED = 0
 EXIT_UNALLOCATABLE = 1
 EXIT_INVALID = 2
 
-INPUT_KINDS = ("DeviceClass", "ResourceSlice", "ResourceClaim", "Node")
+INPUT_KINDS = ("DeviceClass", "ResourceSlice", "ResourceClaim", "Node", "DeviceTaintRule")
 # Read and checked, but not needed to allocate: a directory of manifests usually holds them too.
-IGNORED_KINDS = ("Pod", "ResourceClaimTemplate")
+IGNORED_KINDS = ("Pod", "ResourceClaimTemplate", "Namespace")
 
 
 class InputError(Exception):
@@ -74,12 +74,14 @@ def _run(args: argparse.Namespace) -> int:
     slices = [o for o in objects if o.kind == "ResourceSlice"]
     nodes = [o for o in objects if o.kind == "Node"]
     claims = [o for o in objects if o.kind == "ResourceClaim"]
+    taint_rules = [o for o in objects if o.kind == "DeviceTaintRule"]
     pending = [c for c in claims if not (c.status and c.status.allocation)]
     in_use = [c for c in claims if c.status and c.status.allocation]
     if not pending:
         raise InputError("no pending ResourceClaim in the input (every claim already has status.allocation)")
 
-    cluster = Cluster(slices=slices, classes=classes, nodes=nodes, policy=get_policy(args.policy))
+    cluster = Cluster(slices=slices, classes=classes, nodes=nodes, taint_rules=taint_rules,
+                      policy=get_policy(args.policy))
     cluster.ensure_nodes_from_slices()
     for claim in in_use:
         cluster.add_allocated_claim(claim)

@@ -16,7 +16,7 @@ import sys
 
 from draplane.api.core import Node, Pod
 from draplane.api.meta import ObjectMeta
-from draplane.api.resource import DeviceClass, ResourceClaim, ResourceSlice
+from draplane.api.resource import DeviceClass, DeviceTaintRule, ResourceClaim, ResourceSlice
 from draplane.scheduling.placing import ClusterState, NotPlaced, Placed, allocation_node
 from draplane.scheduling.unschedulable import FailureReason
 
@@ -31,10 +31,12 @@ class Snapshot:
     nodes: list[Node]
     claims: list[ResourceClaim]
     pods: list[Pod]
+    taint_rules: list[DeviceTaintRule] = dataclasses.field(default_factory=list)
 
     def state(self, *, without: set[str] = frozenset()) -> ClusterState:
         """The shards' view, minus the claims being explained (so they are placed afresh)."""
         state = ClusterState()
+        state.set_taint_rules(self.taint_rules)
         for c in self.classes:
             state.set_class(c)
         for n in self.nodes:
@@ -175,7 +177,8 @@ async def gather(kubeconfig) -> Snapshot:
 
     async with await KubeClient.from_environment(kubeconfig) as kube:
         results = await asyncio.gather(
-            kube.list(ResourceSlice), kube.list(DeviceClass), kube.list(Node), kube.list(ResourceClaim), kube.list(Pod)
+            kube.list(ResourceSlice), kube.list(DeviceClass), kube.list(Node), kube.list(ResourceClaim), kube.list(Pod),
+            kube.list(DeviceTaintRule),
         )
     return Snapshot(*(items for items, _ in results))
 

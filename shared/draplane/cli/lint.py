@@ -15,7 +15,8 @@ from typing import Any, TextIO
 import msgspec
 import yaml
 
-from draplane.validation import Problem, validate_objects
+from draplane.api.codec import load_yaml_documents
+from draplane.validation import Problem, is_checked, object_identity, validate_objects
 
 
 class UnreadableFile(Exception):
@@ -26,9 +27,10 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     parser = subparsers.add_parser(
         "lint",
         help="check DRA objects as the v1 apiserver would, with fixes",
-        description="Check DeviceClass, ResourceSlice, ResourceClaim and ResourceClaimTemplate objects (and the "
-        "DRA parts of Pods) the way the resource.k8s.io/v1 apiserver validates them: schema, names, limits, "
-        "CEL compile and type errors. Each problem names the object and the field and suggests a fix. "
+        description="Check DeviceClass, ResourceSlice, ResourceClaim, ResourceClaimTemplate and DeviceTaintRule "
+        "objects (and the DRA parts of Pods) the way the resource.k8s.io/v1 apiserver validates them: schema, names, limits, "
+        "CEL compile and type errors. Objects of other API groups (Namespaces, Deployments) are passed over; a "
+        "Namespace labeled resource.kubernetes.io/admin-access=true allows adminAccess for its claims. Each problem names the object and the field and suggests a fix. "
         "Exit 0: no problems; 1: problems found; 2: a file could not be read or parsed.",
     )
     parser.add_argument("files", nargs="+", metavar="FILE",
@@ -66,7 +68,7 @@ def read_documents(path: str) -> list[tuple[str, Any]]:
     if path == "-":
         path = "<stdin>"
     try:
-        documents = [d for d in yaml.safe_load_all(text) if d is not None]
+        documents = load_yaml_documents(text)
     except yaml.YAMLError as exc:
         raise UnreadableFile(f"{path}: not valid YAML or JSON: {' '.join(str(exc).split())}") from None
     pairs: list[tuple[str, Any]] = []
@@ -82,6 +84,13 @@ def read_documents(path: str) -> list[tuple[str, Any]]:
 
 def lint_files(paths: list[str], *, admin_access: bool = False) -> tuple[list[Problem], list[str], int]:
     """(problems, unreadable-file messages, number of objects checked)."""
+    problems, unreadable, checked, _ = lint_files_with_skipped(paths, admin_access=admin_access)
+    return problems, unreadable, checked
+
+
+def lint_files_with_skipped(paths: list[str], *, admin_access: bool = False):
+    """(problems, unreadable-file messages, objects checked, "Kind name" of the objects passed over:
+    kinds outside DRA, Pods and Nodes, such as the Namespaces and Deployments of a manifest folder)."""
     documents: list[tuple[str, Any]] = []
     unreadable: list[str] = []
     for path in expand_paths(paths):
@@ -89,7 +98,10 @@ def lint_files(paths: list[str], *, admin_access: bool = False) -> tuple[list[Pr
             documents.extend(read_documents(path))
         except UnreadableFile as exc:
             unreadable.append(str(exc))
-    return validate_objects(documents, admin_access=admin_access), unreadable, len(documents)
+    skipped = [" ".join(object_identity(raw)) for _, raw in documents if not is_checked(raw)]
+    # Every document goes in: a Namespace among them can allow adminAccess for its claims.
+    problems = validate_objects(documents, admin_access=admin_access)
+    return problems, unreadable, len(documents) - len(skipped), skipped
 
 
 def format_problems(problems: list[Problem], out: TextIO) -> None:
@@ -126,7 +138,7 @@ def _indent(text: str, prefix: str, width: int = 100) -> str:
 
 
 def run(args: argparse.Namespace) -> int:
-    problems, unreadable, checked = lint_files(args.files, admin_access=args.admin_access)
+    problems, unreadable, checked, skipped = lint_files_with_skipped(args.files, admin_access=args.admin_access)
     for message in unreadable:
         print(f"draplane lint: {message}", file=sys.stderr)
     if args.output == "json":
@@ -139,6 +151,9 @@ def run(args: argparse.Namespace) -> int:
                   f"{checked} object{'s' * (checked != 1)}")
         elif checked:
             print(f"{checked} object{'s' * (checked != 1)} checked: no problems")
+        if skipped:
+            shown = ", ".join(skipped[:5]) + (f" and {len(skipped) - 5} more" if len(skipped) > 5 else "")
+            print(f"{len(skipped)} object{'s' * (len(skipped) != 1)} of other kinds not checked: {shown}")
     if unreadable:
         return 2
     return 1 if problems else 0

@@ -55,6 +55,9 @@ KINDS: dict[type[msgspec.Struct], ResourceKind] = {
     resource.ResourceClaimTemplate: ResourceKind(
         "resource.k8s.io/v1", "resourceclaimtemplates", True, resource.ResourceClaimTemplate, resource.ResourceClaimTemplateList
     ),
+    resource.DeviceTaintRule: ResourceKind(
+        "resource.k8s.io/v1", "devicetaintrules", False, resource.DeviceTaintRule, resource.DeviceTaintRuleList
+    ),
     core.Pod: ResourceKind("v1", "pods", True, core.Pod, core.PodList),
     core.Node: ResourceKind("v1", "nodes", False, core.Node, core.NodeList),
 }

@@ -24,7 +24,14 @@ from draplane.allocation.nodefit import CPU, MEMORY, NodeFitError, node_allocata
 from draplane.allocation.state import claim_key
 from draplane.api.core import Node, Pod
 from draplane.api.meta import ObjectMeta
-from draplane.api.resource import AllocationResult, DeviceClass, ResourceClaim, ResourceClaimStatus, ResourceSlice
+from draplane.api.resource import (
+    AllocationResult,
+    DeviceClass,
+    DeviceTaintRule,
+    ResourceClaim,
+    ResourceClaimStatus,
+    ResourceSlice,
+)
 from draplane.scheduling import reservations as rv
 from draplane.scheduling.messages import NodeFailure
 from draplane.scheduling.unschedulable import FailureReason, summarize
@@ -116,6 +123,17 @@ class ClusterState:
             names.append(s.metadata.name or "")
         if names:
             self._feed_slices[key] = names
+
+    def set_taint_rules(self, rules: Iterable[DeviceTaintRule]) -> None:
+        self.cluster.set_taint_rules(rules)
+
+    def set_taint_rule(self, rule: DeviceTaintRule, deleted: bool = False) -> None:
+        rules = {r.metadata.name: r for r in self.cluster.inventory.taint_rules}
+        if deleted:
+            rules.pop(rule.metadata.name, None)
+        else:
+            rules[rule.metadata.name] = rule
+        self.cluster.set_taint_rules(rules.values())
 
     def set_class(self, device_class: DeviceClass, deleted: bool = False) -> None:
         classes = dict(self.cluster.classes)

@@ -16,6 +16,7 @@ from draplane.validation.pod import check_pod
 from draplane.validation.problem import NOT_AN_OBJECT, UNSUPPORTED, WRONG_TYPE, Findings, Problem
 from draplane.validation.resource import (
     check_device_class,
+    check_device_taint_rule,
     check_resource_claim,
     check_resource_claim_template,
     check_resource_slice,
@@ -81,6 +82,8 @@ def validate_object(raw: Any, *, source: str | None = None, domains: dict[str, l
             check_resource_claim(clean, raw, findings, domains or {}, admin_access)
         elif kind == "ResourceClaimTemplate":
             check_resource_claim_template(clean, raw, findings, domains or {}, admin_access)
+        elif kind == "DeviceTaintRule":
+            check_device_taint_rule(clean, findings)
         else:
             check_resource_slice(clean, raw, findings)
         return findings.problems
@@ -88,10 +91,49 @@ def validate_object(raw: Any, *, source: str | None = None, domains: dict[str, l
         if kind == "Pod":
             check_pod(raw, findings)
         return findings.problems
+    if not is_dra_group(api_version):
+        # A manifest folder holds Namespaces, Deployments and the like next to DRA objects: they
+        # are not ours to judge (see `skipped_kinds`), and a valid one is no problem.
+        return findings.problems
     known = ", ".join(f"{k} ({DRA_API_VERSION})" for k in DRA_KINDS) + ", Pod (v1), Node (v1)"
     findings.add("kind", UNSUPPORTED, f"{api_version} {kind} is not an object draplane checks; it checks {known}",
                  fix="lint only DRA objects and the Pods and Nodes that use them")
     return findings.problems
+
+
+def is_dra_group(api_version: str) -> bool:
+    return api_version.split("/", 1)[0] == "resource.k8s.io" and "/" in api_version
+
+
+def is_checked(raw: Any) -> bool:
+    """Whether validate_object judges this document (DRA objects, Pods and Nodes, and anything
+    malformed), rather than passing over a kind of another API group."""
+    if not isinstance(raw, dict) or not isinstance(raw.get("apiVersion"), str) or not isinstance(raw.get("kind"), str):
+        return True
+    api_version, kind = raw["apiVersion"], raw["kind"]
+    return is_dra_group(api_version) or (api_version == "v1" and kind in CORE_KINDS) or not kind or not api_version
+
+
+ADMIN_ACCESS_LABEL = "resource.kubernetes.io/admin-access"
+
+
+def admin_access_namespaces(raws: Iterable[Any]) -> set[str]:
+    """Namespaces defined in the input with the label that allows adminAccess: true."""
+    allowed = set()
+    for raw in raws:
+        if not isinstance(raw, dict) or raw.get("apiVersion") != "v1" or raw.get("kind") != "Namespace":
+            continue
+        meta = raw.get("metadata") if isinstance(raw.get("metadata"), dict) else {}
+        labels = meta.get("labels") if isinstance(meta.get("labels"), dict) else {}
+        if str(labels.get(ADMIN_ACCESS_LABEL, "")).lower() == "true" and isinstance(meta.get("name"), str):
+            allowed.add(meta["name"])
+    return allowed
+
+
+def _namespace_of(raw: Any) -> str:
+    meta = raw.get("metadata") if isinstance(raw, dict) and isinstance(raw.get("metadata"), dict) else {}
+    namespace = meta.get("namespace")
+    return namespace if isinstance(namespace, str) and namespace else "default"
 
 
 def _describe(raw: Any) -> str:
@@ -132,9 +174,13 @@ def validate_objects(documents: Iterable[tuple[str | None, Any]], *, admin_acces
     """Problems of several (source, raw) documents; slices among them inform the fixes of the others."""
     documents = list(documents)
     domains = capacity_domains(raw for _, raw in documents)
+    # A Namespace in the same input, labeled for admin access, allows it for its claims, as the
+    # apiserver would once the Namespace is applied first.
+    admin_namespaces = admin_access_namespaces(raw for _, raw in documents)
     problems: list[Problem] = []
     for source, raw in documents:
-        problems.extend(validate_object(raw, source=source, domains=domains, admin_access=admin_access))
+        allowed = admin_access or _namespace_of(raw) in admin_namespaces
+        problems.extend(validate_object(raw, source=source, domains=domains, admin_access=allowed))
     return problems
 
 

@@ -1129,6 +1129,29 @@ def _check_range_step(valid_range: dict[str, Any], default: str, maximum: Fracti
                              f"({named['step']})", fix=f"{key}: {suggestion}")
 
 
+# --- DeviceTaintRule -----------------------------------------------------------------------------
+
+
+def check_device_taint_rule(obj: dict[str, Any], findings: Findings) -> None:
+    check_object_meta(obj.get("metadata"), findings, names.dns1123_subdomain, names.to_dns_subdomain, namespaced=False)
+    spec = obj.get("spec") or {}
+    selector = spec.get("deviceSelector")
+    if selector is not None:
+        # Only what is set is checked; an empty selector is valid and matches every device.
+        if selector.get("driver") is not None:
+            _check_driver(selector["driver"], "spec.deviceSelector.driver", findings)
+        if selector.get("pool") is not None:
+            check_pool_name(selector["pool"], "spec.deviceSelector.pool", findings)
+        if selector.get("device") is not None:
+            device = selector["device"]
+            if not device:
+                findings.required("spec.deviceSelector.device", "the device name, when set, must not be empty",
+                                  fix="device: gpu-0")
+            for message in names.dns1123_label(device) if device else ():
+                findings.invalid("spec.deviceSelector.device", device, message, fix=f"device: {names.to_dns_label(device)}")
+    check_taint(spec.get("taint") or {}, "spec.taint", findings)
+
+
 def check_taint(taint: dict[str, Any], path: str, findings: Findings) -> None:
     key = taint.get("key") or ""
     if not key:

@@ -237,6 +237,12 @@ DEVICE_CLASS_SPEC = Struct("DeviceClassSpec", {
 
 _TYPE_META = {"apiVersion": STRING, "kind": STRING, "metadata": OBJECT_META}
 
+DEVICE_TAINT_RULE_SPEC = Struct("DeviceTaintRuleSpec", {
+    "deviceSelector": Struct("DeviceTaintSelector", {"driver": STRING, "pool": STRING, "device": STRING}),
+    "taint": DEVICE_TAINT,
+})
+DEVICE_TAINT_RULE_STATUS = Struct("DeviceTaintRuleStatus", {"conditions": ListOf(CONDITION)})
+
 OBJECTS: dict[str, Struct] = {
     "DeviceClass": Struct("DeviceClass", {**_TYPE_META, "spec": DEVICE_CLASS_SPEC}),
     "ResourceSlice": Struct("ResourceSlice", {**_TYPE_META, "spec": RESOURCE_SLICE_SPEC}),
@@ -247,6 +253,9 @@ OBJECTS: dict[str, Struct] = {
         **_TYPE_META,
         "spec": Struct("ResourceClaimTemplateSpec", {"metadata": OBJECT_META, "spec": RESOURCE_CLAIM_SPEC}),
     }),
+    "DeviceTaintRule": Struct(
+        "DeviceTaintRule", {**_TYPE_META, "spec": DEVICE_TAINT_RULE_SPEC, "status": DEVICE_TAINT_RULE_STATUS}
+    ),
 }
 
 _JSON_TYPE = {"string": "a string", "integer": "an integer", "boolean": "true or false"}
@@ -339,7 +348,8 @@ def _check_scalar(raw: Any, schema: Scalar, path: str, findings: Findings) -> An
             return raw
         fix = f'quote it: "{raw}"' if isinstance(raw, (int, float, bool)) else None
         if isinstance(raw, bool):
-            fix = f'quote it: "{str(raw).lower()}" (YAML reads unquoted true/false/yes/no as booleans)'
+            fix = ('quote the value you meant, such as "n" or "on" (YAML 1.1, as kubectl reads it, takes unquoted '
+                   'y, n, yes, no, on, off, true and false as booleans)')
         findings.add(path, WRONG_TYPE, f"must be a string, got {_type_name(raw)}", fix=fix)
         return None
     if kind == "integer":
