@@ -18,8 +18,13 @@ def test_mapping_without_kind_or_api_version():
 
 
 def test_unknown_kind():
-    problems = validate_object({"apiVersion": "apps/v1", "kind": "Deployment", "metadata": {"name": "web"}})
+    problems = validate_object({"apiVersion": "resource.k8s.io/v1", "kind": "Deployment", "metadata": {"name": "web"}})
     assert [(p.kind, p.name, p.field, p.reason) for p in problems] == [("Deployment", "web", "kind", UNSUPPORTED)]
+
+
+def test_kinds_of_other_api_groups_are_not_judged():
+    assert validate_object({"apiVersion": "apps/v1", "kind": "Deployment", "metadata": {"name": "web"}}) == []
+    assert validate_object({"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": "team"}}) == []
 
 
 def test_old_api_version_says_what_changed(build):
