@@ -79,3 +79,32 @@ async def nats(control_plane):
 def subject_prefix(request) -> str:
     """A NATS subject prefix of this test's own, e.g. `t.test-foo-1a2b3c.`; streams made under it do not clash."""
     return "t." + _test_name(request, 40) + "."
+
+
+class Kubectl:
+    """The real kubectl, built at the apiserver's version, against the session's control plane."""
+
+    def __init__(self, binary: Path, kubeconfig: Path):
+        self.binary = binary
+        self.kubeconfig = kubeconfig
+
+    async def __call__(self, *args: str, stdin: str | None = None, check: bool = True) -> str:
+        import asyncio
+
+        proc = await asyncio.create_subprocess_exec(
+            str(self.binary), f"--kubeconfig={self.kubeconfig}", *args,
+            stdin=asyncio.subprocess.PIPE if stdin is not None else asyncio.subprocess.DEVNULL,
+            stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE,
+        )
+        out, err = await asyncio.wait_for(proc.communicate(stdin.encode() if stdin is not None else None), 60)
+        if check and proc.returncode != 0:
+            raise AssertionError(f"kubectl {' '.join(args)} exited {proc.returncode}: {err.decode().strip()}")
+        return out.decode()
+
+    async def apply(self, manifest: str) -> str:
+        return await self("apply", "-f", "-", stdin=manifest)
+
+
+@pytest.fixture(scope="session")
+def kubectl(control_plane) -> Kubectl:
+    return Kubectl(binaries.require(binaries.KUBECTL), control_plane.kubeconfig)

@@ -50,7 +50,21 @@ def test_pending_claim_is_explained_per_node_class():
     assert "is pending" in text and "Used by pod vllm" in text
     assert "The scheduler said (Unschedulable)" in text
     assert "no device matches the class: 2 nodes (node-24, node-40)" in text
-    assert "capacity exhausted (matching devices are all in use): 1 node (node-80)" in text
+    assert "capacity exhausted (too few free matching devices): 1 node (node-80)" in text
+    assert "Placing it now: 0/3 nodes are available: 1 cannot allocate all claims: resourceclaim ns/vllm-gpu-claim, " \
+           "request gpu: capacity exhausted (matching devices are all in use), 2 cannot allocate all claims: " \
+           "resourceclaim ns/vllm-gpu-claim, request gpu: no device matches the device class." in text
+
+
+def test_a_message_the_pod_already_shows_is_printed_once():
+    snapshot = seed_snapshot(taken=True)
+    pod = find_target(snapshot, "pod/vllm", "ns")
+    first = explain_pod(snapshot, pod)
+    placing_now = next(line for line in first if line.startswith("Placing it now: ")).removeprefix("Placing it now: ")
+    pod.status.conditions[0].message = placing_now
+    lines = explain_pod(snapshot, pod)
+    assert sum(placing_now in line for line in lines) == 1, lines
+    assert "Per node class:" in lines
 
 
 def test_pod_that_fits_now_and_allocated_claim():

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import asyncio
 import dataclasses
+import logging
 import time
 import uuid
 
@@ -130,6 +131,36 @@ async def make_ready(kube, name: str) -> None:
                                     "message": "simulated", "lastHeartbeatTime": None}]}},
         subresource="status", patch_type="application/strategic-merge-patch+json",
     )
+
+
+class TracebackRecorder(logging.Handler):
+    """Every log record of a draplane service that carries a traceback."""
+
+    def __init__(self) -> None:
+        super().__init__(level=logging.DEBUG)
+        self.records: list[logging.LogRecord] = []
+
+    def emit(self, record: logging.LogRecord) -> None:
+        if record.exc_info and record.name.startswith(("draplane", "draplane_")):
+            self.records.append(record)
+
+
+@pytest.fixture(autouse=True)
+def no_service_tracebacks(request):
+    """Fail a test in which a service logged a traceback: an unexpected exception is a bug, even
+    when the service recovered from it. Tests that cause one on purpose say so with the
+    `tracebacks_expected` mark."""
+    recorder = TracebackRecorder()
+    root = logging.getLogger()
+    root.addHandler(recorder)
+    try:
+        yield recorder
+    finally:
+        root.removeHandler(recorder)
+    if recorder.records and request.node.get_closest_marker("tracebacks_expected") is None:
+        first = recorder.records[0]
+        text = logging.Formatter("%(name)s: %(message)s").format(first)
+        pytest.fail(f"{len(recorder.records)} traceback(s) logged by the services; the first: {text}", pytrace=False)
 
 
 @pytest.fixture

@@ -46,6 +46,9 @@ from draplane.scheduling.placing import ClusterState, NotPlaced, Placed
 log = logging.getLogger(__name__)
 
 COMMIT_ATTEMPTS = 20
+PRUNE_INTERVAL_SECONDS = 5.0
+# Placements published but not yet taken by the binder, above which shards wait.
+MAX_BINDER_BACKLOG = 128
 
 
 class Shard:

@@ -1050,6 +1050,7 @@ class NodeAllocator:
                 node_name, Reason.CONSTRAINT,
                 f"ResourceClaim {_claim_name(constrained[0].claim)}: no combination of free devices satisfies the "
                 f"constraints (first: {what} {c.attribute})",
+                claim=_claim_name(constrained[0].claim),
             )
         return NodeFailure(node_name, Reason.NOT_ENOUGH_DEVICES,
                            "each request fits on its own, but together the claims need more free devices than this node has")
@@ -1072,13 +1073,18 @@ class NodeAllocator:
         stages.append((Reason.CAPACITY, "have the requested capacity left",
                        lambda d, p: capacity_fits(d, request.capacity, self.state.shared_capacity(d.id), None)))
         stages.append((Reason.COUNTERS, "have their shared counters left", lambda d, p: self._counters_left(d, p)))
+        where = {"claim": _claim_name(plan.claim), "request": request.full_name}
         if not devices:
-            return NodeFailure(node_name, Reason.NO_DEVICES, f"{who}: the node has no devices in usable pools")
+            return NodeFailure(node_name, Reason.NO_DEVICES, f"{who}: the node has no devices in usable pools", **where)
         remaining = devices
         for reason, text, check in stages:
             remaining = [(d, p) for d, p in remaining if check(d, p)]
             if len(remaining) < need:
-                return NodeFailure(node_name, reason, f"{who}: {len(remaining)} of {len(devices)} devices {text}, {need} needed")
+                if reason in (Reason.CLASS_SELECTOR, Reason.REQUEST_SELECTOR) and remaining:
+                    # Some devices match: the selectors are not what is wrong, the count is.
+                    reason = Reason.NOT_ENOUGH_DEVICES
+                return NodeFailure(node_name, reason, f"{who}: {len(remaining)} of {len(devices)} devices {text}, "
+                                   f"{need} needed", **where)
         return None
 
     def _counters_left(self, record: DeviceRecord, pool: Pool) -> bool:

@@ -10,6 +10,7 @@ per pod.
 
 from __future__ import annotations
 
+import dataclasses
 import heapq
 from dataclasses import dataclass, field
 from typing import Callable, Iterable, Sequence
@@ -489,9 +490,9 @@ class Cluster:
                         known = self._diagnose(claims, plans, name)
                         if likeness is not None and known.reason not in (Reason.POOL_INCOMPLETE, Reason.POOL_INVALID):
                             diagnosed[likeness] = known  # those two name the node's own pool
-                    outcome = NodeFailure(name, known.reason, known.message)
+                    outcome = dataclasses.replace(known, node=name)
                 elif outcome.node != name:
-                    outcome = NodeFailure(name, outcome.reason, outcome.message)
+                    outcome = dataclasses.replace(outcome, node=name)
                 failures.append(outcome)
         counts: dict[str, int] = {}
         for f in failures:

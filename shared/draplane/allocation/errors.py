@@ -57,6 +57,9 @@ class NodeFailure:
     node: str
     reason: Reason
     message: str
+    # The claim ("namespace/name") and request the failure is about, where it is about one.
+    claim: str = ""
+    request: str = ""
 
     def __str__(self) -> str:
         return f"node {self.node}: {self.message}"

@@ -33,6 +33,7 @@ UNSCHEDULABLE_TAINT_KEY = "node.kubernetes.io/unschedulable"
 REASON_UNSCHEDULABLE = "node(s) were unschedulable"
 REASON_AFFINITY = "node(s) didn't match Pod's node affinity/selector"
 REASON_TOO_MANY_PODS = "Too many pods"
+REASON_TAINT_PREFIX = "node(s) had untolerated taint "
 
 
 class NodeFitError(ValueError):
@@ -49,6 +50,18 @@ class NodeFit:
     @property
     def fits(self) -> bool:
         return not self.reasons
+
+    @property
+    def scheduler_reasons(self) -> tuple[str, ...]:
+        """The reasons kube-scheduler would report for this node: its filters run in the order
+        NodeUnschedulable, TaintToleration, NodeAffinity, NodeResourcesFit, and it stops at the
+        first that rejects the node, so only that one's reasons are counted."""
+        for belongs in (lambda r: r == REASON_UNSCHEDULABLE, lambda r: r.startswith(REASON_TAINT_PREFIX),
+                        lambda r: r == REASON_AFFINITY):
+            first = tuple(r for r in self.reasons if belongs(r))
+            if first:
+                return first
+        return self.reasons
 
     def __str__(self) -> str:
         return f"{self.node}: fits" if self.fits else f"{self.node}: {', '.join(self.reasons)}"
@@ -250,7 +263,7 @@ def untolerated_taint(tolerations: Sequence[Toleration], taints: Sequence[Taint]
 
 def _taint_reason(taint: Taint) -> str:
     inner = f"{taint.key}: {taint.value}" if taint.value else taint.key
-    return f"node(s) had untolerated taint {{{inner}}}"
+    return f"{REASON_TAINT_PREFIX}{{{inner}}}"
 
 
 # --- the whole filter ----------------------------------------------------------------------------

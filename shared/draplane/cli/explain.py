@@ -81,10 +81,13 @@ def _describe_allocation(claim: ResourceClaim) -> list[str]:
     return lines
 
 
-def _describe_failures(outcome: NotPlaced) -> list[str]:
+def _describe_failures(outcome: NotPlaced, said: list[str]) -> list[str]:
+    """The outcome of placing the pod now, then its per-node-class table. A message the pod's
+    condition already says (printed just before) is not printed again."""
     if outcome.claim_error:
-        return [f"No node can help: {outcome.claim_error}"]
-    lines = [outcome.message, "Per node class:"]
+        return [] if any(outcome.claim_error in line for line in said) else [f"No node can help: {outcome.claim_error}"]
+    lines = [] if any(line.endswith(f": {outcome.message}") for line in said) else [f"Placing it now: {outcome.message}"]
+    lines.append("Per node class:")
     groups: dict[str, list] = {}
     for f in outcome.failures:
         groups.setdefault(f.reason, []).append(f)
@@ -133,16 +136,18 @@ def explain_claim(snapshot: Snapshot, claim: ResourceClaim) -> list[str]:
     users = [p for p in snapshot.pods if p.metadata.namespace == claim.metadata.namespace
              and claim in _pod_claims(snapshot, p)[0]]
     pod = users[0] if users else Pod(metadata=ObjectMeta(name="(no pod)", namespace=claim.metadata.namespace, uid="-"))
+    said: list[str] = []
     if users:
         lines.append(f"Used by pod {pod.metadata.name}.")
-        lines.extend(_pod_status_lines(pod))
+        said = _pod_status_lines(pod)
+        lines.extend(said)
     else:
         lines.append("No pod uses it yet, so nothing asks for it to be allocated; what would happen if one did:")
     outcome = snapshot.state(without={claim.metadata.uid}).place_pod(pod, [claim])
     if isinstance(outcome, Placed):
         lines.append(f"It fits now: node {outcome.node} can take it; the next scheduling attempt should place it.")
     else:
-        lines.extend(_describe_failures(outcome))
+        lines.extend(_describe_failures(outcome, said))
     return lines
 
 
@@ -156,7 +161,8 @@ def explain_pod(snapshot: Snapshot, pod: Pod) -> list[str]:
                          else [f"ResourceClaim {_claim_name(claim)} is NOT allocated although the pod is bound"])
         return lines
     lines = [f"Pod {name} is pending (scheduler {pod.spec.scheduler_name or 'default-scheduler'})."]
-    lines.extend(_pod_status_lines(pod))
+    said = _pod_status_lines(pod)
+    lines.extend(said)
     if missing:
         lines.extend(f"Cannot be scheduled yet: {m}" for m in missing)
         return lines
@@ -165,7 +171,7 @@ def explain_pod(snapshot: Snapshot, pod: Pod) -> list[str]:
     if isinstance(outcome, Placed):
         lines.append(f"It fits now: node {outcome.node}; the next scheduling attempt should bind it.")
     else:
-        lines.extend(_describe_failures(outcome))
+        lines.extend(_describe_failures(outcome, said))
     return lines
 
 

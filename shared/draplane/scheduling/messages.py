@@ -85,6 +85,9 @@ class NodeFailure(msgspec.Struct, frozen=True, kw_only=True):
     node: str
     reason: str  # one of draplane.scheduling.unschedulable.FailureReason values
     detail: str = ""
+    # What kube-scheduler's message counts for this node, in its words ("Insufficient cpu",
+    # "cannot allocate all claims: ..."); the same for every node that failed alike.
+    reasons: list[str] = msgspec.field(default_factory=list)
 
 
 class Unschedulable(msgspec.Struct, tag="unschedulable", kw_only=True):

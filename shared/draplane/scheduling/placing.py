@@ -57,6 +57,36 @@ def failure_class(reason: Reason) -> FailureReason:
     return _CLASS_OF_REASON.get(reason, FailureReason.CAPACITY_EXHAUSTED)
 
 
+# kube-scheduler's DynamicResources filter says this for a node where the claims do not fit.
+CANNOT_ALLOCATE = "cannot allocate all claims"
+
+_WORDS_OF_REASON = {
+    Reason.NO_DEVICES: "the node has no devices",
+    Reason.CLASS_SELECTOR: "no device matches the device class",
+    Reason.REQUEST_SELECTOR: "no device matches the request's selectors",
+    Reason.IN_USE: "capacity exhausted (matching devices are all in use)",
+    Reason.TAINTED: "matching devices have taints the request does not tolerate",
+    Reason.CAPACITY: "capacity exhausted (matching devices lack the requested capacity)",
+    Reason.COUNTERS: "capacity exhausted (matching devices' shared counters are used up)",
+    Reason.CONSTRAINT: "no combination of devices satisfies the claim's constraints",
+    Reason.NOT_ENOUGH_DEVICES: "not enough devices",
+    Reason.POOL_INCOMPLETE: "a resource pool is being updated",
+    Reason.POOL_INVALID: "a resource pool is invalid",
+    Reason.SEARCH_LIMIT: "the device search reached its limit",
+}
+
+
+def device_reason(failure) -> str:
+    """A node's device failure as kube-scheduler's message counts it, named by claim and request,
+    with no per-node numbers so that alike nodes count together."""
+    words = _WORDS_OF_REASON.get(failure.reason, failure.message)
+    if failure.claim and failure.request:
+        return f"{CANNOT_ALLOCATE}: resourceclaim {failure.claim}, request {failure.request}: {words}"
+    if failure.claim:
+        return f"{CANNOT_ALLOCATE}: resourceclaim {failure.claim}: {words}"
+    return f"{CANNOT_ALLOCATE}: {words}"
+
+
 @dataclasses.dataclass(slots=True)
 class Placed:
     node: str
@@ -281,6 +311,29 @@ class ClusterState:
             used = self._used[name] = (cpu, memory)
         return allocatable[1] - used[0], allocatable[2] - used[1]
 
+    def _not_placed(self, device_failures: dict, node_filter, fit_failures: dict[str, tuple[str, list[str]]]) -> NotPlaced:
+        """One failure per node, as kube-scheduler reports them: node fit where the node fails it
+        (looked at here for nodes the device search never reached), else the devices' reason."""
+        failures = []
+        for name in sorted(self.nodes):
+            if name not in fit_failures:
+                # The device search skips node fit where the devices do not fit; kube-scheduler
+                # reports node fit first, so it is asked here.
+                node_filter(self.nodes[name])
+            if name in fit_failures:
+                detail, reasons = fit_failures[name]
+                failures.append(NodeFailure(node=name, reason=FailureReason.NODE_DOES_NOT_FIT.value, detail=detail,
+                                            reasons=reasons))
+            elif name in device_failures:
+                f = device_failures[name]
+                failures.append(NodeFailure(node=name, reason=failure_class(f.reason).value, detail=f.message,
+                                            reasons=[device_reason(f)]))
+            else:
+                failures.append(NodeFailure(node=name, reason=FailureReason.NO_MATCHING_DEVICE.value,
+                                            detail="the node has no devices in usable pools",
+                                            reasons=[f"{CANNOT_ALLOCATE}: the node has no devices"]))
+        return NotPlaced(message=summarize(failures, len(self.nodes)), failures=failures)
+
     def place_pod(self, pod: Pod, claims: Sequence[ResourceClaim]) -> Placed | NotPlaced:
         """Where `pod` and its claims can go: node fit first, then the devices, best score wins."""
         try:
@@ -307,21 +360,27 @@ class ClusterState:
             message = f"the pod's claims are allocated on different nodes: {', '.join(sorted(pinned))}"
             return NotPlaced(message=message, failures=[], claim_error=message)
 
-        fit_failures: dict[str, str] = {}
+        # node -> (detail, the reasons kube-scheduler would count) for nodes that failed node fit,
+        # or whose pinned claims keep the pod away
+        fit_failures: dict[str, tuple[str, list[str]]] = {}
 
         def node_filter(node: Node) -> bool:
+            # kube-scheduler's filters run in order and the first to reject a node names it: node
+            # fit (NodeUnschedulable ... NodeResourcesFit) before DynamicResources.
             name = node.metadata.name or ""
-            if pinned and name not in pinned:
-                fit_failures[name] = "the pod's other claims are allocated on another node"
-                return False
             try:
                 fit = self._node_fit(pod, requests, node)
             except NodeFitError as exc:
-                fit_failures[name] = str(exc)
+                fit_failures[name] = (str(exc), [str(exc)])
                 return False
             if not fit.fits:
-                fit_failures[name] = ", ".join(fit.reasons)
-            return fit.fits
+                fit_failures[name] = (", ".join(fit.reasons), list(fit.scheduler_reasons))
+                return False
+            if pinned and name not in pinned:
+                fit_failures[name] = ("the pod's other claims are allocated on another node",
+                                      ["resourceclaim not available on the node"])
+                return False
+            return True
 
         if not pending:
             candidates = sorted(pinned) if pinned else sorted(self.nodes)
@@ -329,11 +388,7 @@ class ClusterState:
                 node = self.nodes.get(name)
                 if node is not None and node_filter(node):
                     return Placed(node=name, allocations=done, new_claims=[], requests=requests)
-            failures = [
-                NodeFailure(node=n, reason=FailureReason.NODE_DOES_NOT_FIT.value, detail=fit_failures.get(n, "node not found"))
-                for n in candidates
-            ]
-            return NotPlaced(message=summarize(failures, len(self.nodes)), failures=failures)
+            return self._not_placed({}, node_filter, fit_failures)
 
         resources = NodeResources(requests.get(CPU, 0), requests.get(MEMORY, 0), self._free_cpu_memory)
         try:
@@ -341,14 +396,8 @@ class ClusterState:
         except AllocationError as exc:
             return NotPlaced(message=exc.message, failures=[], claim_error=exc.message)
         if isinstance(outcome, Unallocatable):
-            failures = []
-            for f in outcome.failures:
-                if f.reason is Reason.NODE_FILTERED:
-                    failures.append(NodeFailure(node=f.node, reason=FailureReason.NODE_DOES_NOT_FIT.value,
-                                                detail=fit_failures.get(f.node, f.message)))
-                else:
-                    failures.append(NodeFailure(node=f.node, reason=failure_class(f.reason).value, detail=f.message))
-            return NotPlaced(message=summarize(failures, len(self.nodes)), failures=failures)
+            device_failures = {f.node: f for f in outcome.failures if f.reason is not Reason.NODE_FILTERED}
+            return self._not_placed(device_failures, node_filter, fit_failures)
         allocations = dict(done)
         new_claims = []
         for claim, allocation in zip(pending, outcome.allocations):

@@ -1,8 +1,8 @@
 """Why a pod cannot be placed, in words a user can act on.
 
-Kubernetes says "cannot allocate all claims" and stops there. Here every node gets one of four
-failure classes, and the message counts nodes per class, most common first, with the detail of the
-first node in each class (for example which class or which constraint).
+The message is kube-scheduler's, counting each node's reason in its words, where kube-scheduler
+says only "cannot allocate all claims" for a device failure and this names the claim, the request
+and why. Every node also gets one of four failure classes, for `draplane explain`'s table.
 """
 
 from __future__ import annotations
@@ -33,29 +33,31 @@ class FailureReason(str, enum.Enum):
 _WORDS = {
     FailureReason.NO_MATCHING_DEVICE: "no device matches the class",
     FailureReason.CONSTRAINT_FAILED: "a constraint failed",
-    FailureReason.CAPACITY_EXHAUSTED: "capacity exhausted (matching devices are all in use)",
+    FailureReason.CAPACITY_EXHAUSTED: "capacity exhausted (too few free matching devices)",
     FailureReason.NODE_DOES_NOT_FIT: "the node does not fit the pod",
 }
 
 
 def summarize(failures: Iterable[NodeFailure], total_nodes: int) -> str:
-    """`0/3 nodes are available: 2 nodes: capacity exhausted ...; 1 node: no device matches ...`."""
-    by_reason: dict[str, list[NodeFailure]] = {}
-    for failure in failures:
-        by_reason.setdefault(failure.reason, []).append(failure)
+    """kube-scheduler's message: `0/4 nodes are available: 1 Insufficient cpu, 3 node(s) didn't
+    match Pod's node affinity/selector.` Each node's reasons are counted, and the counts are
+    listed in sorted order, as its FitError does. A node failing for a device reason counts as
+    `cannot allocate all claims: resourceclaim ns/name, request r: <why>`."""
     if total_nodes == 0:
         return "0/0 nodes are available: the cluster has no nodes."
-    parts = []
-    for reason, group in sorted(by_reason.items(), key=lambda item: (-len(item[1]), item[0])):
-        try:
-            words = FailureReason(reason).words
-        except ValueError:
-            words = reason
-        detail = next((f.detail for f in group if f.detail), "")
-        noun = "node" if len(group) == 1 else "nodes"
-        parts.append(f"{len(group)} {noun}: {words}" + (f" ({detail})" if detail else ""))
-    available = total_nodes - sum(len(g) for g in by_reason.values())
-    return f"{max(available, 0)}/{total_nodes} nodes are available: " + "; ".join(parts) + "."
+    counts: dict[str, int] = {}
+    for failure in failures:
+        for reason in failure.reasons or [_class_words(failure.reason)]:
+            counts[reason] = counts.get(reason, 0) + 1
+    parts = sorted(f"{count} {reason}" for reason, count in counts.items())
+    return f"0/{total_nodes} nodes are available: " + ", ".join(parts) + "."
+
+
+def _class_words(reason: str) -> str:
+    try:
+        return FailureReason(reason).words
+    except ValueError:
+        return reason
 
 
 def claim_problem(message: str) -> str:

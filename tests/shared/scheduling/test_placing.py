@@ -52,7 +52,10 @@ def test_a_reserved_device_is_taken_and_the_reason_says_so_per_node():
     reasons = {f.node: f.reason for f in outcome.failures}
     assert reasons["node-80"] == FailureReason.CAPACITY_EXHAUSTED.value
     assert reasons["node-24"] == FailureReason.NO_MATCHING_DEVICE.value
-    assert outcome.message.startswith("0/3 nodes are available: 2 nodes: no device matches the class")
+    assert outcome.message == (
+        "0/3 nodes are available: 1 cannot allocate all claims: resourceclaim ns/b, request gpu: capacity exhausted "
+        "(matching devices are all in use), 2 cannot allocate all claims: resourceclaim ns/b, request gpu: no device "
+        "matches the device class.")
     # the reservation is released: the device is free again
     state.set_reservations("node-80", rv.NodeReservations(node="node-80"))
     assert isinstance(state.place_pod(with_uid(scenario.pod("ns", "q", claim_name="b"), "p2"), [second]), Placed)
@@ -160,3 +163,49 @@ def test_a_lapsed_pod_reservation_no_longer_takes_cpu():
                                reserved_at=0.0, expires_at=time.time() - 1)
     state.set_reservations("small", rv.add(rv.NodeReservations(node="small"), [], lapsed))
     assert isinstance(state.place_pod(with_uid(scenario.pod("ns", "p", cpu="3"), "p"), []), Placed)
+
+
+def eight_gpu_nodes(count: int = 4) -> ClusterState:
+    state = ClusterState()
+    state.set_class(scenario.device_class("gpu.nvidia.com"))
+    for i in range(count):
+        name = f"node-{i}"
+        state.set_node(scenario.gpu_node(name, cpu="64", labels={"pool": "big" if i == 0 else "small"}))
+        state.set_feed_entry(f"node.{name}", [scenario.gpu_slice(name, 8, "80Gi")])
+    return state
+
+
+def test_nine_gpus_on_eight_gpu_nodes_is_not_enough_devices_on_every_node():
+    state = eight_gpu_nodes()
+    claim = with_uid(scenario.claim("ns", "nine", "gpu.nvidia.com", count=9), "c9")
+    outcome = state.place_pod(with_uid(scenario.pod("ns", "p", claim_name="nine"), "p9"), [claim])
+    assert isinstance(outcome, NotPlaced)
+    assert outcome.message == ("0/4 nodes are available: 4 cannot allocate all claims: resourceclaim ns/nine, "
+                               "request gpu: not enough devices.")
+    assert {f.reason for f in outcome.failures} == {FailureReason.CAPACITY_EXHAUSTED.value}
+    assert "8 of 8 devices match the selectors of device class gpu.nvidia.com, 9 needed" in outcome.failures[0].detail
+
+
+def test_cpu_bound_second_pod_gets_kube_schedulers_message():
+    state = eight_gpu_nodes()
+    first = with_uid(scenario.pod("ns", "a", claim_name="a", cpu="40"), "pa")
+    first.spec.node_selector = {"pool": "big"}
+    placed = state.place_pod(first, [with_uid(scenario.claim("ns", "a", "gpu.nvidia.com"), "ca")])
+    assert isinstance(placed, Placed) and placed.node == "node-0"
+    state.assume_pod("pa", placed.node, placed.requests)
+    second = with_uid(scenario.pod("ns", "b", claim_name="b", cpu="40"), "pb")
+    second.spec.node_selector = {"pool": "big"}
+    outcome = state.place_pod(second, [with_uid(scenario.claim("ns", "b", "gpu.nvidia.com"), "cb")])
+    assert outcome.message == ("0/4 nodes are available: 1 Insufficient cpu, "
+                               "3 node(s) didn't match Pod's node affinity/selector.")
+
+
+def test_nodes_the_selector_excludes_are_reported_by_node_fit_not_by_devices():
+    state = eight_gpu_nodes()
+    state.set_node(scenario.gpu_node("cpu-only", labels={"pool": "small"}))  # no devices at all
+    pod = with_uid(scenario.pod("ns", "p", claim_name="nine"), "p9")
+    pod.spec.node_selector = {"pool": "big"}
+    outcome = state.place_pod(pod, [with_uid(scenario.claim("ns", "nine", "gpu.nvidia.com", count=9), "c9")])
+    assert outcome.message == ("0/5 nodes are available: 1 cannot allocate all claims: resourceclaim ns/nine, "
+                               "request gpu: not enough devices, 4 node(s) didn't match Pod's node affinity/selector.")
+    assert len(outcome.failures) == 5

@@ -2,15 +2,17 @@ from draplane.scheduling.messages import NodeFailure
 from draplane.scheduling.unschedulable import FailureReason, summarize
 
 
-def test_counts_nodes_per_failure_class_most_common_first():
+def test_counts_each_nodes_reasons_in_sorted_order_as_kube_scheduler_does():
     failures = [
-        NodeFailure(node="a", reason=FailureReason.CAPACITY_EXHAUSTED.value),
-        NodeFailure(node="b", reason=FailureReason.CAPACITY_EXHAUSTED.value),
-        NodeFailure(node="c", reason=FailureReason.NO_MATCHING_DEVICE.value, detail="class high-memory-gpu"),
+        NodeFailure(node="a", reason=FailureReason.NODE_DOES_NOT_FIT.value, reasons=["Insufficient cpu", "Insufficient memory"]),
+        NodeFailure(node="b", reason=FailureReason.NODE_DOES_NOT_FIT.value, reasons=["Insufficient cpu"]),
+        NodeFailure(node="c", reason=FailureReason.NO_MATCHING_DEVICE.value,
+                    reasons=["cannot allocate all claims: resourceclaim ns/c, request gpu: not enough devices"]),
+        NodeFailure(node="d", reason=FailureReason.CAPACITY_EXHAUSTED.value),  # from an older shard: class words
     ]
-    assert summarize(failures, 3) == (
-        "0/3 nodes are available: 2 nodes: capacity exhausted (matching devices are all in use); "
-        "1 node: no device matches the class (class high-memory-gpu)."
+    assert summarize(failures, 4) == (
+        "0/4 nodes are available: 1 Insufficient memory, 1 cannot allocate all claims: resourceclaim ns/c, request gpu: "
+        "not enough devices, 1 capacity exhausted (too few free matching devices), 2 Insufficient cpu."
     )
 
 

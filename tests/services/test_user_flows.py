@@ -1,0 +1,275 @@
+"""A new user's first claims, applied with the real kubectl, through the binder and the shards.
+
+Each flow is what a developer types: a ResourceClaim or ResourceClaimTemplate and a Pod in YAML,
+`kubectl apply`, then `kubectl get` until the pod is bound or explained. The nodes and their
+ResourceSlices are the cluster's (put in place as the inventory service would); everything the
+user touches goes through kubectl and the apiserver judges it.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+import uuid
+
+import pytest
+
+from draplane.api.core import Node
+from draplane.api.meta import ObjectMeta
+from draplane.api.resource import (
+    CELDeviceSelector,
+    Device,
+    DeviceAttribute,
+    DeviceClass,
+    DeviceClassSpec,
+    DeviceSelector,
+    ResourcePool,
+    ResourceSlice,
+    ResourceSliceSpec,
+)
+from draplane.scheduling import scenario
+from conftest import ensure_class  # noqa: E402  (tests/services/conftest.py)
+
+pytestmark = pytest.mark.integration
+
+NIC_DRIVER = "nic.example.com"
+PCIE_ROOT = "resource.kubernetes.io/pcieRoot"
+
+
+def nic_slice(node: str, nics: int) -> ResourceSlice:
+    """One NIC per PCIe root, where gpu_slice puts two GPUs per root."""
+    devices = [Device(name=f"nic-{i}", attributes={PCIE_ROOT: DeviceAttribute(string_value=f"pci0000:{i:02x}")})
+               for i in range(nics)]
+    return ResourceSlice(
+        metadata=ObjectMeta(name=f"{node}-{NIC_DRIVER}"),
+        spec=ResourceSliceSpec(driver=NIC_DRIVER, pool=ResourcePool(name=node, generation=1, resource_slice_count=1),
+                               node_name=node, devices=devices),
+    )
+
+
+def pod_yaml(namespace: str, name: str, scheduler: str, claim: str | None = None, template: str | None = None,
+             cpu: str | None = None, node_selector: dict | None = None) -> str:
+    source = f"resourceClaimName: {claim}" if claim else f"resourceClaimTemplateName: {template}"
+    requests = f"\n        requests: {{cpu: \"{cpu}\"}}" if cpu else ""
+    selector = f"\n  nodeSelector: {json.dumps(node_selector)}" if node_selector else ""
+    return f"""
+apiVersion: v1
+kind: Pod
+metadata: {{name: {name}, namespace: {namespace}}}
+spec:
+  schedulerName: {scheduler}{selector}
+  containers:
+    - name: main
+      image: registry.k8s.io/pause:3.10
+      resources:
+        claims: [{{name: devices}}]{requests}
+  resourceClaims:
+    - name: devices
+      {source}
+"""
+
+
+def claim_yaml(namespace: str, name: str, class_name: str, count: int = 1, extra: str = "") -> str:
+    return f"""
+apiVersion: resource.k8s.io/v1
+kind: ResourceClaim
+metadata: {{name: {name}, namespace: {namespace}}}
+spec:
+  devices:
+    requests:
+      - name: gpus
+        exactly:
+          deviceClassName: {class_name}
+          count: {count}{extra}
+"""
+
+
+async def get_json(kubectl, *args: str) -> dict:
+    return json.loads(await kubectl("get", *args, "-o", "json"))
+
+
+async def wait_bound(scheduling, kubectl, namespace: str, pod: str, timeout: float = 45.0) -> dict:
+    async def bound():
+        got = await get_json(kubectl, "pod", pod, "-n", namespace)
+        return got if got["spec"].get("nodeName") else None
+
+    return await scheduling.wait_for(bound, timeout, f"pod {namespace}/{pod} bound (kubectl get)")
+
+
+async def wait_unschedulable(scheduling, kubectl, namespace: str, pod: str, contains: str = "",
+                             timeout: float = 45.0) -> str:
+    async def explained():
+        got = await get_json(kubectl, "pod", pod, "-n", namespace)
+        assert not got["spec"].get("nodeName"), f"pod {pod} was bound to {got['spec']['nodeName']}"
+        for condition in got.get("status", {}).get("conditions", []):
+            if condition["type"] == "PodScheduled" and condition["status"] == "False" and contains in condition["message"]:
+                return condition["message"]
+        return None
+
+    return await scheduling.wait_for(explained, timeout, f"pod {namespace}/{pod} unschedulable saying {contains!r}")
+
+
+async def claim_results(kubectl, namespace: str, claim: str) -> list[dict]:
+    got = await get_json(kubectl, "resourceclaim", claim, "-n", namespace)
+    return got["status"]["allocation"]["devices"]["results"]
+
+
+async def gpu_cluster(scheduling, kube, *, nodes: int = 1, gpus: int = 8, nics: int = 0, cpu: str = "64",
+                      labels=None) -> tuple[str, list[str]]:
+    class_name = f"gpu-{uuid.uuid4().hex[:6]}"
+    await ensure_class(kube, scenario.device_class(class_name))
+    names = []
+    for i in range(nodes):
+        name = f"user-{i}-{uuid.uuid4().hex[:6]}"
+        slices = [scenario.gpu_slice(name, gpus, "80Gi")] + ([nic_slice(name, nics)] if nics else [])
+        await scheduling.put_node(scenario.gpu_node(name, cpu=cpu, labels=(labels or {}).get(i)), slices)
+        names.append(name)
+    return class_name, names
+
+
+def no_races_or_errors(scheduling) -> None:
+    for shard in scheduling.shards:
+        assert shard.counters["errors"] == 0, shard.counters
+    assert scheduling.binder.counters["errors"] == 0, scheduling.binder.counters
+
+
+@pytest.mark.parametrize("shards", [1, 2])
+async def test_a_claim_for_two_gpus_binds(scheduling, kube, kubectl, namespace, shards):
+    class_name, (node,) = await gpu_cluster(scheduling, kube)
+    await scheduling.start(shards=shards)
+    await kubectl.apply(claim_yaml(namespace, "two-gpus", class_name, count=2)
+                        + "---" + pod_yaml(namespace, "trainer", scheduling.scheduler_name, claim="two-gpus"))
+    pod = await wait_bound(scheduling, kubectl, namespace, "trainer")
+    assert pod["spec"]["nodeName"] == node
+    results = await claim_results(kubectl, namespace, "two-gpus")
+    assert len({r["device"] for r in results}) == 2 and all(r["pool"] == node for r in results)
+    claim = await get_json(kubectl, "resourceclaim", "two-gpus", "-n", namespace)
+    assert [c["name"] for c in claim["status"]["reservedFor"]] == ["trainer"]
+    no_races_or_errors(scheduling)
+
+
+async def test_two_gpus_and_a_nic_under_one_pcie_root_from_a_template(scheduling, kube, kubectl, namespace):
+    class_name, (node,) = await gpu_cluster(scheduling, kube, nics=4)
+    nic_class = f"nic-{uuid.uuid4().hex[:6]}"
+    await ensure_class(kube, DeviceClass(metadata=ObjectMeta(name=nic_class), spec=DeviceClassSpec(
+        selectors=[DeviceSelector(cel=CELDeviceSelector(expression=f'device.driver == "{NIC_DRIVER}"'))])))
+    await scheduling.start(shards=1)
+    template = f"""
+apiVersion: resource.k8s.io/v1
+kind: ResourceClaimTemplate
+metadata: {{name: gpus-and-nic, namespace: {namespace}}}
+spec:
+  spec:
+    devices:
+      requests:
+        - name: gpus
+          exactly: {{deviceClassName: {class_name}, count: 2}}
+        - name: nic
+          exactly: {{deviceClassName: {nic_class}}}
+      constraints:
+        - requests: [gpus, nic]
+          matchAttribute: {PCIE_ROOT}
+"""
+    await kubectl.apply(template + "---" + pod_yaml(namespace, "rdma", scheduling.scheduler_name, template="gpus-and-nic"))
+    pod = await wait_bound(scheduling, kubectl, namespace, "rdma")
+    claim_name = pod["status"]["resourceClaimStatuses"][0]["resourceClaimName"]
+    results = await claim_results(kubectl, namespace, claim_name)
+    assert sorted(r["request"] for r in results) == ["gpus", "gpus", "nic"]
+    slices = {s.metadata.name: s for s in (await kube.list(ResourceSlice))[0] if s.spec.node_name == node}
+    roots = set()
+    for r in results:
+        (device,) = [d for s in slices.values() if s.spec.driver == r["driver"] for d in s.spec.devices
+                     if d.name == r["device"]]
+        roots.add(device.attributes[PCIE_ROOT].string_value)
+    assert len(roots) == 1, results
+    no_races_or_errors(scheduling)
+
+
+async def test_admin_access_on_a_busy_device_and_an_ordinary_claim_beside_it(scheduling, kube, kubectl, namespace):
+    class_name, (node,) = await gpu_cluster(scheduling, kube, gpus=1)
+    await kubectl("label", "namespace", namespace, "resource.kubernetes.io/admin-access=true")
+    await scheduling.start(shards=2)
+    admin = "\n          adminAccess: true"
+    # An admin watches the only GPU first; an ordinary user still gets it; a second admin watches
+    # it while it is in use.
+    await kubectl.apply(claim_yaml(namespace, "monitor", class_name, extra=admin)
+                        + "---" + pod_yaml(namespace, "monitor", scheduling.scheduler_name, claim="monitor"))
+    await wait_bound(scheduling, kubectl, namespace, "monitor")
+    await kubectl.apply(claim_yaml(namespace, "work", class_name)
+                        + "---" + pod_yaml(namespace, "work", scheduling.scheduler_name, claim="work"))
+    await wait_bound(scheduling, kubectl, namespace, "work")
+    await kubectl.apply(claim_yaml(namespace, "debug", class_name, extra=admin)
+                        + "---" + pod_yaml(namespace, "debug", scheduling.scheduler_name, claim="debug"))
+    await wait_bound(scheduling, kubectl, namespace, "debug")
+    for claim, admin_access in (("monitor", True), ("work", None), ("debug", True)):
+        (result,) = await claim_results(kubectl, namespace, claim)
+        assert (result["pool"], result["device"], result.get("adminAccess")) == (node, "gpu-0", admin_access)
+    # and a second ordinary user does not get it
+    await kubectl.apply(claim_yaml(namespace, "more", class_name)
+                        + "---" + pod_yaml(namespace, "more", scheduling.scheduler_name, claim="more"))
+    await wait_unschedulable(scheduling, kubectl, namespace, "more", "all in use")
+    no_races_or_errors(scheduling)
+
+
+async def test_a_device_taint_rule_keeps_untolerating_claims_off_until_it_is_deleted(scheduling, kube, kubectl,
+                                                                                      namespace):
+    class_name, (node,) = await gpu_cluster(scheduling, kube, gpus=2)
+    await scheduling.start(shards=1)
+    rule = f"maintenance-{namespace[-6:]}"
+    await kubectl.apply(f"""
+apiVersion: resource.k8s.io/v1
+kind: DeviceTaintRule
+metadata: {{name: {rule}}}
+spec:
+  deviceSelector: {{driver: {scenario.GPU_DRIVER}, pool: {node}}}
+  taint: {{key: example.com/maintenance, value: planned, effect: NoSchedule}}
+""")
+    try:
+        await kubectl.apply(claim_yaml(namespace, "plain", class_name)
+                            + "---" + pod_yaml(namespace, "plain", scheduling.scheduler_name, claim="plain"))
+        message = await wait_unschedulable(scheduling, kubectl, namespace, "plain", "taints")
+        assert "resourceclaim " + namespace + "/plain" in message
+        tolerating = "\n          tolerations: [{key: example.com/maintenance, operator: Exists}]"
+        await kubectl.apply(claim_yaml(namespace, "tolerant", class_name, extra=tolerating)
+                            + "---" + pod_yaml(namespace, "tolerant", scheduling.scheduler_name, claim="tolerant"))
+        pod = await wait_bound(scheduling, kubectl, namespace, "tolerant")
+        assert pod["spec"]["nodeName"] == node
+        events = await get_json(kubectl, "events", "-n", namespace, "--field-selector", "involvedObject.name=plain")
+        assert any(e["reason"] == "FailedScheduling" and "taints" in e["message"] for e in events["items"])
+    finally:
+        await kubectl("delete", "devicetaintrule", rule, "--ignore-not-found")
+    await wait_bound(scheduling, kubectl, namespace, "plain")
+    no_races_or_errors(scheduling)
+
+
+async def test_nine_gpus_on_eight_gpu_nodes_is_not_enough_devices(scheduling, kube, kubectl, namespace):
+    class_name, names = await gpu_cluster(scheduling, kube, nodes=2)
+    await scheduling.start(shards=1)
+    await kubectl.apply(claim_yaml(namespace, "nine", class_name, count=9)
+                        + "---" + pod_yaml(namespace, "big", scheduling.scheduler_name, claim="nine"))
+    message = await wait_unschedulable(scheduling, kubectl, namespace, "big", "not enough devices")
+    total = len((await kube.list(Node))[0])
+    assert message.startswith(f"0/{total} nodes are available: ")
+    assert f"2 cannot allocate all claims: resourceclaim {namespace}/nine, request gpus: not enough devices" in message
+    assert "no device matches" not in message
+    described = await kubectl("describe", "pod", "big", "-n", namespace)
+    assert "FailedScheduling" in described and "not enough devices" in described
+    no_races_or_errors(scheduling)
+
+
+async def test_a_second_cpu_bound_pod_gets_kube_schedulers_reasons(scheduling, kube, kubectl, namespace):
+    pool = f"big-{namespace[-6:]}"
+    class_name, names = await gpu_cluster(scheduling, kube, nodes=4, labels={0: {"pool": pool}})
+    await scheduling.start(shards=1)
+    for name in ("first", "second"):
+        await kubectl.apply(claim_yaml(namespace, name, class_name) + "---"
+                            + pod_yaml(namespace, name, scheduling.scheduler_name, claim=name, cpu="40",
+                                       node_selector={"pool": pool}))
+        if name == "first":
+            assert (await wait_bound(scheduling, kubectl, namespace, "first"))["spec"]["nodeName"] == names[0]
+    message = await wait_unschedulable(scheduling, kubectl, namespace, "second", "Insufficient cpu")
+    total = len((await kube.list(Node))[0])
+    assert message == (f"0/{total} nodes are available: 1 Insufficient cpu, "
+                       f"{total - 1} node(s) didn't match Pod's node affinity/selector."), message
+    assert re.search(r"didn't match Pod's node affinity/selector", message)
+    no_races_or_errors(scheduling)
