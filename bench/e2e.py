@@ -5,19 +5,23 @@ The shape of kube-scheduler's DRA benchmark `SchedulingWithResourceClaimTemplate
 warm-up, the next 2,500 are measured (pods/s from the first measured create to the last measured
 bind; create-to-bound latency p50/p99). Every shard count runs on a fresh local control plane with
 the binder and each shard as its own process, all on this machine. Then a steady 10 pods/s run
-measures latency alone.
+measures latency alone. Then a topology mix: 1-, 2-, 4- and 8-GPU template claims (the 2-GPU one
+under one PCIe root, by matchAttribute) on 8-GPU nodes, at 60 % of the GPUs.
 
     .venv/bin/python bench/e2e.py                       # the full shape (long on 2 cores)
     .venv/bin/python bench/e2e.py --nodes 100 --pods 1000 --warmup 500 --shards 1 2 4
+    .venv/bin/python bench/e2e.py --only-topology --mix-nodes 100 --mix-pods 200
 
 Prints `BENCH name=e2e_5000x500 shards=N pods_per_s=... p50_ms=... p99_ms=...` per shard count
-(the name carries the shape actually run) and `BENCH name=e2e_steady_10pps p50_ms=... p99_ms=...`.
+(the name carries the shape actually run), `BENCH name=e2e_steady_10pps p50_ms=... p99_ms=...` and
+`BENCH name=e2e_topology_mix_<pods>x<nodes> shards=N pods_per_s=... p50_ms=... p99_ms=... gpus=...`.
 """
 
 from __future__ import annotations
 
 import argparse
 import asyncio
+import random
 import contextlib
 import logging
 import signal
@@ -32,12 +36,16 @@ import nats
 from nats.js.api import KeyValueConfig
 
 from draplane.api.core import Node, Pod
-from draplane.kube import KubeApiError, KubeClient, watch_objects
+from draplane.api.resource import DeviceConstraint
+from draplane.kube import KubeClient, watch_objects
 from draplane.localenv.controlplane import ControlPlane
 from draplane.messages.inventory import SCHEMA_VERSION, FeedEntry, InventoryNames, encode
 from draplane.scheduling import scenario
 
 PREFIX = "draplane."
+PCIE_ROOT = "resource.kubernetes.io/pcieRoot"
+# (template, GPUs, share of pods in %): gpu_slice puts two GPUs under each PCIe root
+TOPOLOGY_MIX = (("one-gpu", 1, 50), ("two-gpus-one-root", 2, 25), ("four-gpus", 4, 15), ("eight-gpus", 8, 10))
 
 
 def percentile(values: list[float], p: float) -> float:
@@ -132,10 +140,11 @@ class BindRecorder:
 
 
 async def create_pods(kube: KubeClient, namespace: str, names: list[str], created_at: dict[str, float],
-                      *, rate: float | None = None, batch: int = 64) -> None:
+                      *, rate: float | None = None, batch: int = 64, templates: dict[str, str] | None = None) -> None:
     async def one(name: str) -> None:
         t = time.time()
-        await kube.create(scenario.pod(namespace, name, template_name="one-gpu"))
+        template = (templates or {}).get(name, "one-gpu")
+        await kube.create(scenario.pod(namespace, name, template_name=template))
         created_at[name] = t
 
     if rate is None:
@@ -159,6 +168,16 @@ async def create_pods(kube: KubeClient, namespace: str, names: list[str], create
     await asyncio.gather(*tasks)
 
 
+def topology_templates(namespace: str, class_name: str) -> list:
+    templates = []
+    for name, gpus, _ in TOPOLOGY_MIX[1:]:
+        template = scenario.claim_template(namespace, name, class_name, count=gpus)
+        if name == "two-gpus-one-root":
+            template.spec.spec.devices.constraints = [DeviceConstraint(requests=["gpu"], match_attribute=PCIE_ROOT)]
+        templates.append(template)
+    return templates
+
+
 async def prepare(plane: ControlPlane, nodes: int, gpus: int):
     kube = await KubeClient.from_kubeconfig(plane.kubeconfig)
     nc = await nats.connect(plane.nats_url)
@@ -169,18 +188,20 @@ async def prepare(plane: ControlPlane, nodes: int, gpus: int):
     class_name = f"gpu-{tag}"
     await kube.create(scenario.device_class(class_name, 'device.attributes["gpu.nvidia.com"].type == "gpu"'))
     await kube.create(scenario.claim_template(namespace, "one-gpu", class_name))
+    for template in topology_templates(namespace, class_name):
+        await kube.create(template)
     return kube, nc, namespace
 
 
 @contextlib.asynccontextmanager
-async def running_services(args, shards: int, prefix: str):
+async def running_services(args, shards: int, prefix: str, *, nodes: int | None = None, gpus: int | None = None):
     """A fresh control plane, its nodes and the services, up once a probe pod binds; torn down after.
     Yields the client, the namespace, the bind recorder and the creation times to fill."""
     workdir = Path(tempfile.mkdtemp(prefix=prefix))
     plane = ControlPlane.start(workdir / "plane")
     procs: list[subprocess.Popen] = []
     try:
-        kube, nc, namespace = await prepare(plane, args.nodes, args.gpus)
+        kube, nc, namespace = await prepare(plane, nodes or args.nodes, gpus or args.gpus)
         procs = start_services(plane, shards, workdir)
         recorder = BindRecorder(kube, namespace)
         created_at: dict[str, float] = {}
@@ -221,6 +242,25 @@ async def steady_case(args, shards: int) -> dict:
     return {"p50_ms": percentile(latencies, 50), "p99_ms": percentile(latencies, 99)}
 
 
+async def topology_case(args, shards: int) -> dict:
+    """Mixed 1/2/4/8-GPU claims arriving in a random (seeded) order on 8-GPU nodes."""
+    rng = random.Random(args.seed)
+    names = [f"t-{i:05d}" for i in range(args.mix_pods)]
+    weights = [share for _, _, share in TOPOLOGY_MIX]
+    templates = {n: rng.choices([t for t, _, _ in TOPOLOGY_MIX], weights)[0] for n in names}
+    gpus_of = {t: g for t, g, _ in TOPOLOGY_MIX}
+    async with running_services(args, shards, "draplane-e2e-topology-", nodes=args.mix_nodes, gpus=8) as (
+        kube, namespace, recorder, created_at,
+    ):
+        await create_pods(kube, namespace, names, created_at, templates=templates)
+        await recorder.wait_bound(names, timeout=args.timeout)
+        first = min(created_at[n] for n in names)
+        last = max(recorder.bound_at[n] for n in names)
+        latencies = [(recorder.bound_at[n] - created_at[n]) * 1000 for n in names]
+    return {"pods_per_s": len(names) / (last - first), "p50_ms": percentile(latencies, 50),
+            "p99_ms": percentile(latencies, 99), "gpus": sum(gpus_of[t] for t in templates.values())}
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--nodes", type=int, default=500)
@@ -232,6 +272,12 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--steady-shards", type=int, default=None, help="default: the best throughput shard count")
     parser.add_argument("--skip-steady", action="store_true")
     parser.add_argument("--timeout", type=float, default=1800.0)
+    parser.add_argument("--mix-nodes", type=int, default=200, help="8-GPU nodes of the topology mix")
+    parser.add_argument("--mix-pods", type=int, default=400, help="pods of the topology mix (about 60%% of the GPUs)")
+    parser.add_argument("--mix-shards", type=int, default=1)
+    parser.add_argument("--seed", type=int, default=42)
+    parser.add_argument("--skip-topology", action="store_true")
+    parser.add_argument("--only-topology", action="store_true")
     args = parser.parse_args(argv)
     if not 0 < args.warmup < args.pods:
         parser.error("--warmup must be between 0 and --pods")
@@ -241,6 +287,8 @@ def main(argv: list[str] | None = None) -> int:
     uvloop.install()
     name = f"e2e_{args.pods}x{args.nodes}"
     results = {}
+    if args.only_topology:
+        args.shards, args.skip_steady = [], True
     for shards in args.shards:
         results[shards] = asyncio.run(throughput_case(args, shards))
         r = results[shards]
@@ -250,6 +298,11 @@ def main(argv: list[str] | None = None) -> int:
         best = args.steady_shards or max(results, key=lambda s: results[s]["pods_per_s"])
         r = asyncio.run(steady_case(args, best))
         print(f"BENCH name=e2e_steady_10pps shards={best} p50_ms={r['p50_ms']:.0f} p99_ms={r['p99_ms']:.0f}", flush=True)
+    if not args.skip_topology:
+        r = asyncio.run(topology_case(args, args.mix_shards))
+        print(f"BENCH name=e2e_topology_mix_{args.mix_pods}x{args.mix_nodes} shards={args.mix_shards} "
+              f"pods_per_s={r['pods_per_s']:.1f} p50_ms={r['p50_ms']:.0f} p99_ms={r['p99_ms']:.0f} gpus={r['gpus']}",
+              flush=True)
     return 0
 
 

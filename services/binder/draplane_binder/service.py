@@ -73,13 +73,30 @@ class WorkQueue:
     from its template (the claims cache learns of the first create only when it returns).
     """
 
-    __slots__ = ("_queue", "_queued", "_processing", "_again")
+    __slots__ = ("_queue", "_queued", "_processing", "_again", "_failures", "_initial", "_max")
 
-    def __init__(self) -> None:
+    def __init__(self, *, initial_backoff: float = 0.1, max_backoff: float = 30.0) -> None:
         self._queue: asyncio.Queue = asyncio.Queue()
         self._queued: set = set()
         self._processing: set = set()
         self._again: set = set()
+        # key -> failures in a row, for client-go's per-item exponential backoff
+        self._failures: dict = {}
+        self._initial = initial_backoff
+        self._max = max_backoff
+
+    def retry_later(self, key) -> float:
+        """Put the key back after a backoff that doubles with each failure in a row (an error
+        that lasts is retried ever more slowly, never in a hot loop). Returns the delay."""
+        failures = self._failures.get(key, 0)
+        self._failures[key] = failures + 1
+        delay = min(self._max, self._initial * 2 ** failures)
+        asyncio.get_running_loop().call_later(delay, self.put, key)
+        return delay
+
+    def forget(self, key) -> None:
+        """The key was handled: its next failure starts the backoff afresh."""
+        self._failures.pop(key, None)
 
     def put(self, key) -> None:
         if key in self._processing:
@@ -305,14 +322,22 @@ class Binder:
             key = await self.pod_queue.get()
             try:
                 await self._reconcile_pod(key)
+                self.pod_queue.forget(key)
             except KubeApiError as exc:
                 if exc.is_conflict or exc.retryable:
-                    await asyncio.sleep(0.1)
-                    self.pod_queue.put(key)
+                    delay = self.pod_queue.retry_later(key)
+                    log.log(logging.DEBUG if exc.is_conflict else logging.WARNING,
+                            "pod %s/%s: %s; retrying in %.1f s", *key, exc, delay)
                 elif not exc.is_not_found:
                     log.warning("pod %s/%s: %s", *key, exc)
-            except Exception:  # noqa: BLE001 - one bad pod must not stop the worker
-                log.exception("pod %s/%s: reconcile failed", *key)
+            except Exception as exc:  # noqa: BLE001 - one bad pod must not stop the worker
+                self.counters["errors"] += 1
+                delay = self.pod_queue.retry_later(key)
+                log.exception("pod %s/%s: reconcile failed; retrying in %.1f s", *key, delay)
+                pod = self.pods.get(key)
+                if pod is not None:
+                    await self._report_error(pod.metadata.uid or "", f"draplane binder: preparing the pod failed: "
+                                             f"{exc!r}; retrying in {delay:.0f} s")
             finally:
                 self.pod_queue.done(key)
 
@@ -773,14 +798,18 @@ class Binder:
             key = await self.claim_queue.get()
             try:
                 await self._reconcile_claim(key)
+                self.claim_queue.forget(key)
             except KubeApiError as exc:
                 if exc.is_conflict or exc.retryable:
-                    await asyncio.sleep(0.1)
-                    self.claim_queue.put(key)
+                    delay = self.claim_queue.retry_later(key)
+                    log.log(logging.DEBUG if exc.is_conflict else logging.WARNING,
+                            "resourceclaim %s/%s: %s; retrying in %.1f s", *key, exc, delay)
                 elif not exc.is_not_found:
-                    log.warning("claim %s/%s: %s", *key, exc)
+                    log.warning("resourceclaim %s/%s: %s", *key, exc)
             except Exception:  # noqa: BLE001
-                log.exception("claim %s/%s: reconcile failed", *key)
+                self.counters["errors"] += 1
+                delay = self.claim_queue.retry_later(key)
+                log.exception("resourceclaim %s/%s: reconcile failed; retrying in %.1f s", *key, delay)
             finally:
                 self.claim_queue.done(key)
 

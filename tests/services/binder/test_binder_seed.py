@@ -124,7 +124,7 @@ async def test_template_claims_are_created_allocated_released_and_reused(schedul
     # `draplane explain` reads the same cluster and says the same, per node class
     snapshot = await explain.gather(control_plane.kubeconfig)
     text = "\n".join(explain.explain_pod(snapshot, explain.find_target(snapshot, "pod/second", namespace)))
-    assert "is pending" in text and f"capacity exhausted (matching devices are all in use): 1 node ({node})" in text
+    assert "is pending" in text and f"capacity exhausted (too few free matching devices): 1 node ({node})" in text
     text = "\n".join(explain.explain_pod(snapshot, explain.find_target(snapshot, "pod/first", namespace)))
     assert f"is bound to node {node}" in text and "device gpu-0" in text
 

@@ -38,3 +38,13 @@ async def test_done_without_a_new_put_does_not_requeue():
     queue.put("other")
     assert await queue.get() == "other"
     assert len(queue) == 0
+
+
+async def test_a_failing_key_backs_off_exponentially_and_forget_resets_it():
+    queue = WorkQueue(initial_backoff=0.01, max_backoff=0.04)
+    assert [queue.retry_later("pod") for _ in range(4)] == [0.01, 0.02, 0.04, 0.04]
+    assert len(queue) == 0  # not queued until its backoff passed
+    assert await asyncio.wait_for(queue.get(), 1.0) == "pod"
+    queue.done("pod")
+    queue.forget("pod")
+    assert queue.retry_later("pod") == 0.01
