@@ -771,6 +771,7 @@ class NodeAllocator:
         self._plans: dict[tuple[int, bytes], ClaimPlan] = {}
         self._classes_version = 0
         self._candidate_cache: dict[str, tuple[list[Pool], dict[tuple, list[Candidate]]]] = {}
+        self._order_cache: dict[str, tuple[list[Pool], list[Pool]]] = {}
 
     def set_classes(self, classes: dict[str, DeviceClass]) -> None:
         self.classes = classes
@@ -868,17 +869,23 @@ class NodeAllocator:
         node_name = node.metadata.name or ""
         if plans is None:
             plans = [self.plan(c) for c in claims]
-        pools = self.inventory.pools_for_node(node)
+        pools = self._search_order(node_name, self.inventory.pools_for_node(node))
         view = NodeView(node_name, pools, self.state, node)
         ordered: dict[int, list[Candidate]] = {}
         search = _Search(self, node, pools, plans, policy, ordered)
         in_use = self.state.in_use
         hopeless = False
+        # Kubernetes has no pre-check: its search evaluates selectors device by device and fails on
+        # the first CEL runtime error it meets. Where some candidate has one, only the search can
+        # tell whether Kubernetes gets there, so the shortcut below is not taken.
+        errors_possible = False
         for plan in plans:
             for subs in plan.requests:
                 any_sub_fits = False
                 for request in subs:
                     found = self.candidates(node, pools, request)
+                    has_errors = any(c.error is not None for c in found)
+                    errors_possible = errors_possible or has_errors
                     if request.all_mode:
                         search.all_devices[id(request)] = self._all_devices(plan, request, pools, found, node_name)
                         any_sub_fits = True
@@ -894,6 +901,8 @@ class NodeAllocator:
                     if free >= request.count:
                         any_sub_fits = True
                         ordered[id(request)] = policy.order_candidates(request, found, view)
+                    elif has_errors:
+                        ordered[id(request)] = policy.order_candidates(request, found, view)
                     else:
                         ordered[id(request)] = []
                 hopeless = hopeless or not any_sub_fits
@@ -908,7 +917,7 @@ class NodeAllocator:
                     f"exceeds the claim limit of {MAX_RESULTS} (allocationMode All matches too many devices on node {node_name})",
                     node=node_name,
                 )
-        if hopeless:
+        if hopeless and not errors_possible:
             if not diagnose:
                 return NodeFailure(node_name, Reason.NOT_DIAGNOSED, "the claims do not fit")
             return self.diagnose(plans, node, pools)
@@ -949,9 +958,25 @@ class NodeAllocator:
         for candidate in found:
             if candidate.error is not None:
                 raise self.runtime_error(plan, request, candidate)
-            if capacity_fits(candidate.record, request.capacity, self.state.shared_capacity(candidate.record.id), None):
+            # Kubernetes (validateDeviceRequest) checks the request against the device's capacity
+            # alone, not against what other claims consume: a shared device counts as one of
+            # "all" even when its capacity is in use, and the search then fails on it.
+            if capacity_fits(candidate.record, request.capacity, None, None):
                 devices.append(candidate)
         return devices
+
+    def _search_order(self, node_name: str, pools: list[Pool]) -> list[Pool]:
+        """Kubernetes' GatherPools order: sorted by ID, but pools with a device that has binding
+        conditions after all others (they are tried last). Cached, so `pools` keeps its identity
+        for the candidate cache."""
+        cached = self._order_cache.get(node_name)
+        if cached is not None and cached[0] is pools:
+            return cached[1]
+        with_conditions = [p for p in pools if any(d.binding_conditions for d in p.devices)]
+        last = {id(p) for p in with_conditions}
+        ordered = [p for p in pools if id(p) not in last] + with_conditions if with_conditions else pools
+        self._order_cache[node_name] = (pools, ordered)
+        return ordered
 
     def _allocation_result(self, plan: ClaimPlan, chosen: list[ChosenDevice], search: _Search, node_name: str) -> AllocationResult:
         results = []

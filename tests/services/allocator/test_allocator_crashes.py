@@ -18,6 +18,7 @@ import uuid
 
 import pytest
 
+from draplane.api.resource import DeviceConstraint
 from draplane.scheduling import scenario
 from conftest import audit, create_many, ensure_class  # noqa: E402  (tests/services/conftest.py)
 
@@ -57,18 +58,22 @@ class Process:
 # The binder variant once failed in a full-suite CI run with 8 pods "bound without an allocated,
 # reserved claim". The audit listed claims before pods then, so pods bound between the two lists
 # (the last few, retried after the kill) looked unclaimed; it lists pods first now.
+@pytest.mark.parametrize("gpus", [1, 2], ids=["1-gpu", "2-gpus-one-root"])
 @pytest.mark.parametrize("victim", ["shard", "binder"])
 async def test_kill_9_mid_run_leaves_every_claim_allocated_once_or_explained(
-    victim, scheduling, kube, namespace, control_plane, tmp_path
+    victim, gpus, scheduling, kube, namespace, control_plane, tmp_path
 ):
     class_name = f"gpu-{uuid.uuid4().hex[:6]}"
     await ensure_class(kube, scenario.device_class(class_name))
     suffix = namespace[-6:]
-    per_node = max(1, PODS // (2 * NODES))  # half as many devices as pods
+    # devices for half the pods' claims; 2-GPU claims (gpu_slice puts two GPUs per PCIe root)
+    # then fill every node exactly
+    per_node = max(1, PODS // (2 * NODES)) * gpus
     for i in range(NODES):
         name = f"crash-{i}-{suffix}"
         await scheduling.put_node(scenario.gpu_node(name), [scenario.gpu_slice(name, per_node, "80Gi")])
     devices = NODES * per_node
+    claims_that_fit = devices // gpus
     common = ["--nats", control_plane.nats_url, "--kubeconfig", str(control_plane.kubeconfig),
               "--prefix", scheduling.prefix, "--shards", "2", "--port", "0"]
     # short leases, so that a reservation orphaned by the crash is released within the test
@@ -80,7 +85,11 @@ async def test_kill_9_mid_run_leaves_every_claim_allocated_once_or_explained(
     for p in processes:
         p.start()
     try:
-        await kube.create(scenario.claim_template(namespace, "one-gpu", class_name))
+        template = scenario.claim_template(namespace, "one-gpu", class_name, count=gpus)
+        if gpus > 1:
+            template.spec.spec.devices.constraints = [
+                DeviceConstraint(requests=["gpu"], match_attribute="resource.kubernetes.io/pcieRoot")]
+        await kube.create(template)
         pods = [scheduling.pod(namespace, f"p-{i:04d}", template_name="one-gpu") for i in range(PODS)]
         rng = random.Random(PODS)
         kill_at = sorted(rng.sample(range(1, 10), 2))
@@ -98,10 +107,10 @@ async def test_kill_9_mid_run_leaves_every_claim_allocated_once_or_explained(
             for p in processes:
                 assert p.proc.poll() is None, f"{p.args[0]} exited with {p.proc.returncode}: {p.log_path.read_text()[-2000:]}"
             result = await audit(kube, namespace)
-            progress[:] = [f"bound {len(result['bound'])}/{devices}, explained {len(result['explained'])}, "
+            progress[:] = [f"bound {len(result['bound'])}/{claims_that_fit}, explained {len(result['explained'])}, "
                            f"unexplained {[p.metadata.name for p in result['unexplained']][:5]}, "
                            f"duplicates {result['duplicates'][:3]}"]
-            done = len(result["bound"]) == devices and len(result["explained"]) == PODS - devices
+            done = len(result["bound"]) == claims_that_fit and len(result["explained"]) == PODS - claims_that_fit
             return result if done else None
 
         progress = [""]
@@ -122,7 +131,8 @@ async def test_kill_9_mid_run_leaves_every_claim_allocated_once_or_explained(
     assert result["duplicates"] == []
     assert result["bound_without_claim"] == []
     allocated = [c for c in result["claims"] if c.status and c.status.allocation]
-    assert len(allocated) == devices == len(result["bound"])
+    assert len(allocated) == claims_that_fit == len(result["bound"])
+    assert len(result["devices"]) == devices
     for claim in allocated:
         # allocated exactly once: one consumer, and it is a bound pod
         assert len(claim.status.reserved_for) == 1
