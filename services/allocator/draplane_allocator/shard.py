@@ -89,7 +89,7 @@ class Shard:
         self._spawn(self._watch_feed, "inventory feed watch")
         self._spawn(lambda: self._watch(DeviceClass, "classes", self._on_class), "classes watch")
         self._spawn(lambda: self._watch(Node, "nodes", self._on_node), "nodes watch")
-        self._spawn(lambda: self._watch(DeviceTaintRule, "taint rules", self._on_taint_rule), "device taint rules watch")
+        self._spawn(self._watch_taint_rules, "device taint rules watch")
         # Bound pods only: they are what node fit counts. A pending pod's spec comes with its
         # PendingPod, so the many changes of pending pods need not reach every shard.
         self._spawn(lambda: self._watch(Pod, "pods", self._on_pod, field_selector="spec.nodeName!="), "pods watch")
@@ -140,6 +140,22 @@ class Shard:
                 self.synced[what].set()
                 continue
             handle(event.object, event.type == "DELETED")
+
+    async def _watch_taint_rules(self) -> None:
+        """DeviceTaintRules, where the cluster serves them: one whose apiserver has the
+        DRADeviceTaintRules gate off answers 404, which means no rules, not a broken shard."""
+        while True:
+            try:
+                await self._watch(DeviceTaintRule, "taint rules", self._on_taint_rule)
+                return
+            except KubeApiError as exc:
+                if not exc.is_not_found:
+                    raise
+                if not self.synced["taint rules"].is_set():
+                    log.warning("shard %d: the apiserver does not serve devicetaintrules (%s); scheduling without "
+                                "them, looking again every 60 s", self.index, exc)
+                    self.synced["taint rules"].set()
+                await asyncio.sleep(60.0)
 
     def _on_class(self, obj: DeviceClass, deleted: bool) -> None:
         self.state.set_class(obj, deleted)

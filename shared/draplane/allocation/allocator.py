@@ -647,10 +647,10 @@ class _Search:
             self.available_counters[pool.id] = available
         consuming = self.consuming_counters.setdefault(pool.id, {})
         self._add_counters(consuming, candidate.record, +1)
+        # Every counter of the pool, as Kubernetes' checkAvailableCounters does: a counter set that
+        # is already overconsumed (negative) blocks the pool's devices even if they do not use it.
         for set_name, counters in available.items():
-            used = consuming.get(set_name)
-            if not used:
-                continue
+            used = consuming.get(set_name) or {}
             for counter, value in counters.items():
                 if used.get(counter, 0) > value:
                     self._add_counters(consuming, candidate.record, -1)
@@ -888,6 +888,8 @@ class NodeAllocator:
                     errors_possible = errors_possible or has_errors
                     if request.all_mode:
                         search.all_devices[id(request)] = self._all_devices(plan, request, pools, found, node_name)
+                        # Taking all of them fails with an error where one breaks a constraint.
+                        errors_possible = errors_possible or bool(plan.constraints and search.all_devices[id(request)])
                         any_sub_fits = True
                         continue
                     # A cheap necessary condition first: enough devices not in use. Full nodes,

@@ -181,10 +181,20 @@ def explain_pod(snapshot: Snapshot, pod: Pod) -> list[str]:
 async def gather(kubeconfig) -> Snapshot:
     from draplane.kube import KubeClient
 
+    from draplane.kube import KubeApiError
+
+    async def taint_rules(kube) -> tuple[list[DeviceTaintRule], None]:
+        try:
+            return await kube.list(DeviceTaintRule)
+        except KubeApiError as exc:
+            if exc.is_not_found:  # a cluster that does not serve them (the DRADeviceTaintRules gate is off)
+                return [], None
+            raise
+
     async with await KubeClient.from_environment(kubeconfig) as kube:
         results = await asyncio.gather(
             kube.list(ResourceSlice), kube.list(DeviceClass), kube.list(Node), kube.list(ResourceClaim), kube.list(Pod),
-            kube.list(DeviceTaintRule),
+            taint_rules(kube),
         )
     return Snapshot(*(items for items, _ in results))
 
