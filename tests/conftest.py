@@ -25,6 +25,15 @@ def pytest_asyncio_loop_factories(config, item):
     return {"uvloop": uvloop.new_event_loop}
 
 
+# The seed article's example as it wrote it, shipped with the repo (examples/seed-vllm).
+SEED_EXAMPLE = Path(__file__).resolve().parents[1] / "examples" / "seed-vllm"
+
+
+@pytest.fixture(scope="session")
+def seed_example_dir() -> Path:
+    return SEED_EXAMPLE
+
+
 @pytest.fixture(scope="session")
 def shared_dir() -> Path:
     """The read-only ../shared folder next to the repo (seed example, trace data)."""

@@ -80,10 +80,10 @@ def _check_story(output: str) -> dict:
 
 
 @pytest.mark.integration
-def test_demo_with_its_own_environment_tells_the_whole_story_and_stops_it(tmp_path, shared_dir):
+def test_demo_with_its_own_environment_tells_the_whole_story_and_stops_it(tmp_path):
     started = time.monotonic()
     result = _demo("--fresh", f"--workdir={tmp_path / 'demo'}",
-                   env_extra={"DRAPLANE_STATE": str(tmp_path), "DRAPLANE_SHARED_DIR": str(shared_dir)})
+                   env_extra={"DRAPLANE_STATE": str(tmp_path)})
     elapsed = time.monotonic() - started
     assert result.returncode == 0, result.stdout + result.stderr
     assert "Traceback" not in result.stderr
@@ -95,7 +95,7 @@ def test_demo_with_its_own_environment_tells_the_whole_story_and_stops_it(tmp_pa
 
 
 @pytest.mark.integration
-async def test_demo_on_a_running_environment_leaves_objects_and_runs_twice(tmp_path, shared_dir):
+async def test_demo_on_a_running_environment_leaves_objects_and_runs_twice(tmp_path):
     """The `draplane up` case: the objects stay for kubectl, and a second demo replaces the first's."""
     from draplane.api import core, resource
     from draplane.api.meta import ObjectMeta
@@ -106,7 +106,7 @@ async def test_demo_on_a_running_environment_leaves_objects_and_runs_twice(tmp_p
     env = await environment.start(node_count=4, workdir=tmp_path / "up", progress=lambda m: None)
     print(f"environment up in {time.monotonic() - started:.1f}s")
     try:
-        extra = {"DRAPLANE_STATE": str(tmp_path / "elsewhere"), "DRAPLANE_SHARED_DIR": str(shared_dir)}
+        extra = {"DRAPLANE_STATE": str(tmp_path / "elsewhere")}
         first = await asyncio.to_thread(_demo, f"--kubeconfig={env.kubeconfig}", env_extra=extra)
         assert first.returncode == 0, first.stdout + first.stderr
         story = _check_story(first.stdout)

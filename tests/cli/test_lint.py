@@ -18,8 +18,8 @@ APISERVER_MESSAGES = REPO / "tests" / "fixtures" / "apiserver_messages.json"
 
 
 @pytest.fixture
-def seed_dir(shared_dir):
-    folder = shared_dir / "examples" / "seed-vllm"
+def seed_dir(seed_example_dir):
+    folder = seed_example_dir
     if not folder.is_dir():
         pytest.skip(f"the seed example is not at {folder}")
     return folder

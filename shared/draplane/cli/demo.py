@@ -49,7 +49,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     )
     parser.add_argument("--seed-dir", type=Path, default=None,
                         help="the seed's deviceclass.yaml, resourceclaim.yaml and pod.yaml "
-                        "(default: $DRAPLANE_SHARED_DIR/examples/seed-vllm, else ../shared/examples/seed-vllm next to the repo)")
+                        "(default: examples/seed-vllm in the repo)")
     parser.add_argument("--kubeconfig", type=Path, default=None,
                         help="use this running draplane environment instead of looking for `draplane up` or starting one")
     parser.add_argument("--fresh", action="store_true", help="always start an environment of the demo's own")
@@ -66,10 +66,8 @@ def repo_dir() -> Path:
 
 
 def default_seed_dir() -> Path:
-    configured = os.environ.get("DRAPLANE_SHARED_DIR")
-    if configured:
-        return Path(configured) / "examples" / "seed-vllm"
-    return repo_dir().parent / "shared" / "examples" / "seed-vllm"
+    """The article's files as it wrote them, shipped in the repo (a user's clone has nothing else)."""
+    return repo_dir() / "examples" / "seed-vllm"
 
 
 def fixed_dir() -> Path:

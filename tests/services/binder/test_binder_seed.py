@@ -29,9 +29,8 @@ async def force_delete_pod(kube, namespace: str, name: str) -> None:
     await kube.request("DELETE", f"/api/v1/namespaces/{namespace}/pods/{name}", query={"gracePeriodSeconds": 0})
 
 
-def corrected_seed(shared_dir, class_name: str):
+def corrected_seed(raw_dir, class_name: str):
     """The seed's three objects with the two fixes DESIGN.md names, and nothing else changed."""
-    raw_dir = shared_dir / "examples" / "seed-vllm"
     import yaml
 
     device_class = yaml.safe_load((raw_dir / "deviceclass.yaml").read_text())
@@ -47,9 +46,9 @@ def corrected_seed(shared_dir, class_name: str):
     return decode_object(device_class), decode_object(claim), decode_object(pod)
 
 
-async def test_seed_pod_binds_to_the_80gi_gpu_with_kube_scheduler_status(scheduling, kube, namespace, shared_dir):
+async def test_seed_pod_binds_to_the_80gi_gpu_with_kube_scheduler_status(scheduling, kube, namespace, seed_example_dir):
     class_name = f"high-memory-gpu-{uuid.uuid4().hex[:6]}"
-    device_class, claim, pod = corrected_seed(shared_dir, class_name)
+    device_class, claim, pod = corrected_seed(seed_example_dir, class_name)
     await ensure_class(kube, device_class)
     suffix = namespace[-6:]
     for size in ("24", "40", "80"):

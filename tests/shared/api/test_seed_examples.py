@@ -22,8 +22,8 @@ NEUTRAL_CLASS = (
 )
 
 
-def _load(shared_dir, name):
-    return yaml.safe_load((shared_dir / "examples" / "seed-vllm" / name).read_text())
+def _load(seed_example_dir, name):
+    return yaml.safe_load((seed_example_dir / name).read_text())
 
 
 async def _create(kube, raw, namespace=None, strict=False):
@@ -40,8 +40,8 @@ def _recorded():
     return json.loads(MESSAGES.read_text())
 
 
-async def test_seed_device_class_is_rejected_for_the_cel_type_error(kube, shared_dir):
-    raw = _load(shared_dir, "deviceclass.yaml")
+async def test_seed_device_class_is_rejected_for_the_cel_type_error(kube, seed_example_dir):
+    raw = _load(seed_example_dir, "deviceclass.yaml")
     raw["metadata"]["name"] = "seed-high-memory-gpu-verbatim"
     with pytest.raises(KubeApiError) as caught:
         await _create(kube, raw)
@@ -52,8 +52,8 @@ async def test_seed_device_class_is_rejected_for_the_cel_type_error(kube, shared
     assert message == _recorded()["deviceclass"]
 
 
-async def test_seed_claim_is_rejected_for_the_v1beta1_shaped_request(kube, shared_dir, namespace):
-    raw = _load(shared_dir, "resourceclaim.yaml")
+async def test_seed_claim_is_rejected_for_the_v1beta1_shaped_request(kube, seed_example_dir, namespace):
+    raw = _load(seed_example_dir, "resourceclaim.yaml")
     with pytest.raises(KubeApiError) as caught:
         await _create(kube, dict(raw), namespace)
     assert caught.value.status == 422
@@ -63,24 +63,30 @@ async def test_seed_claim_is_rejected_for_the_v1beta1_shaped_request(kube, share
 
     # kubectl asks for strict field validation: then the misplaced fields themselves are named.
     with pytest.raises(KubeApiError) as strict:
-        await _create(kube, _load(shared_dir, "resourceclaim.yaml"), namespace, strict=True)
+        await _create(kube, _load(seed_example_dir, "resourceclaim.yaml"), namespace, strict=True)
     strict_message = strict.value.message.replace(namespace, "NAMESPACE")
     assert 'unknown field "spec.devices.requests[0].deviceClassName"' in strict_message
     assert strict_message == _recorded()["resourceclaim_strict"]
 
 
 @pytest.mark.parametrize("expression", [FIXED_CLASS, NEUTRAL_CLASS], ids=["gpu-domain", "driver-neutral"])
-async def test_corrected_objects_are_accepted(kube, shared_dir, namespace, expression):
-    device_class = _load(shared_dir, "deviceclass.yaml")
+async def test_corrected_objects_are_accepted(kube, seed_example_dir, namespace, expression):
+    device_class = _load(seed_example_dir, "deviceclass.yaml")
     device_class["metadata"]["name"] = f"high-memory-gpu-{namespace[-6:]}"
     device_class["spec"]["selectors"][0]["cel"]["expression"] = expression
     await _create(kube, device_class, strict=True)
 
-    claim = _load(shared_dir, "resourceclaim.yaml")
+    claim = _load(seed_example_dir, "resourceclaim.yaml")
     request = claim["spec"]["devices"]["requests"][0]
     request["exactly"] = {"deviceClassName": device_class["metadata"]["name"], "count": request.pop("count")}
     del request["deviceClassName"]
     await _create(kube, claim, namespace, strict=True)
 
-    pod = _load(shared_dir, "pod.yaml")  # the Pod is valid verbatim
+    pod = _load(seed_example_dir, "pod.yaml")  # the Pod is valid verbatim
     await _create(kube, pod, namespace, strict=True)
+
+
+def test_the_shipped_example_is_the_article_s_own(seed_example_dir, shared_dir):
+    """examples/seed-vllm holds the article's files unchanged, mistakes included."""
+    for name in ("deviceclass.yaml", "resourceclaim.yaml", "pod.yaml"):
+        assert (seed_example_dir / name).read_text() == (shared_dir / "examples" / "seed-vllm" / name).read_text(), name

@@ -21,8 +21,8 @@ def documents(folder: Path):
 
 
 @pytest.fixture
-def seed_dir(shared_dir):
-    folder = shared_dir / "examples" / "seed-vllm"
+def seed_dir(seed_example_dir):
+    folder = seed_example_dir
     if not folder.is_dir():
         pytest.skip(f"the seed example is not at {folder}")
     return folder
