@@ -145,6 +145,13 @@ async def test_a_claim_for_two_gpus_binds(scheduling, kube, kubectl, namespace, 
     assert len({r["device"] for r in results}) == 2 and all(r["pool"] == node for r in results)
     claim = await get_json(kubectl, "resourceclaim", "two-gpus", "-n", namespace)
     assert [c["name"] for c in claim["status"]["reservedFor"]] == ["trainer"]
+
+    async def scheduled_event():
+        events = await get_json(kubectl, "events", "-n", namespace, "--field-selector", "involvedObject.name=trainer")
+        return [e for e in events["items"] if e["reason"] == "Scheduled"]
+
+    (event,) = await scheduling.wait_for(scheduled_event, 10, "the Scheduled event")
+    assert event["type"] == "Normal" and event["message"] == f"Successfully assigned {namespace}/trainer to {node}"
     no_races_or_errors(scheduling)
 
 

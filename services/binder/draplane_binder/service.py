@@ -655,6 +655,10 @@ class Binder:
                     raise
         self.to_confirm.setdefault(placement.node, set()).update(claim_uids)
         self._confirm_wanted.set()
+        if not pod.spec.node_name:
+            # kube-scheduler's Normal event for a binding; written aside, it never holds up the next one
+            self._spawn_once(self._event(pod, "Scheduled", f"Successfully assigned {placement.pod.key()} to "
+                                         f"{placement.node}", type_="Normal"), f"scheduled event {placement.pod.key()}")
         uid = placement.pod.uid
         log.info("pod %s bound to node %s with %s (shard %d, %.0f ms after it was first seen)",
                  placement.pod.key(), placement.node,

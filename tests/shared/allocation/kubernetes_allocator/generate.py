@@ -148,8 +148,10 @@ def device(src: Source, name: str, counter_sets: list[dict], features: dict) -> 
 def pools(src: Source, features: dict) -> list[dict]:
     slices = []
     serial = 0
+    first = src.int(0, 1)
     for p in range(src.int(1, 3)):
-        driver = src.choice(DRIVERS)
+        # Mostly both drivers on the node, so that claims for both classes can fit.
+        driver = src.choice(DRIVERS) if src.bool(0.3) else DRIVERS[(first + p) % 2]
         pool = f"pool-{p}"
         where = src.int(0, 9)
         placement: dict[str, Any]
@@ -180,8 +182,17 @@ def pools(src: Source, features: dict) -> list[dict]:
         for k in range(device_slices):
             if not complete and k == device_slices - 1:
                 break  # the pool says it has one more slice than there is
-            devices = [device(src, f"dev-{p}-{k}-{i}", counter_sets, features) for i in range(src.int(0, 4))]
+            devices = [device(src, f"dev-{p}-{k}-{i}", counter_sets, features)
+                       for i in range(src.choice((0, 1, 2, 2, 3, 4)))]
             spec = dict(spec_base, **placement)
+            if devices and features["partitionable"] and "nodeName" not in placement and src.bool(0.3):
+                # Per-device node selection: each device says where it is reachable from.
+                del spec["allNodes" if "allNodes" in spec else "nodeSelector"]
+                spec["perDeviceNodeSelection"] = True
+                for d in devices:
+                    d.update(src.choice(({"nodeName": NODE}, {"nodeName": OTHER_NODE}, {"allNodes": True},
+                                         {"nodeSelector": {"nodeSelectorTerms": [{"matchExpressions": [
+                                             {"key": "zone", "operator": "In", "values": ["z1"]}]}]}})))
             if devices:
                 spec["devices"] = devices
             slices.append(_slice(f"slice-{serial}", spec))
@@ -266,7 +277,7 @@ def _request_body(src: Source, features: dict, *, admin_ok: bool) -> dict:
 def claim(src: Source, name: str, features: dict) -> dict:
     requests = []
     names = []
-    for r in range(src.int(1, 3)):
+    for r in range(src.choice((1, 1, 2, 3))):
         rname = f"req-{r}"
         names.append(rname)
         if features["prioritized"] and src.bool(0.25):
@@ -388,10 +399,41 @@ def chosen_devices(answer: dict) -> list[list[tuple]]:
     ]
 
 
+DETAIL_FIELDS = ("consumedCapacity", "bindingConditions", "bindingFailureConditions", "tolerations")
+
+
+def _details(answer: dict) -> list:
+    out = []
+    for a in answer.get("allocations") or []:
+        results = (a.get("devices") or {}).get("results") or []
+        out.append({
+            "nodeSelector": a.get("nodeSelector"),
+            "shared": [r.get("shareID") is not None for r in results],
+            **{f: [_normalize(r.get(f)) for r in results] for f in DETAIL_FIELDS},
+        })
+    return out
+
+
+def _normalize(value):
+    if isinstance(value, dict):  # consumedCapacity: quantities, compared by value
+        from draplane.api.quantity import Quantity
+
+        return {k: Quantity.parse(v).value if isinstance(v, str) else v for k, v in value.items()}
+    return value or None
+
+
 def compare(c: dict, kube: dict, ours: dict) -> str | None:
-    """None when they agree, else a disagreement category."""
+    """None when they agree, else a disagreement category. Beyond the chosen devices, the other
+    fields of the results (consumed capacity, binding conditions, tolerations, whether shared,
+    the node selector) must match too; share IDs are random on both sides."""
     if kube["outcome"] != ours["outcome"]:
         return f"outcome:draplane={ours['outcome']}/kubernetes={kube['outcome']}"
-    if ours["outcome"] == "allocated" and chosen_devices(kube) != chosen_devices(ours):
+    if ours["outcome"] != "allocated":
+        return None
+    if chosen_devices(kube) != chosen_devices(ours):
         return "devices"
+    for k, o in zip(_details(kube), _details(ours)):
+        for field in k:
+            if k[field] != o[field]:
+                return f"details:{field}"
     return None
