@@ -9,7 +9,8 @@ Prints one BENCH line: outcome_agreement (% of cases with the same allocated/una
 class), device_agreement (% of the cases both allocated where first-fit chose the same devices),
 then per disagreement category its count, and, with --examples FILE (default: stderr), the smallest
 example of each category as JSON (case, both answers). Cases matching a KNOWN_DIVERGENCES predicate
-of the test are counted under their own category `known:<name>`.
+of the test are counted under `excluded[<name>]` (whether they disagree or not), and their
+disagreements under their own category `known:<name>:...`.
 Usage: .venv/bin/python bench/allocator_parity.py [--cases 5000] [--seed 1] [--examples FILE]
 """
 
@@ -42,6 +43,7 @@ def main(argv: list[str] | None = None) -> int:
     rng = random.Random(args.seed)
     counts: collections.Counter[str] = collections.Counter()
     outcomes: collections.Counter[str] = collections.Counter()
+    excluded: collections.Counter[str] = collections.Counter()  # cases the test does not assert on
     examples: dict[str, tuple[int, dict]] = {}
     invalid = agree_outcome = both_allocated = agree_devices = 0
     started = time.monotonic()
@@ -53,6 +55,9 @@ def main(argv: list[str] | None = None) -> int:
                 continue
             kube = kubernetes.allocate(case)
             ours = generate.draplane_outcome(case)
+            known = known_divergence(case)
+            if known:
+                excluded[known] += 1
             outcomes[f"{ours['outcome']}/{kube['outcome']}"] += 1
             category = generate.compare(case, kube, ours)
             if kube["outcome"] == ours["outcome"]:
@@ -62,7 +67,6 @@ def main(argv: list[str] | None = None) -> int:
                     agree_devices += category is None
             if category is None:
                 continue
-            known = known_divergence(case)
             if known:
                 category = f"known:{known}:{category}"
             counts[category] += 1
@@ -76,6 +80,7 @@ def main(argv: list[str] | None = None) -> int:
               f"device_agreement={pct(agree_devices, both_allocated)}", f"both_allocated={both_allocated}",
               f"seconds={seconds:.1f}"]
     fields += [f"outcomes[{k}]={v}" for k, v in sorted(outcomes.items())]
+    fields += [f"excluded[{k}]={v}" for k, v in sorted(excluded.items())]
     fields += [f"disagree[{k}]={v}" for k, v in sorted(counts.items())]
     print("BENCH name=allocator_parity " + " ".join(fields))
     out = open(args.examples, "w") if args.examples else sys.stderr

@@ -60,7 +60,15 @@ async def test_up_binds_a_users_pod_and_ctrl_c_leaves_no_orphans(tmp_path, contr
         output = "".join(lines)
         kubeconfig = workdir / "controlplane" / "kubeconfig"
         assert f"kubeconfig: {kubeconfig}" in output
-        assert f"kubectl --kubeconfig {kubeconfig}" in output
+        from draplane.localenv import binaries
+
+        kubectl_line = next(line for line in lines if line.strip().startswith("try:")).split("try:", 1)[1].strip()
+        assert kubectl_line.startswith(f"{binaries.require(binaries.KUBECTL)} --kubeconfig {kubeconfig} get ")
+        # the line works as printed, on a machine with no kubectl of its own
+        shown = subprocess.run(kubectl_line.split(), capture_output=True, text=True, timeout=60,
+                               env={"PATH": "/usr/bin:/bin", "HOME": str(tmp_path)})
+        assert shown.returncode == 0, shown.stderr
+        assert "deviceclass.resource.k8s.io/gpu.nvidia.com" in shown.stdout
         children = _descendants(process.pid)
         assert len(children) >= 10  # etcd, apiserver, nats, inventory, 2 shards, binder, 3 node agents
 
@@ -101,3 +109,70 @@ async def test_up_binds_a_users_pod_and_ctrl_c_leaves_no_orphans(tmp_path, contr
     time.sleep(0.5)
     alive = [pid for pid in children if os.path.exists(f"/proc/{pid}") and open(f"/proc/{pid}/stat").read().split()[2] != "Z"]
     assert not alive, f"processes left behind after Ctrl-C: {alive}"
+
+
+def _child_running(parent: int, module: str) -> int:
+    for pid in _descendants(parent):
+        try:
+            cmdline = open(f"/proc/{pid}/cmdline").read().split("\0")
+        except OSError:
+            continue
+        if module in cmdline:
+            return pid
+    raise AssertionError(f"no child of {parent} runs {module}")
+
+
+async def test_up_restarts_a_killed_service_keeps_each_runs_logs_and_stops_only_on_ctrl_c(tmp_path, control_plane):
+    from draplane.kube import KubeClient
+
+    workdir = tmp_path / "up"
+    argv = [sys.executable, "-m", "draplane.cli", "up", "--nodes=1", "--shards=1", f"--workdir={workdir}"]
+    process = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, start_new_session=True)
+    try:
+        await asyncio.to_thread(_wait_for_line, process, "Ctrl-C stops everything", 180)
+        first_run = (workdir / "logs" / "latest").resolve()
+        assert (first_run / "binder.log").is_file() and (first_run / "controlplane" / "kube-apiserver.log").is_file()
+        for module in ("draplane_binder", "draplane_node_agent"):
+            os.kill(_child_running(process.pid, module), signal.SIGKILL)
+            name = "binder" if module == "draplane_binder" else "node-agent"
+            lines = await asyncio.to_thread(_wait_for_line, process, f"restarted (pid", 60)
+            said = "".join(lines)
+            assert f"{name}" in said and "died (killed by SIGKILL); restarting it in 1 s" in said, said
+        assert process.poll() is None, "up stopped after a service died"
+        kubeconfig = workdir / "controlplane" / "kubeconfig"
+        async with await KubeClient.from_kubeconfig(kubeconfig) as kube:
+            await kube.create_namespace("after")
+            await kube.create(resource.ResourceClaim(
+                metadata=ObjectMeta(name="one", namespace="after"),
+                spec=resource.ResourceClaimSpec(devices=resource.DeviceClaim(requests=[
+                    resource.DeviceRequest(name="gpu", exactly=resource.ExactDeviceRequest(device_class_name="gpu.nvidia.com")),
+                ])),
+            ))
+            await kube.create(core.Pod(
+                metadata=ObjectMeta(name="after-restart", namespace="after"),
+                spec=core.PodSpec(
+                    containers=[core.Container(name="c", image="busybox", resources=core.ResourceRequirements(claims=[core.ResourceClaimRef(name="gpu")]))],
+                    resource_claims=[core.PodResourceClaim(name="gpu", resource_claim_name="one")],
+                ),
+            ))
+            deadline = time.monotonic() + 60
+            while time.monotonic() < deadline:
+                pod = await kube.get(core.Pod, "after-restart", "after")
+                if pod.spec.node_name:
+                    break
+                await asyncio.sleep(0.5)
+            assert pod.spec.node_name, "the restarted binder did not bind a new pod"
+    finally:
+        os.killpg(process.pid, signal.SIGINT) if process.poll() is None else None
+        process.wait(timeout=60)
+    assert process.returncode == 0
+    # a second run keeps the first run's logs, the crash evidence included
+    again = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, start_new_session=True)
+    try:
+        await asyncio.to_thread(_wait_for_line, again, "Ctrl-C stops everything", 180)
+        assert (workdir / "logs" / "latest").resolve() != first_run
+        assert (first_run / "binder.log").is_file() and (first_run / "controlplane" / "kube-apiserver.log").is_file()
+    finally:
+        os.killpg(again.pid, signal.SIGINT) if again.poll() is None else None
+        again.wait(timeout=60)
+    assert again.returncode == 0

@@ -1,4 +1,8 @@
-"""`draplane up`: the local environment in one command. Ctrl-C stops everything."""
+"""`draplane up`: the local environment in one command.
+
+It supervises what it started: a service or server that dies is restarted with backoff, and `up`
+says which died and how. Only Ctrl-C (or SIGTERM) stops everything; `up` exits 1 if it stopped
+because a process died too often to be kept alive."""
 
 from __future__ import annotations
 
@@ -6,6 +10,7 @@ import argparse
 import asyncio
 import signal
 import sys
+import time
 from pathlib import Path
 
 
@@ -40,25 +45,66 @@ async def _up(args: argparse.Namespace) -> int:
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGINT, signal.SIGTERM):
         loop.add_signal_handler(sig, stop.set)
+    kubectl = binaries.find(binaries.KUBECTL)
     print(
         f"\ndraplane is up: {sum(len(n) for n in env.nodes.values())} nodes, {env.shards} allocator shards.\n"
         f"  kubeconfig: {env.kubeconfig}\n"
-        f"  try:        kubectl --kubeconfig {env.kubeconfig} get nodes,resourceslices,deviceclasses\n"
+        f"  try:        {kubectl or 'kubectl'} --kubeconfig {env.kubeconfig} get nodes,resourceslices,deviceclasses\n"
         f"  logs:       tail -f {env.logs}/*.log\n"
-        f"Ctrl-C stops everything.",
+        f"A service or server that dies is restarted (with backoff); Ctrl-C stops everything.",
         flush=True,
     )
     try:
-        while not stop.is_set():
-            for process in env.services:
-                if not process.alive():
-                    print(f"draplane up: {process.name} exited (log: {process.log_path}):\n{process.log_tail()}", file=sys.stderr)
-                    stop.set()
-            try:
-                await asyncio.wait_for(stop.wait(), 1.0)
-            except asyncio.TimeoutError:
-                pass
+        gave_up = await supervise(env.plane.processes + env.services, stop)
     finally:
         print("draplane up: stopping", flush=True)
         await asyncio.to_thread(env.stop)
-    return 0
+    return 1 if gave_up else 0
+
+
+async def supervise(processes, stop: asyncio.Event, policy=None, poll: float = 0.5) -> bool:
+    """Keep every process alive until `stop`: a dead one is restarted after a backoff, and said so.
+    True when one died too often to be kept alive (then `up` stops and exits 1)."""
+    from draplane.localenv.supervisor import GiveUp, RestartPolicy, Supervision, describe_exit
+
+    policy = policy or RestartPolicy()
+    supervision = {id(p): Supervision(policy) for p in processes}
+    pending: dict[int, float] = {}  # id(process) -> when to start it again
+    now = time.monotonic()
+    for process in processes:
+        supervision[id(process)].started(now)
+    while not stop.is_set():
+        now = time.monotonic()
+        for process in processes:
+            key = id(process)
+            if key in pending:
+                if now < pending[key]:
+                    continue
+                del pending[key]
+                try:
+                    process.start()
+                except Exception as exc:  # noqa: BLE001 - a start that fails counts as one more crash
+                    how = f"could not be started: {exc}"
+                else:
+                    supervision[key].started(now)
+                    print(f"draplane up: {process.name} restarted (pid {process.pid}); log: {process.log_path}", flush=True)
+                    continue
+            elif process.alive():
+                continue
+            else:
+                how = describe_exit(process.process.returncode if process.process else None)
+            decision = supervision[key].exited(now)
+            if isinstance(decision, GiveUp):
+                print(f"draplane up: {process.name} died ({how}) {decision.crashes} times within "
+                      f"{decision.window / 60:.0f} min: it cannot be kept alive, so everything stops. Its log "
+                      f"({process.log_path}) ends:\n{process.log_tail()}", file=sys.stderr, flush=True)
+                return True
+            print(f"draplane up: {process.name} died ({how}); restarting it in {decision.delay:.0f} s "
+                  f"(crash {decision.crashes} in {policy.window / 60:.0f} min). Its log ({process.log_path}) "
+                  f"ends:\n{process.log_tail(8)}", file=sys.stderr, flush=True)
+            pending[key] = decision.at
+        try:
+            await asyncio.wait_for(stop.wait(), poll)
+        except asyncio.TimeoutError:
+            pass
+    return False

@@ -118,10 +118,16 @@ class ControlPlane:
         with_nats: bool = True,
         with_kubernetes: bool = True,
         startup_timeout: float = 90.0,
+        logs: Path | None = None,
     ) -> "ControlPlane":
+        """`logs`: where the servers' logs go (default `workdir/logs`); `draplane up` keeps them
+        per run, outside the workdir it clears."""
         owns = workdir is None
         workdir = Path(tempfile.mkdtemp(prefix="draplane-")) if workdir is None else Path(workdir)
         workdir.mkdir(parents=True, exist_ok=True)
+        if logs is not None:
+            logs.mkdir(parents=True, exist_ok=True)
+            (workdir / "logs").symlink_to(logs.resolve(), target_is_directory=True)
         ports = (ports or Ports()).resolve()
         # Find every binary before starting anything, so a missing one fails fast and alone.
         etcd_bin = binaries.require(binaries.ETCD) if with_kubernetes else None

@@ -2,7 +2,8 @@
 
 A real control plane (etcd, kube-apiserver, NATS), the four services as separate processes
 (inventory, N allocator shards, binder, node agents for a simulated cluster), the Node objects a
-kubelet would have registered, and the standard DeviceClasses. All logs go to one folder.
+kubelet would have registered, and the standard DeviceClasses. Each run's logs go to a folder of
+their own (`logs/run-<time>`, `logs/latest`), so a restarted `up` keeps the last runs' evidence.
 """
 
 from __future__ import annotations
@@ -83,15 +84,12 @@ class Environment:
     services: list[ServerProcess]
     nodes: dict[str, list[str]]
     shards: int
+    logs: Path  # this run's folder under workdir/logs; earlier runs' stay beside it
     _lock_file: object = None
 
     @property
     def kubeconfig(self) -> Path:
         return self.plane.kubeconfig
-
-    @property
-    def logs(self) -> Path:
-        return self.workdir / "logs"
 
     def stop(self) -> None:
         # All services at once (each escalates to SIGKILL on its own), then the servers under them.
@@ -125,6 +123,31 @@ def _take_lock(workdir: Path):
     return lock
 
 
+RUNS_KEPT = 10
+
+
+def new_run_logs(workdir: Path, now: float | None = None) -> Path:
+    """A fresh folder for this run's logs, `logs/run-<time>`, with `logs/latest` pointing at it;
+    only the newest RUNS_KEPT runs are kept, so the folder stays bounded."""
+    root = workdir / "logs"
+    root.mkdir(parents=True, exist_ok=True)
+    stamp = time.strftime("%Y%m%d-%H%M%S", time.localtime(now))
+    run = root / f"run-{stamp}"
+    suffix = 1
+    while run.exists():
+        suffix += 1
+        run = root / f"run-{stamp}-{suffix}"
+    run.mkdir()
+    latest = root / "latest"
+    if latest.is_symlink() or latest.exists():
+        latest.unlink()
+    latest.symlink_to(run.name)
+    for old in sorted((p for p in root.iterdir() if p.is_dir() and not p.is_symlink() and p.name.startswith("run-")),
+                      key=lambda p: p.stat().st_mtime)[:-RUNS_KEPT]:
+        shutil.rmtree(old, ignore_errors=True)
+    return run
+
+
 def _ready(url: str) -> bool:
     try:
         with urllib.request.urlopen(url, timeout=2) as response:
@@ -150,11 +173,12 @@ async def start(
     services: list[ServerProcess] = []
     try:
         # Each `up` starts from a clean cluster: the certificates are new, so old state is unusable.
-        for name in ("logs", "controlplane"):
-            shutil.rmtree(workdir / name, ignore_errors=True)
+        # The logs are evidence, though: every run keeps its own folder.
+        logs = new_run_logs(workdir)
+        shutil.rmtree(workdir / "controlplane", ignore_errors=True)
         await asyncio.to_thread(binaries.ensure_all, progress=progress)
         progress("starting etcd, kube-apiserver and NATS")
-        plane = await asyncio.to_thread(ControlPlane.start, workdir / "controlplane")
+        plane = await asyncio.to_thread(ControlPlane.start, workdir / "controlplane", logs=logs / "controlplane")
         (workdir / "up.json").write_text(json.dumps({"pid": os.getpid(), "kubeconfig": str(plane.kubeconfig)}))
         nodes = node_names(profiles, node_count)
 
@@ -165,7 +189,6 @@ async def start(
             for device_class in standard_device_classes():
                 await _apply(kube, device_class)
 
-        logs = workdir / "logs"
         env = dict(os.environ, KUBECONFIG=str(plane.kubeconfig), DRAPLANE_NATS_URL=plane.nats_url, PYTHONUNBUFFERED="1")
         python = sys.executable
 
@@ -202,7 +225,8 @@ async def start(
             if not process.alive():
                 raise StartupError(f"{process.name} exited while starting (log: {process.log_path}):\n{process.log_tail()}")
         await _wait_for_slices(plane, nodes, deadline)
-        return Environment(workdir=workdir, plane=plane, services=services, nodes=nodes, shards=shards, _lock_file=lock)
+        return Environment(workdir=workdir, plane=plane, services=services, nodes=nodes, shards=shards, logs=logs,
+                           _lock_file=lock)
     except BaseException:
         for process in reversed(services):
             process.stop()

