@@ -239,12 +239,20 @@ CONSTRAINT_ATTRIBUTES = (f"{D1}/model", f"{D1}/numa", f"{D1}/fast", f"{D1}/ver",
                          f"{SHARED_DOMAIN}/group")
 
 
+def _opaque(driver: str, value: str) -> dict:
+    return {"opaque": {"driver": driver, "parameters": {"setting": value}}}
+
+
 def classes() -> list[dict]:
-    return [
-        {"apiVersion": API, "kind": "DeviceClass", "metadata": {"name": name},
-         "spec": {"selectors": [{"cel": {"expression": e}} for e in exprs]} if exprs else {}}
-        for name, exprs in CLASSES.items()
-    ]
+    out = []
+    for name, exprs in CLASSES.items():
+        spec: dict[str, Any] = {}
+        if exprs:
+            spec["selectors"] = [{"cel": {"expression": e}} for e in exprs]
+        if name in ("class-1", "class-2"):  # config from the class goes into the results too
+            spec["config"] = [_opaque(D1 if name == "class-1" else D2, f"from-{name}")]
+        out.append({"apiVersion": API, "kind": "DeviceClass", "metadata": {"name": name}, "spec": spec})
+    return out
 
 
 def _class_and_driver(src: Source) -> tuple[str, str]:
@@ -300,6 +308,17 @@ def claim(src: Source, name: str, features: dict) -> dict:
         constraints.append(c)
     if constraints:
         devices["constraints"] = constraints
+    if src.bool(0.2):
+        config = []
+        for _ in range(src.int(1, 2)):
+            entry = _opaque(src.choice(DRIVERS), src.choice(("x", "y")))
+            if src.bool(0.5):
+                targets = [r["name"] if "exactly" in r or src.bool(0.5) else f"{r['name']}/{r['firstAvailable'][0]['name']}"
+                           for r in requests if src.bool(0.6)]
+                if targets:
+                    entry["requests"] = targets
+            config.append(entry)
+        devices["config"] = config
     return {"apiVersion": API, "kind": "ResourceClaim",
             "metadata": {"name": name, "namespace": "default", "uid": f"uid-{name}"},
             "spec": {"devices": devices}}
@@ -409,6 +428,7 @@ def _details(answer: dict) -> list:
         out.append({
             "nodeSelector": a.get("nodeSelector"),
             "shared": [r.get("shareID") is not None for r in results],
+            "config": (a.get("devices") or {}).get("config"),
             **{f: [_normalize(r.get(f)) for r in results] for f in DETAIL_FIELDS},
         })
     return out
