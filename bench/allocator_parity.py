@@ -7,6 +7,8 @@ from tests/shared/allocation/kubernetes_allocator/main.go (needs Go; built once 
 
 Prints one BENCH line: outcome_agreement (% of cases with the same allocated/unallocatable/error
 class), device_agreement (% of the cases both allocated where first-fit chose the same devices),
+details_agreement (% of those where the rest of the results matched too: config, consumed
+capacity, binding conditions, tolerations, node selector),
 then per disagreement category its count, and, with --examples FILE (default: stderr), the smallest
 example of each category as JSON (case, both answers). Cases matching a KNOWN_DIVERGENCES predicate
 of the test are counted under `excluded[<name>]` (whether they disagree or not), and their
@@ -45,7 +47,7 @@ def main(argv: list[str] | None = None) -> int:
     outcomes: collections.Counter[str] = collections.Counter()
     excluded: collections.Counter[str] = collections.Counter()  # cases the test does not assert on
     examples: dict[str, tuple[int, dict]] = {}
-    invalid = agree_outcome = both_allocated = agree_devices = 0
+    invalid = agree_outcome = both_allocated = agree_devices = agree_details = 0
     started = time.monotonic()
     with KubernetesAllocator() as kubernetes:
         for _ in range(args.cases):
@@ -64,7 +66,8 @@ def main(argv: list[str] | None = None) -> int:
                 agree_outcome += 1
                 if ours["outcome"] == "allocated":
                     both_allocated += 1
-                    agree_devices += category is None
+                    agree_devices += generate.chosen_devices(kube) == generate.chosen_devices(ours)
+                    agree_details += category is None
             if category is None:
                 continue
             if known:
@@ -77,7 +80,8 @@ def main(argv: list[str] | None = None) -> int:
     valid = args.cases - invalid
     pct = lambda a, b: f"{100.0 * a / b:.2f}" if b else "n/a"  # noqa: E731
     fields = [f"cases={valid}", f"invalid_skipped={invalid}", f"outcome_agreement={pct(agree_outcome, valid)}",
-              f"device_agreement={pct(agree_devices, both_allocated)}", f"both_allocated={both_allocated}",
+              f"device_agreement={pct(agree_devices, both_allocated)}",
+              f"details_agreement={pct(agree_details, both_allocated)}", f"both_allocated={both_allocated}",
               f"seconds={seconds:.1f}"]
     fields += [f"outcomes[{k}]={v}" for k, v in sorted(outcomes.items())]
     fields += [f"excluded[{k}]={v}" for k, v in sorted(excluded.items())]
