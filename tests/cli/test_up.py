@@ -176,3 +176,92 @@ async def test_up_restarts_a_killed_service_keeps_each_runs_logs_and_stops_only_
         os.killpg(again.pid, signal.SIGINT) if again.poll() is None else None
         again.wait(timeout=60)
     assert again.returncode == 0
+
+
+async def test_kwok_plays_the_kubelets_pods_run_a_plain_delete_frees_the_device_and_drain_moves_work(tmp_path,
+                                                                                                    control_plane):
+    from draplane.localenv import binaries
+
+    workdir = tmp_path / "up"
+    process = subprocess.Popen(
+        [sys.executable, "-m", "draplane.cli", "up", "--nodes=2", "--shards=1", f"--workdir={workdir}"],
+        stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, start_new_session=True,
+    )
+    kubeconfig = workdir / "controlplane" / "kubeconfig"
+
+    def kubectl(*args: str, stdin: str | None = None) -> str:
+        done = subprocess.run([str(binaries.require(binaries.KUBECTL)), f"--kubeconfig={kubeconfig}", *args],
+                              input=stdin, capture_output=True, text=True, timeout=120)
+        assert done.returncode == 0, f"kubectl {' '.join(args)}: {done.stderr}"
+        return done.stdout
+
+    def wait(what: str, check, timeout: float = 60.0):
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            value = check()
+            if value:
+                return value
+            time.sleep(0.5)
+        raise AssertionError(f"timed out waiting for {what}")
+
+    # One L4 node (one whole GPU) and one A100 node: a pod asks for the L4's GPU by product.
+    manifest = """
+apiVersion: resource.k8s.io/v1
+kind: ResourceClaimTemplate
+metadata: {name: the-l4}
+spec:
+  spec:
+    devices:
+      requests:
+      - name: gpu
+        exactly:
+          deviceClassName: gpu.nvidia.com
+          selectors: [{cel: {expression: 'device.attributes["gpu.nvidia.com"].productName.startsWith("NVIDIA L4")'}}]
+"""
+
+    def pod(name: str) -> str:
+        return f"""
+apiVersion: v1
+kind: Pod
+metadata: {{name: {name}}}
+spec:
+  containers: [{{name: c, image: registry.k8s.io/pause:3.10, resources: {{claims: [{{name: gpu}}]}}}}]
+  resourceClaims: [{{name: gpu, resourceClaimTemplateName: the-l4}}]
+"""
+
+    def phase(name: str) -> str:
+        return kubectl("get", "pod", name, "-o", "jsonpath={.status.phase}/{.spec.nodeName}")
+
+    try:
+        await asyncio.to_thread(_wait_for_line, process, "Ctrl-C stops everything", 180)
+        wait("nodes Ready", lambda: kubectl("get", "nodes").count(" Ready ") == 2)
+        gpus = int(kubectl("get", "resourceslices", "-o", "json").count('"NVIDIA L4'))
+        kubectl("apply", "-f", "-", stdin=manifest + "---" + pod("first"))
+        first = wait("first Running", lambda: phase("first").startswith("Running/") and phase("first"))
+        node = first.split("/", 1)[1]
+        # every L4 GPU taken: the next pod waits
+        others = [f"more-{i}" for i in range(gpus - 1)]
+        for name in others:
+            kubectl("apply", "-f", "-", stdin=pod(name))
+        for name in others:
+            wait(f"{name} Running", lambda name=name: phase(name).startswith("Running/"))
+        kubectl("apply", "-f", "-", stdin=pod("waiting"))
+        wait("waiting unschedulable", lambda: "Unschedulable" in kubectl("get", "pod", "waiting", "-o",
+                                                                          "jsonpath={.status.conditions}"))
+        # a plain delete, as a user types it: kwok finishes it, and the freed GPU goes to the waiting pod
+        started = time.monotonic()
+        kubectl("delete", "pod", "first", "--wait=true", "--timeout=60s")
+        assert time.monotonic() - started < 30
+        wait("waiting Running", lambda: phase("waiting") == f"Running/{node}")
+        # drain: the node is cordoned and its pods evicted; a new pod cannot go there any more
+        kubectl("drain", node, "--ignore-daemonsets", "--force", "--timeout=90s")
+        assert "SchedulingDisabled" in kubectl("get", "node", node)
+        assert node not in kubectl("get", "pods", "-o", "wide")
+        kubectl("apply", "-f", "-", stdin=pod("after-drain"))
+        message = wait("after-drain unschedulable", lambda: kubectl("get", "pod", "after-drain", "-o",
+                                                                     "jsonpath={.status.conditions[0].message}"))
+        assert "node(s) were unschedulable" in message, message
+    finally:
+        os.killpg(process.pid, signal.SIGINT) if process.poll() is None else None
+        process.wait(timeout=60)
+    assert process.returncode == 0

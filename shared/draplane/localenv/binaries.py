@@ -19,6 +19,7 @@ from pathlib import Path
 KUBERNETES_VERSION = "v1.37.2"
 ETCD_VERSION = "v3.7.3"
 NATS_SERVER_VERSION = "v2.15.3"
+KWOK_VERSION = "v0.8.0"
 
 
 class BinaryError(RuntimeError):
@@ -86,7 +87,15 @@ NATS_SERVER = ServerBinary(
     package="github.com/nats-io/nats-server/v2",
     ldflags="-s -w",
 )
-ALL_BINARIES = (ETCD, NATS_SERVER, KUBE_APISERVER, KUBECTL)
+KWOK = ServerBinary(
+    name="kwok",
+    version=KWOK_VERSION,
+    env_override="DRAPLANE_KWOK",
+    module="sigs.k8s.io/kwok",
+    package="sigs.k8s.io/kwok/cmd/kwok",
+    ldflags="-s -w",
+)
+ALL_BINARIES = (ETCD, NATS_SERVER, KUBE_APISERVER, KUBECTL, KWOK)
 # The Kubernetes binaries share most of their packages: one wrapper module and one `go build`
 # compiles those once for all of them.
 KUBERNETES_BINARIES = (KUBE_APISERVER, KUBECTL)

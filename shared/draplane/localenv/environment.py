@@ -148,6 +148,121 @@ def new_run_logs(workdir: Path, now: float | None = None) -> Path:
     return run
 
 
+KWOK_ANNOTATION = ("kwok.x-k8s.io/node", "fake")
+
+# What kwok does for the nodes it takes, written as its Stages: a kubelet's part of the lifecycle,
+# nothing more. A node is made Ready and heartbeats; a bound pod starts Running; a pod being
+# deleted is removed once its grace period is over, as a kubelet would after stopping it.
+KWOK_STAGES = """
+apiVersion: kwok.x-k8s.io/v1alpha1
+kind: Stage
+metadata: {name: draplane-node-ready}
+spec:
+  resourceRef: {apiGroup: v1, kind: Node}
+  selector:
+    matchExpressions:
+    - key: '.status.conditions.[] | select( .type == "Ready" ) | .status'
+      operator: NotIn
+      values: ['True']
+  next:
+    statusTemplate: |
+      {{ $now := Now }}
+      conditions:
+      - type: Ready
+        status: "True"
+        reason: KubeletReady
+        message: kwok is this simulated node's kubelet
+        lastHeartbeatTime: {{ $now | Quote }}
+        lastTransitionTime: {{ $now | Quote }}
+      phase: Running
+---
+apiVersion: kwok.x-k8s.io/v1alpha1
+kind: Stage
+metadata: {name: draplane-node-heartbeat}
+spec:
+  resourceRef: {apiGroup: v1, kind: Node}
+  selector:
+    matchExpressions:
+    - key: '.status.conditions.[] | select( .type == "Ready" ) | .status'
+      operator: In
+      values: ['True']
+  delay: {durationMilliseconds: 20000, jitterDurationMilliseconds: 25000}
+  next:
+    statusTemplate: |
+      {{ $now := Now }}
+      conditions:
+      - type: Ready
+        status: "True"
+        reason: KubeletReady
+        message: kwok is this simulated node's kubelet
+        lastHeartbeatTime: {{ $now | Quote }}
+        lastTransitionTime: {{ or .metadata.creationTimestamp $now | Quote }}
+---
+apiVersion: kwok.x-k8s.io/v1alpha1
+kind: Stage
+metadata: {name: draplane-pod-running}
+spec:
+  resourceRef: {apiGroup: v1, kind: Pod}
+  selector:
+    matchExpressions:
+    - key: .metadata.deletionTimestamp
+      operator: DoesNotExist
+    - key: .status.phase
+      operator: In
+      values: [Pending]
+  next:
+    statusTemplate: |
+      {{ $now := Now }}
+      phase: Running
+      startTime: {{ $now | Quote }}
+      hostIP: {{ NodeIPWith .spec.nodeName | Quote }}
+      podIP: {{ PodIPWith .spec.nodeName false .metadata.uid .metadata.name .metadata.namespace | Quote }}
+      conditions:
+      - {type: Initialized, status: "True", lastTransitionTime: {{ $now | Quote }}}
+      - {type: ContainersReady, status: "True", lastTransitionTime: {{ $now | Quote }}}
+      - {type: Ready, status: "True", lastTransitionTime: {{ $now | Quote }}}
+      - {type: PodScheduled, status: "True", lastTransitionTime: {{ $now | Quote }}}
+      containerStatuses:
+      {{ range .spec.containers }}
+      - name: {{ .name | Quote }}
+        image: {{ .image | Quote }}
+        ready: true
+        restartCount: 0
+        started: true
+        state:
+          running: {startedAt: {{ $now | Quote }}}
+      {{ end }}
+---
+apiVersion: kwok.x-k8s.io/v1alpha1
+kind: Stage
+metadata: {name: draplane-pod-deleted}
+spec:
+  resourceRef: {apiGroup: v1, kind: Pod}
+  selector:
+    matchExpressions:
+    - key: .metadata.deletionTimestamp
+      operator: Exists
+  next:
+    delete: true
+"""
+
+
+def kwok_arguments(kubeconfig: Path, config: Path) -> list[str]:
+    """kwok, run beside the control plane, in charge of the nodes we annotate. The pod and node
+    addresses it writes are loopback ones: nothing here is ever sent to them."""
+    config.write_text(KWOK_STAGES.lstrip())
+    return [
+        f"--config={config}",
+        f"--kubeconfig={kubeconfig}",
+        "--manage-all-nodes=false",
+        f"--manage-nodes-with-annotation-selector={KWOK_ANNOTATION[0]}={KWOK_ANNOTATION[1]}",
+        "--cidr=127.16.0.0/16",
+        "--node-ip=127.0.0.1",
+        "--node-lease-duration-seconds=40",
+        f"--server-address=127.0.0.1:{free_port()}",
+    ]
+
+
 def _ready(url: str) -> bool:
     try:
         with urllib.request.urlopen(url, timeout=2) as response:
@@ -181,6 +296,12 @@ async def start(
         plane = await asyncio.to_thread(ControlPlane.start, workdir / "controlplane", logs=logs / "controlplane")
         (workdir / "up.json").write_text(json.dumps({"pid": os.getpid(), "kubeconfig": str(plane.kubeconfig)}))
         nodes = node_names(profiles, node_count)
+        # KWOK plays the kubelets of the simulated nodes: node heartbeats and Ready, pods Running,
+        # graceful deletion completed. It only takes the nodes annotated for it.
+        kwok = ServerProcess("kwok", [str(binaries.require(binaries.KWOK)), *kwok_arguments(plane.kubeconfig, workdir / "kwok.yaml")],
+                             logs / "kwok.log")
+        kwok.start()
+        services.append(kwok)
 
         async with await KubeClient.from_kubeconfig(plane.kubeconfig) as kube:
             for profile, names in nodes.items():
@@ -237,14 +358,15 @@ async def start(
 
 
 async def _register_node(kube, name: str, profile: str) -> None:
-    """What a kubelet would do: register the Node with its allocatable CPU, memory and pods."""
+    """What a kubelet does at its start: register the Node with its allocatable CPU, memory and
+    pods. KWOK, which the annotation hands the node to, keeps it Ready from then on."""
     from draplane.api import core
     from draplane.api.meta import ObjectMeta
     from draplane.kube import KubeApiError
 
     node = core.Node(metadata=ObjectMeta(name=name, labels={
         "kubernetes.io/hostname": name, "draplane.dev/profile": profile, "node.kubernetes.io/instance-type": profile,
-    }))
+    }, annotations={KWOK_ANNOTATION[0]: KWOK_ANNOTATION[1], "node.alpha.kubernetes.io/ttl": "0"}))
     try:
         await kube.create(node)
     except KubeApiError as exc:
