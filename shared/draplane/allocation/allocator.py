@@ -1030,17 +1030,22 @@ class NodeAllocator:
             if not entry.requests:
                 config.append(DeviceAllocationConfiguration(source="FromClaim", requests=None, opaque=entry.opaque))
                 continue
+            # Once per entry, at the first request (or chosen subrequest) it names: the entry
+            # carries all its request names already (Kubernetes stops at the first match too).
             for ri, request in enumerate(spec_requests):
-                if request.name in entry.requests:
+                named = request.name in entry.requests or (
+                    plan.has_subrequests[ri] and chosen_plans[ri].full_name in entry.requests)
+                if named:
                     config.append(DeviceAllocationConfiguration(source="FromClaim", requests=list(entry.requests), opaque=entry.opaque))
-                    continue
-                if not plan.has_subrequests[ri]:
-                    continue
-                if chosen_plans[ri].full_name in entry.requests:
-                    config.append(DeviceAllocationConfiguration(source="FromClaim", requests=list(entry.requests), opaque=entry.opaque))
+                    break
         for entry in config:
-            if entry.requests is not None and len(entry.requests) == len(spec_requests):
-                entry.requests = None  # "empty means all", as kube-scheduler writes it
+            # "empty means all", as kube-scheduler writes it: every request is named, or the
+            # subrequest chosen for it
+            if entry.requests is not None and all(
+                request.name in entry.requests or (plan.has_subrequests[ri] and chosen_plans[ri].full_name in entry.requests)
+                for ri, request in enumerate(spec_requests)
+            ):
+                entry.requests = None
         return config
 
     # --- why not ---------------------------------------------------------------------------------

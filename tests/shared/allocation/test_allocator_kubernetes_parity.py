@@ -98,11 +98,6 @@ def _binding_conditions_on_unreachable_device(case: dict) -> bool:
     return any(d.get("bindingConditions") for _, d in _unreachable_per_device_devices(case))
 
 
-def _claim_config_names_several_requests(case: dict) -> bool:
-    return any(len(entry.get("requests") or ()) > 1
-               for c in case["claims"] for entry in c["spec"]["devices"].get("config", ()))
-
-
 # name -> (predicate on the case's input, the disagreement categories it excuses (prefixes of
 # generate.compare's), what diverges). A case matching a predicate still fails on any other
 # category. Keep this short; fix rather than add.
@@ -129,16 +124,6 @@ KNOWN_DIVERGENCES: dict[str, tuple[Callable[[dict], bool], tuple[str, ...], str]
     "per-device-unreachable-binding-conditions": (
         _binding_conditions_on_unreachable_device, (OUTCOME, DEVICES, DETAILS),
         "bindingConditions on an unreachable perDeviceNodeSelection device: Kubernetes tries the pool last",
-    ),
-    # Kubernetes adds a claim config entry once ("break" after the first named request, all three
-    # allocators, e.g. allocator_experimental.go:477; upstream case "with-claim-config-for-two-requests"),
-    # and clears `requests` only when every request (or its chosen subrequest) is named. draplane's
-    # NodeAllocator._config adds it once per named request (and test_allocator_conformance.py's
-    # test_config_from_class_before_claim_and_requests_cleared_for_all asserts that), so the fix
-    # needs that test changed too.
-    "claim-config-several-requests": (
-        _claim_config_names_several_requests, ("details:config",),
-        "a claim config naming 2+ requests: draplane repeats it per request in the allocation's config",
     ),
 }
 
