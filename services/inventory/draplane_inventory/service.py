@@ -101,7 +101,7 @@ class InventoryService:
         self._spawn(self._watch_slices(), "watch-slices")
         for event in self._synced.values():
             await event.wait()
-        primed = await self._prime_from_stream()
+        primed = await self._prime_with_retries()
         for node in sorted(set(primed) | self.slices.managed_nodes()):
             self._mark_dirty(node)
         for key in list(self.slices.by_key):
@@ -203,6 +203,22 @@ class InventoryService:
             except nats.errors.Error:
                 pass
         return primed
+
+    async def _prime_with_retries(self, attempts: int = 8) -> dict[str, NodeSnapshot]:
+        """Read the stream's snapshots at start, riding out a JetStream that is not serving yet: on
+        a NATS cluster the stream's leader may still be elected (503 "service unavailable")."""
+        delay = 0.5
+        for attempt in range(1, attempts + 1):
+            try:
+                return await self._prime_from_stream()
+            except (nats.errors.Error, nats.js.errors.Error, asyncio.TimeoutError) as exc:
+                if attempt == attempts:
+                    raise
+                log.warning("inventory: reading the snapshot stream failed (%r); retrying in %.1f s (attempt %d of %d)",
+                            exc, delay, attempt, attempts)
+                await asyncio.sleep(delay)
+                delay = min(8.0, delay * 2)
+        raise AssertionError("unreachable")
 
     def _decode(self, subject: str, data: bytes) -> NodeSnapshot | Heartbeat | None:
         """The message, or None after logging and counting why it was rejected."""

@@ -23,6 +23,7 @@ from typing import Callable
 
 from draplane.localenv import binaries
 from draplane.localenv.controlplane import ControlPlane
+from draplane.localenv.kwok import KWOK_ANNOTATION, kwok_arguments
 from draplane.localenv.processes import ServerProcess, StartupError, free_port
 
 log = logging.getLogger(__name__)
@@ -146,121 +147,6 @@ def new_run_logs(workdir: Path, now: float | None = None) -> Path:
                       key=lambda p: p.stat().st_mtime)[:-RUNS_KEPT]:
         shutil.rmtree(old, ignore_errors=True)
     return run
-
-
-KWOK_ANNOTATION = ("kwok.x-k8s.io/node", "fake")
-
-# What kwok does for the nodes it takes, written as its Stages: a kubelet's part of the lifecycle,
-# nothing more. A node is made Ready and heartbeats; a bound pod starts Running; a pod being
-# deleted is removed once its grace period is over, as a kubelet would after stopping it.
-KWOK_STAGES = """
-apiVersion: kwok.x-k8s.io/v1alpha1
-kind: Stage
-metadata: {name: draplane-node-ready}
-spec:
-  resourceRef: {apiGroup: v1, kind: Node}
-  selector:
-    matchExpressions:
-    - key: '.status.conditions.[] | select( .type == "Ready" ) | .status'
-      operator: NotIn
-      values: ['True']
-  next:
-    statusTemplate: |
-      {{ $now := Now }}
-      conditions:
-      - type: Ready
-        status: "True"
-        reason: KubeletReady
-        message: kwok is this simulated node's kubelet
-        lastHeartbeatTime: {{ $now | Quote }}
-        lastTransitionTime: {{ $now | Quote }}
-      phase: Running
----
-apiVersion: kwok.x-k8s.io/v1alpha1
-kind: Stage
-metadata: {name: draplane-node-heartbeat}
-spec:
-  resourceRef: {apiGroup: v1, kind: Node}
-  selector:
-    matchExpressions:
-    - key: '.status.conditions.[] | select( .type == "Ready" ) | .status'
-      operator: In
-      values: ['True']
-  delay: {durationMilliseconds: 20000, jitterDurationMilliseconds: 25000}
-  next:
-    statusTemplate: |
-      {{ $now := Now }}
-      conditions:
-      - type: Ready
-        status: "True"
-        reason: KubeletReady
-        message: kwok is this simulated node's kubelet
-        lastHeartbeatTime: {{ $now | Quote }}
-        lastTransitionTime: {{ or .metadata.creationTimestamp $now | Quote }}
----
-apiVersion: kwok.x-k8s.io/v1alpha1
-kind: Stage
-metadata: {name: draplane-pod-running}
-spec:
-  resourceRef: {apiGroup: v1, kind: Pod}
-  selector:
-    matchExpressions:
-    - key: .metadata.deletionTimestamp
-      operator: DoesNotExist
-    - key: .status.phase
-      operator: In
-      values: [Pending]
-  next:
-    statusTemplate: |
-      {{ $now := Now }}
-      phase: Running
-      startTime: {{ $now | Quote }}
-      hostIP: {{ NodeIPWith .spec.nodeName | Quote }}
-      podIP: {{ PodIPWith .spec.nodeName false .metadata.uid .metadata.name .metadata.namespace | Quote }}
-      conditions:
-      - {type: Initialized, status: "True", lastTransitionTime: {{ $now | Quote }}}
-      - {type: ContainersReady, status: "True", lastTransitionTime: {{ $now | Quote }}}
-      - {type: Ready, status: "True", lastTransitionTime: {{ $now | Quote }}}
-      - {type: PodScheduled, status: "True", lastTransitionTime: {{ $now | Quote }}}
-      containerStatuses:
-      {{ range .spec.containers }}
-      - name: {{ .name | Quote }}
-        image: {{ .image | Quote }}
-        ready: true
-        restartCount: 0
-        started: true
-        state:
-          running: {startedAt: {{ $now | Quote }}}
-      {{ end }}
----
-apiVersion: kwok.x-k8s.io/v1alpha1
-kind: Stage
-metadata: {name: draplane-pod-deleted}
-spec:
-  resourceRef: {apiGroup: v1, kind: Pod}
-  selector:
-    matchExpressions:
-    - key: .metadata.deletionTimestamp
-      operator: Exists
-  next:
-    delete: true
-"""
-
-
-def kwok_arguments(kubeconfig: Path, config: Path) -> list[str]:
-    """kwok, run beside the control plane, in charge of the nodes we annotate. The pod and node
-    addresses it writes are loopback ones: nothing here is ever sent to them."""
-    config.write_text(KWOK_STAGES.lstrip())
-    return [
-        f"--config={config}",
-        f"--kubeconfig={kubeconfig}",
-        "--manage-all-nodes=false",
-        f"--manage-nodes-with-annotation-selector={KWOK_ANNOTATION[0]}={KWOK_ANNOTATION[1]}",
-        "--cidr=127.16.0.0/16",
-        "--node-ip=127.0.0.1",
-        "--node-lease-duration-seconds=40",
-        f"--server-address=127.0.0.1:{free_port()}",
-    ]
 
 
 def _ready(url: str) -> bool:
