@@ -253,13 +253,44 @@ spec:
         kubectl("delete", "pod", "first", "--wait=true", "--timeout=60s")
         assert time.monotonic() - started < 30
         wait("waiting Running", lambda: phase("waiting") == f"Running/{node}")
+        # a Deployment: kube-controller-manager makes the pods and their claims, draplane binds them
+        kubectl("apply", "-f", "-", stdin="""
+apiVersion: resource.k8s.io/v1
+kind: ResourceClaimTemplate
+metadata: {name: any-gpu}
+spec:
+  spec:
+    devices:
+      requests: [{name: gpu, exactly: {deviceClassName: gpu.nvidia.com}}]
+---
+apiVersion: apps/v1
+kind: Deployment
+metadata: {name: infer}
+spec:
+  replicas: 3
+  selector: {matchLabels: {app: infer}}
+  template:
+    metadata: {labels: {app: infer}}
+    spec:
+      containers: [{name: c, image: registry.k8s.io/pause:3.10, resources: {claims: [{name: gpu}]}}]
+      resourceClaims: [{name: gpu, resourceClaimTemplateName: any-gpu}]
+""")
+        wait("the Deployment's 3 pods Running",
+             lambda: kubectl("get", "deployment", "infer", "-o", "jsonpath={.status.readyReplicas}") == "3")
+        kubectl("scale", "deployment", "infer", "--replicas=1")
+        wait("the scaled-down pods' claims deleted",
+             lambda: kubectl("get", "resourceclaims", "-o", "name").count("infer-") == 1, timeout=60)
         # drain: the node is cordoned and its pods evicted; a new pod cannot go there any more
         kubectl("drain", node, "--ignore-daemonsets", "--force", "--timeout=90s")
         assert "SchedulingDisabled" in kubectl("get", "node", node)
         assert node not in kubectl("get", "pods", "-o", "wide")
         kubectl("apply", "-f", "-", stdin=pod("after-drain"))
-        message = wait("after-drain unschedulable", lambda: kubectl("get", "pod", "after-drain", "-o",
-                                                                     "jsonpath={.status.conditions[0].message}"))
+        def judged() -> str:
+            # first "waiting for the claim to be created from its template", as kube-scheduler says too
+            message = kubectl("get", "pod", "after-drain", "-o", "jsonpath={.status.conditions[0].message}")
+            return message if "nodes are available" in message else ""
+
+        message = wait("after-drain unschedulable", judged)
         assert "node(s) were unschedulable" in message, message
     finally:
         os.killpg(process.pid, signal.SIGINT) if process.poll() is None else None

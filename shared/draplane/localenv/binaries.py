@@ -87,6 +87,14 @@ NATS_SERVER = ServerBinary(
     package="github.com/nats-io/nats-server/v2",
     ldflags="-s -w",
 )
+KUBE_CONTROLLER_MANAGER = ServerBinary(
+    name="kube-controller-manager",
+    version=KUBERNETES_VERSION,
+    env_override="DRAPLANE_KUBE_CONTROLLER_MANAGER",
+    module="k8s.io/kubernetes",
+    package="k8s.io/kubernetes/cmd/kube-controller-manager",
+    ldflags=_kube_ldflags(KUBERNETES_VERSION),
+)
 KWOK = ServerBinary(
     name="kwok",
     version=KWOK_VERSION,
@@ -95,10 +103,10 @@ KWOK = ServerBinary(
     package="sigs.k8s.io/kwok/cmd/kwok",
     ldflags="-s -w",
 )
-ALL_BINARIES = (ETCD, NATS_SERVER, KUBE_APISERVER, KUBECTL, KWOK)
+ALL_BINARIES = (ETCD, NATS_SERVER, KUBE_APISERVER, KUBECTL, KUBE_CONTROLLER_MANAGER, KWOK)
 # The Kubernetes binaries share most of their packages: one wrapper module and one `go build`
 # compiles those once for all of them.
-KUBERNETES_BINARIES = (KUBE_APISERVER, KUBECTL)
+KUBERNETES_BINARIES = (KUBE_APISERVER, KUBECTL, KUBE_CONTROLLER_MANAGER)
 
 
 def _build_group(binary: ServerBinary) -> tuple[ServerBinary, ...]:

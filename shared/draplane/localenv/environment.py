@@ -23,6 +23,7 @@ from typing import Callable
 
 from draplane.localenv import binaries
 from draplane.localenv.controlplane import ControlPlane
+from draplane.localenv.controllermanager import controller_manager
 from draplane.localenv.kwok import KWOK_ANNOTATION, kwok_arguments
 from draplane.localenv.processes import ServerProcess, StartupError, free_port
 
@@ -188,6 +189,9 @@ async def start(
                              logs / "kwok.log")
         kwok.start()
         services.append(kwok)
+        manager = controller_manager(plane, logs / "kube-controller-manager.log")
+        manager.start()
+        services.append(manager)
 
         async with await KubeClient.from_kubeconfig(plane.kubeconfig) as kube:
             for profile, names in nodes.items():
@@ -216,8 +220,9 @@ async def start(
             ))
         port = free_port()
         probes.append((
+            # kube-controller-manager's resourceclaim controller makes and cleans up claims here
             service("binder", "draplane_binder", f"--shards={shards}", "--scheduler-name=draplane",
-                    "--scheduler-name=default-scheduler", f"--port={port}"),
+                    "--scheduler-name=default-scheduler", "--no-manage-claims", f"--port={port}"),
             f"http://127.0.0.1:{port}/readyz",
         ))
         for profile, names in nodes.items():
@@ -259,8 +264,10 @@ async def _register_node(kube, name: str, profile: str) -> None:
         if not exc.is_already_exists:
             raise
     capacity = {"cpu": "64", "memory": "512Gi", "pods": "110", "ephemeral-storage": "1Ti"}
+    now = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())
     status = {"capacity": capacity, "allocatable": capacity,
-              "conditions": [{"type": "Ready", "status": "True", "reason": "KubeletReady", "message": "simulated by draplane up"}]}
+              "conditions": [{"type": "Ready", "status": "True", "reason": "KubeletReady", "message": "simulated by draplane up",
+                              "lastHeartbeatTime": now, "lastTransitionTime": now}]}
     await kube.patch(core.Node, name, {"status": status}, subresource="status")
     # The TaintNodesByCondition admission plugin gives every new Node the not-ready taint; the
     # node lifecycle controller would lift it once the kubelet reports Ready. There is no such

@@ -47,7 +47,7 @@ spec:
     - key: '.status.conditions.[] | select( .type == "Ready" ) | .status'
       operator: In
       values: ['True']
-  delay: {durationMilliseconds: 20000, jitterDurationMilliseconds: 25000}
+  delay: {durationMilliseconds: 10000, jitterDurationMilliseconds: 15000}
   next:
     statusTemplate: |
       {{ $now := Now }}
