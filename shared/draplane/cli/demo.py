@@ -273,7 +273,10 @@ async def _story(args, kubeconfig: Path, seed: dict[str, dict], fixed: dict[str,
         for line in format_report(report, timings).splitlines():
             _say(f"   {line}" if line else "")
         _say("\n   Try:")
-        kubectl = f"kubectl --kubeconfig {kubeconfig}"
+        from draplane.localenv import binaries
+
+        # the kubectl built into the cache: the line works on a machine that has none of its own
+        kubectl = f"{binaries.find(binaries.KUBECTL) or 'kubectl'} --kubeconfig {kubeconfig}"
         _say(f"     {kubectl} -n {namespace} get pod {pod['metadata']['name']} -o wide")
         _say(f"     {kubectl} -n {namespace} get resourceclaim {claim['metadata']['name']} -o yaml")
         if owned and not args.keep:
