@@ -227,8 +227,10 @@ def node_matches(node: Node | None, node_name: str | None, all_nodes: bool, sele
 
 
 def _slice_targets_node(entry: SliceEntry, node: Node | None) -> bool:
-    if entry.has_counters:
-        return True  # counter sets are needed by every node that uses the pool
+    # A slice of counter sets is selected by its own node selection too, as in Kubernetes'
+    # GatherPools: where a device of the node needs one from a slice that does not target the
+    # node, the pool looks incomplete among the node's slices, and _gather_pool then reads every
+    # slice of the generation, counter sets included.
     if entry.node_name or entry.all_nodes or entry.node_selector is not None:
         return node_matches(node, entry.node_name, entry.all_nodes, entry.node_selector)
     if entry.per_device:
@@ -413,7 +415,7 @@ class Inventory:
                     pool.invalid_reason = f"duplicate device name {d.name}"
                     return pool
                 seen.add(d.name)
-        for e in current:
+        for e in every:
             if e.has_counters:
                 for set_name, counters in e.counter_sets.items():
                     if set_name in pool.counter_sets:

@@ -44,25 +44,6 @@ def _targets_node(spec: dict, node: dict) -> bool:
                for term in selector["nodeSelectorTerms"])
 
 
-def _counter_slice_makes_pool_visible(case: dict) -> bool:
-    """An incomplete pool whose only slices seen from the node would be sharedCounters slices
-    that do not target it, and an `All` request."""
-    node = case["node"]
-    pools: dict[tuple, list[dict]] = {}
-    for s in case["slices"]:
-        pools.setdefault((s["spec"]["driver"], s["spec"]["pool"]["name"]), []).append(s["spec"])
-    has_all = any(body.get("allocationMode") == "All"
-                  for c in case["claims"] for r in c["spec"]["devices"]["requests"]
-                  for body in ([r["exactly"]] if "exactly" in r else r["firstAvailable"]))
-    return has_all and any(
-        len(specs) != specs[0]["pool"]["resourceSliceCount"]
-        and not any(_targets_node(spec, node) or (spec.get("perDeviceNodeSelection") and any(
-            _targets_node(d, node) for d in spec.get("devices", ()))) for spec in specs)
-        and any(spec.get("sharedCounters") for spec in specs)
-        for specs in pools.values()
-    )
-
-
 def _unreachable_per_device_devices(case: dict) -> list[tuple[str, dict]]:
     """(driver, device) of each device of a perDeviceNodeSelection slice the node cannot reach."""
     return [
@@ -103,14 +84,6 @@ def _binding_conditions_on_unreachable_device(case: dict) -> bool:
 # category. Keep this short; fix rather than add.
 OUTCOME, DEVICES, DETAILS = "outcome:", "devices", "details:"
 KNOWN_DIVERGENCES: dict[str, tuple[Callable[[dict], bool], tuple[str, ...], str]] = {
-    # draplane's inventory (_slice_targets_node) counts a sharedCounters slice as relevant to every
-    # node, so a pool the node cannot see in Kubernetes (GatherPools skips the slice by its node
-    # selection) is an incomplete pool there, and `All` fails with an error instead of "no devices".
-    # The fix belongs in inventory.py (counter sets from every slice of the generation), not here.
-    "counter-slice-pool-visibility": (
-        _counter_slice_makes_pool_visible, (OUTCOME,),
-        "sharedCounters-only slice not targeting the node makes draplane see an incomplete pool",
-    ),
     # Kubernetes (isSelectable) runs the CEL selectors before the per-device node check, so a
     # runtime error on a device of a perDeviceNodeSelection slice that the node cannot reach fails
     # the attempt; draplane's inventory (Inventory._gather_pool) drops such devices before any
