@@ -275,3 +275,23 @@ def test_admin_access_claims_are_allocated_not_rejected(tmp_path, capsys):
     assert code == 0, err
     result = yaml.safe_load(out)["status"]["allocation"]["devices"]["results"][0]
     assert result["adminAccess"] is True and result["device"] == "gpu-1"
+
+
+def test_a_device_taint_rule_in_the_input_keeps_the_claim_off_the_tainted_device(tmp_path, capsys):
+    rule = """
+    apiVersion: resource.k8s.io/v1
+    kind: DeviceTaintRule
+    metadata:
+      name: h100-maintenance
+    spec:
+      deviceSelector: {driver: gpu.nvidia.com, pool: node-a, device: gpu-1}
+      taint: {key: example.com/maintenance, effect: NoSchedule}
+    """
+    files = [*inputs(tmp_path), write(tmp_path, "rule.yaml", rule)]
+    code, _, err = run(capsys, *files)
+    assert code == 1, err  # the only device over 40Gi is tainted
+    assert "taint" in err
+    tolerating = CLAIM.replace("count: 1", "count: 1\n        tolerations: [{key: example.com/maintenance, operator: Exists}]")
+    code, out, err = run(capsys, *inputs(tmp_path, claim=tolerating), write(tmp_path, "rule.yaml", rule))
+    assert code == 0, err
+    assert yaml.safe_load(out)["status"]["allocation"]["devices"]["results"][0]["device"] == "gpu-1"
