@@ -1089,7 +1089,7 @@ class NodeAllocator:
 
     def _request_failure(self, plan: ClaimPlan, request: RequestPlan, node: Node, pools: list[Pool], node_name: str) -> NodeFailure | None:
         who = f"ResourceClaim {_claim_name(plan.claim)}: request {request.full_name}"
-        devices = [(d, p) for p in pools if p.usable for d in p.devices]
+        devices = [(d, p) for p in pools if p.usable for d in p.reachable]
         need = max(request.count, 1)
         class_name = request.device_class.metadata.name
         stages: list[tuple[Reason, str, Callable]] = []

@@ -439,7 +439,7 @@ class Cluster:
         for pool in self.inventory.pools_for_node(self.node(name)):
             if not pool.usable:
                 continue
-            for r in pool.devices:
+            for r in pool.reachable:
                 if not state.is_allocated(r.id):
                     total += 1000.0
                     continue

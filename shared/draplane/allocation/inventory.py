@@ -189,8 +189,13 @@ class Pool:
     generation: int = 0
     incomplete: bool = False
     invalid_reason: str | None = None
-    # Devices from slices that target the node, in slice order (slices sorted by name).
+    # Devices from slices that target the node, in slice order (slices sorted by name): as in
+    # Kubernetes, a perDeviceNodeSelection slice brings all its devices when one reaches the node,
+    # because selectors run before the per-device node check (a CEL error on a device the node
+    # cannot use still fails the attempt) and its binding conditions order the pool.
     devices: list[DeviceRecord] = field(default_factory=list)
+    # The devices this node can be given (the same list where no slice selects per device).
+    reachable: list[DeviceRecord] = field(default_factory=list)
     counter_sets: dict[str, dict[str, Fraction]] = field(default_factory=dict)
     # Every device of the pool's current generation that consumes counters, on this node or not:
     # counters are shared across the pool, so devices allocated elsewhere use them up too.
@@ -435,12 +440,19 @@ class Inventory:
                             return pool
                 if d.consumes:
                     pool.counter_consumers[d.name] = d.consumes
+        per_device = False
         for e in device_entries:
-            if e.per_device:
-                pool.devices.extend(
-                    d for d in e.devices
-                    if node_matches(node, d.device.node_name, bool(d.device.all_nodes), d.device.node_selector)
-                )
-            else:
-                pool.devices.extend(e.devices)
+            pool.devices.extend(e.devices)
+            per_device = per_device or e.per_device
+        if not per_device:
+            pool.reachable = pool.devices
+        else:
+            for e in device_entries:
+                if e.per_device:
+                    pool.reachable.extend(
+                        d for d in e.devices
+                        if node_matches(node, d.device.node_name, bool(d.device.all_nodes), d.device.node_selector)
+                    )
+                else:
+                    pool.reachable.extend(e.devices)
         return pool

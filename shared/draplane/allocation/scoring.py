@@ -181,7 +181,7 @@ class DraplanePolicy(ScoringPolicy):
         for pool in view.pools:
             if not pool.usable:
                 continue
-            for r in pool.devices:
+            for r in pool.reachable:
                 total += 1
                 if r.id in chosen_ids or state.is_allocated(r.id):
                     continue

@@ -123,7 +123,7 @@ def report_placement(
     records = {}
     for name in cluster.nodes:
         for pool in cluster.inventory.pools_for_node(cluster.node(name)):
-            for record in pool.devices:
+            for record in pool.reachable:
                 records[record.id] = record
 
     devices = []
@@ -155,7 +155,7 @@ def report_placement(
     outcomes = []
     for name in sorted(cluster.nodes):
         node = cluster.node(name)
-        node_records = [r for pool in cluster.inventory.pools_for_node(node) for r in pool.devices]
+        node_records = [r for pool in cluster.inventory.pools_for_node(node) for r in pool.reachable]
         memories = [m for m in map(_memory, node_records) if m is not None]
         try:
             outcome = cluster.allocate_on_node(pending, name)

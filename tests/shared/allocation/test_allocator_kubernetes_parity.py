@@ -30,75 +30,12 @@ from kubernetes_allocator import generate
 pytestmark = pytest.mark.integration
 
 
-def _targets_node(spec: dict, node: dict) -> bool:
-    """Whether a slice's own node selection (nodeName, allNodes, zone nodeSelector) picks the node."""
-    if spec.get("nodeName"):
-        return spec["nodeName"] == node["metadata"]["name"]
-    if spec.get("allNodes"):
-        return True
-    selector = spec.get("nodeSelector")
-    if selector is None:
-        return False
-    labels = node["metadata"].get("labels") or {}
-    return any(all(labels.get(e["key"]) in e["values"] for e in term.get("matchExpressions", []))
-               for term in selector["nodeSelectorTerms"])
-
-
-def _unreachable_per_device_devices(case: dict) -> list[tuple[str, dict]]:
-    """(driver, device) of each device of a perDeviceNodeSelection slice the node cannot reach."""
-    return [
-        (s["spec"]["driver"], d)
-        for s in case["slices"] if s["spec"].get("perDeviceNodeSelection")
-        for d in s["spec"].get("devices", ()) if not _targets_node(d, case["node"])
-    ]
-
-
-def _lacks(driver: str, device: dict, domain: str, name: str, capacity: bool = False) -> bool:
-    """Whether device.attributes[domain][name] (or device.capacity) is missing: a CEL runtime error."""
-    if driver != domain:
-        return True  # unqualified names are in the device's own driver's domain
-    return name not in (device.get("capacity" if capacity else "attributes") or {})
-
-
-def _error_selector_on_unreachable_device(case: dict) -> bool:
-    """A selector of the claims would fail at runtime on a perDeviceNodeSelection device that the
-    node cannot reach."""
-    text = json.dumps(case["claims"])
-    failing = []  # (domain, name, is capacity) that some selector reads unguarded
-    if '"class-numa"' in text:
-        failing.append((generate.D1, "numa", False))
-    for domain in generate.DRIVERS:
-        for expression, key in zip(generate.ERROR_SELECTORS, (("model", False), ("numa", False), ("memory", True))):
-            if json.dumps(expression.format(d=domain))[1:-1] in text:
-                failing.append((domain, *key))
-    return any(_lacks(driver, d, domain, name, cap)
-               for driver, d in _unreachable_per_device_devices(case) for domain, name, cap in failing)
-
-
-def _binding_conditions_on_unreachable_device(case: dict) -> bool:
-    return any(d.get("bindingConditions") for _, d in _unreachable_per_device_devices(case))
-
-
 # name -> (predicate on the case's input, the disagreement categories it excuses (prefixes of
 # generate.compare's), what diverges). A case matching a predicate still fails on any other
-# category. Keep this short; fix rather than add.
+# category. Empty: every divergence found so far is fixed in the core (the last, devices of a
+# perDeviceNodeSelection slice the node cannot reach, in Inventory._gather_pool). Fix rather than add.
 OUTCOME, DEVICES, DETAILS = "outcome:", "devices", "details:"
-KNOWN_DIVERGENCES: dict[str, tuple[Callable[[dict], bool], tuple[str, ...], str]] = {
-    # Kubernetes (isSelectable) runs the CEL selectors before the per-device node check, so a
-    # runtime error on a device of a perDeviceNodeSelection slice that the node cannot reach fails
-    # the attempt; draplane's inventory (Inventory._gather_pool) drops such devices before any
-    # selector runs. The fix belongs in inventory.py (keep them; candidates() already checks).
-    "per-device-unreachable-cel-error": (
-        _error_selector_on_unreachable_device, (OUTCOME,),
-        "CEL runtime error on a perDeviceNodeSelection device the node cannot reach: Kubernetes errors",
-    ),
-    # Same root cause: Kubernetes' GatherPools puts a pool last when any device of its slices that
-    # target the node has bindingConditions, reachable or not; draplane sees only reachable ones.
-    "per-device-unreachable-binding-conditions": (
-        _binding_conditions_on_unreachable_device, (OUTCOME, DEVICES, DETAILS),
-        "bindingConditions on an unreachable perDeviceNodeSelection device: Kubernetes tries the pool last",
-    ),
-}
+KNOWN_DIVERGENCES: dict[str, tuple[Callable[[dict], bool], tuple[str, ...], str]] = {}
 
 
 def matching_divergences(case: dict) -> list[str]:
