@@ -250,7 +250,7 @@ spec:
 
 
 async def test_nine_gpus_on_eight_gpu_nodes_is_not_enough_devices(scheduling, kube, kubectl, namespace):
-    class_name, names = await gpu_cluster(scheduling, kube, nodes=2)
+    class_name, _ = await gpu_cluster(scheduling, kube, nodes=2)
     await scheduling.start(shards=1)
     await kubectl.apply(claim_yaml(namespace, "nine", class_name, count=9)
                         + "---" + pod_yaml(namespace, "big", scheduling.scheduler_name, claim="nine"))

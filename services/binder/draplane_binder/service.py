@@ -425,19 +425,17 @@ class Binder:
         self.last_reason[uid] = message
         self.counters["unschedulable"] += 1
         log.info("pod %s/%s: unschedulable, retry in %.1f s: %s", *_key(pod), backoff, message)
+        await self._not_scheduled(pod, CONDITION_REASON, message)
+
+    async def _not_scheduled(self, pod: Pod, reason: str, message: str) -> None:
+        """PodScheduled=False with `reason`, and a FailedScheduling Event, as kube-scheduler writes
+        them. A pod deleted meanwhile gets neither."""
         namespace, name = _key(pod)
-        condition = {
-            "type": "PodScheduled",
-            "status": "False",
-            "reason": CONDITION_REASON,
-            "message": message,
-            "lastTransitionTime": _now_rfc3339(),
-        }
+        condition = {"type": "PodScheduled", "status": "False", "reason": reason, "message": message,
+                     "lastTransitionTime": _now_rfc3339()}
         try:
-            await self.kube.patch(
-                Pod, name, {"status": {"conditions": [condition]}}, namespace,
-                subresource="status", patch_type="application/strategic-merge-patch+json",
-            )
+            await self.kube.patch(Pod, name, {"status": {"conditions": [condition]}}, namespace,
+                                  subresource="status", patch_type="application/strategic-merge-patch+json")
         except KubeApiError as exc:
             if not exc.is_not_found:
                 raise
@@ -578,15 +576,10 @@ class Binder:
         if pod is None or not self._pending_pod_needs_work(pod) or self.last_reason.get(pod_uid) == message:
             return
         self.last_reason[pod_uid] = message
-        namespace, name = _key(pod)
-        condition = {"type": "PodScheduled", "status": "False", "reason": ERROR_CONDITION_REASON,
-                     "message": message, "lastTransitionTime": _now_rfc3339()}
         try:
-            await self.kube.patch(Pod, name, {"status": {"conditions": [condition]}}, namespace,
-                                  subresource="status", patch_type="application/strategic-merge-patch+json")
-            await self._event(pod, EVENT_REASON, message)
+            await self._not_scheduled(pod, ERROR_CONDITION_REASON, message)
         except Exception:  # noqa: BLE001
-            log.warning("pod %s/%s: could not record the error on the pod", namespace, name, exc_info=True)
+            log.warning("pod %s/%s: could not record the error on the pod", *_key(pod), exc_info=True)
 
     async def write_placement(self, placement: Placement) -> bool:
         """Finalizer, status, binding; idempotent. On failure, undo and release. True when bound."""
