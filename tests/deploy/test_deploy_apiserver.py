@@ -3,27 +3,43 @@
 The RBAC tests create the deploy/ ServiceAccounts, ClusterRoles and ClusterRoleBindings for real
 (cluster-scoped names suffixed with the test's namespace, so tests never share them), then act as
 each ServiceAccount through impersonation.
+
+Each test renders deploy/ into its own namespace the way a site would: an overlay with
+`namespace:` and deploy/ as its one resource, built by the real `kubectl kustomize`.
 """
 
 from __future__ import annotations
 
+import asyncio
+import os
 import uuid
 from pathlib import Path
 
 import msgspec
 import pytest
 
-from draplane import manifests
 from draplane.kube import KubeClient
 from draplane.kube.client import KubeApiError, raw_collection_path
+from draplane.localenv import kustomize
+from draplane.localenv.kustomize import object_id
 
 DEPLOY = Path(__file__).resolve().parents[2] / "deploy"
 
 pytestmark = pytest.mark.integration
 
 
-async def test_every_manifest_is_accepted_in_a_server_side_dry_run(kube, namespace):
-    objects = manifests.render(DEPLOY, namespace=namespace)
+async def _render(namespace: str, tmp_path: Path) -> list[dict]:
+    """deploy/ moved to `namespace` by an overlay written under `tmp_path`."""
+    overlay = tmp_path / "overlay"
+    overlay.mkdir(exist_ok=True)
+    # Kustomize takes a base by relative path only.
+    base = os.path.relpath(DEPLOY, overlay)
+    (overlay / "kustomization.yaml").write_text(f"namespace: {namespace}\nresources: [{base}]\n")
+    return await asyncio.to_thread(kustomize.build, overlay)
+
+
+async def test_every_manifest_is_accepted_in_a_server_side_dry_run(kube, namespace, tmp_path):
+    objects = await _render(namespace, tmp_path)
     accepted = []
     for obj in objects:
         if obj["kind"] == "Namespace":
@@ -32,9 +48,9 @@ async def test_every_manifest_is_accepted_in_a_server_side_dry_run(kube, namespa
         try:
             result = await _dry_run(kube, obj)
         except KubeApiError as exc:
-            pytest.fail(f"{manifests.object_id(obj)} rejected by kube-apiserver: {exc}")
+            pytest.fail(f"{object_id(obj)} rejected by kube-apiserver: {exc}")
         assert result["kind"] == obj["kind"] and result["metadata"]["name"] == obj["metadata"]["name"]
-        accepted.append(manifests.object_id(obj))
+        accepted.append(object_id(obj))
     assert len(accepted) == len(objects) >= 20
     # Dry run: nothing was persisted.
     with pytest.raises(KubeApiError) as missing:
@@ -51,8 +67,8 @@ async def _dry_run(kube: KubeClient, obj: dict) -> dict:
     return msgspec.json.decode(data)
 
 
-async def test_a_misspelled_field_is_rejected_by_the_strict_dry_run(kube, namespace):
-    (binder,) = [o for o in manifests.render(DEPLOY, namespace=namespace) if o["kind"] == "Deployment" and o["metadata"]["name"] == "draplane-binder"]
+async def test_a_misspelled_field_is_rejected_by_the_strict_dry_run(kube, namespace, tmp_path):
+    (binder,) = [o for o in await _render(namespace, tmp_path) if o["kind"] == "Deployment" and o["metadata"]["name"] == "draplane-binder"]
     container = binder["spec"]["template"]["spec"]["containers"][0]
     container["readinesProbe"] = container.pop("readinessProbe")
     with pytest.raises(KubeApiError) as rejected:
@@ -60,9 +76,9 @@ async def test_a_misspelled_field_is_rejected_by_the_strict_dry_run(kube, namesp
     assert rejected.value.status == 400 and 'unknown field "spec.template.spec.containers[0].readinesProbe"' in rejected.value.message
 
 
-async def test_a_broken_manifest_is_rejected_by_the_dry_run(kube, namespace):
+async def test_a_broken_manifest_is_rejected_by_the_dry_run(kube, namespace, tmp_path):
     # The test above can fail: the same call refuses an object the apiserver finds invalid.
-    (allocator,) = [o for o in manifests.render(DEPLOY, namespace=namespace) if o["metadata"]["name"] == "draplane-allocator" and o["kind"] == "StatefulSet"]
+    (allocator,) = [o for o in await _render(namespace, tmp_path) if o["metadata"]["name"] == "draplane-allocator" and o["kind"] == "StatefulSet"]
     allocator["spec"]["selector"]["matchLabels"] = {"app.kubernetes.io/name": "something-else"}
     with pytest.raises(KubeApiError) as rejected:
         await _dry_run(kube, allocator)
@@ -72,17 +88,17 @@ async def test_a_broken_manifest_is_rejected_by_the_dry_run(kube, namespace):
 # --- RBAC ---------------------------------------------------------------------------------------
 
 
-def _rbac_objects(namespace: str) -> list[dict]:
+async def _rbac_objects(namespace: str, tmp_path: Path) -> list[dict]:
     """deploy/'s ServiceAccounts and cluster RBAC, moved to `namespace` and given unique names."""
     objects = []
-    for obj in manifests.render(DEPLOY, namespace=namespace):
+    for obj in await _render(namespace, tmp_path):
         if obj["kind"] in ("ClusterRole", "ClusterRoleBinding"):
             obj["metadata"]["name"] += f"-{namespace}"
             if obj["kind"] == "ClusterRoleBinding":
                 obj["roleRef"]["name"] += f"-{namespace}"
-                # What an overlay moving draplane to another namespace patches too (see README).
-                for subject in obj["subjects"]:
-                    subject["namespace"] = namespace
+                # Kustomize's `namespace:` moves the subjects that name its own ServiceAccounts
+                # too, so an overlay needs no patch for them (see deploy/README.md).
+                assert {s["namespace"] for s in obj["subjects"]} == {namespace}, object_id(obj)
         if obj["kind"] in ("ServiceAccount", "ClusterRole", "ClusterRoleBinding"):
             objects.append(obj)
     return objects
@@ -174,8 +190,8 @@ WRITE_VERBS = {"create", "update", "patch", "delete", "deletecollection"}
 
 
 @pytest.fixture
-async def rbac(kube, namespace):
-    objects = _rbac_objects(namespace)
+async def rbac(kube, namespace, tmp_path):
+    objects = await _rbac_objects(namespace, tmp_path)
     # A ServiceAccount bound to nothing: what every authenticated identity may do anyway
     # (self reviews, discovery), subtracted from what each service is shown to hold.
     objects.append({"apiVersion": "v1", "kind": "ServiceAccount", "metadata": {"name": "nobody", "namespace": namespace}})

@@ -1,6 +1,7 @@
-"""deploy/ read as `kubectl apply -k` would send it: the objects are complete and consistent.
+"""deploy/ as `kubectl apply -k` sends it: the objects are complete and consistent.
 
-Pure checks, milliseconds. The apiserver's own verdict is in test_deploy_apiserver.py.
+deploy/ is rendered once by the real `kubectl kustomize` from the server cache (half a second);
+the checks on its objects are pure. The apiserver's own verdict is in test_deploy_apiserver.py.
 """
 
 from __future__ import annotations
@@ -12,17 +13,31 @@ from pathlib import Path
 import pytest
 import yaml
 
-from draplane import manifests
-from draplane.manifests import ManifestError, object_id, render
+from draplane.localenv import kustomize
+from draplane.localenv.kustomize import object_id
 
 REPO = Path(__file__).resolve().parents[2]
 DEPLOY = REPO / "deploy"
 SERVICES = ("inventory", "allocator", "binder", "node-agent")
+# The kinds in deploy/ that have no namespace.
+CLUSTER_SCOPED_KINDS = {"Namespace", "ClusterRole", "ClusterRoleBinding"}
+
+pytestmark = pytest.mark.integration  # kubectl, from `make servers`
 
 
 @pytest.fixture(scope="module")
 def objects() -> list[dict]:
-    return render(DEPLOY)
+    return kustomize.build(DEPLOY)
+
+
+def pod_spec(obj) -> dict:
+    """The pod template's spec of a Deployment, StatefulSet or DaemonSet."""
+    return obj["spec"]["template"]["spec"]
+
+
+def containers(obj) -> list[dict]:
+    spec = pod_spec(obj)
+    return [*(spec.get("initContainers") or []), *spec["containers"]]
 
 
 def by_kind(objects, kind):
@@ -34,7 +49,7 @@ def workloads(objects):
 
 
 def container_args(obj) -> dict[str, str]:
-    (container,) = manifests.pod_spec(obj)["containers"]
+    (container,) = pod_spec(obj)["containers"]
     flags = [arg.removeprefix("--") for arg in container.get("args", []) if arg.startswith("--")]
     return dict(flag.split("=", 1) if "=" in flag else (flag, "") for flag in flags)
 
@@ -50,7 +65,9 @@ def test_everything_namespaced_is_in_the_kustomization_namespace(objects):
     namespace = yaml.safe_load((DEPLOY / "kustomization.yaml").read_text())["namespace"]
     assert set(by_kind(objects, "Namespace")) == {namespace}
     for obj in objects:
-        if obj["kind"] not in manifests.CLUSTER_SCOPED_KINDS:
+        if obj["kind"] in CLUSTER_SCOPED_KINDS:
+            assert "namespace" not in obj["metadata"], object_id(obj)
+        else:
             assert obj["metadata"]["namespace"] == namespace, object_id(obj)
 
 
@@ -60,7 +77,7 @@ def test_entry_points_are_the_ones_pyproject_declares(objects):
     for obj in workloads(objects):
         if obj["metadata"]["name"] == "draplane-nats":
             continue
-        (container,) = manifests.pod_spec(obj)["containers"]
+        (container,) = pod_spec(obj)["containers"]
         (command,) = container["command"]
         assert command in scripts, f"{object_id(obj)} runs {command!r}, which pyproject.toml does not declare"
         assert container["image"] == "draplane:0.1.0", object_id(obj)
@@ -70,7 +87,7 @@ def test_entry_points_are_the_ones_pyproject_declares(objects):
 
 def test_draplane_services_probe_healthz_and_readyz_and_request_resources(objects):
     for obj in workloads(objects):
-        for container in manifests.containers(obj):
+        for container in containers(obj):
             requests = container["resources"]["requests"]
             assert {"cpu", "memory"} <= set(requests), object_id(obj)
             assert "memory" in container["resources"]["limits"], object_id(obj)
@@ -93,7 +110,7 @@ def test_draplane_services_probe_healthz_and_readyz_and_request_resources(object
 
 def test_containers_run_unprivileged(objects):
     for obj in workloads(objects):
-        spec = manifests.pod_spec(obj)
+        spec = pod_spec(obj)
         assert spec["securityContext"]["runAsNonRoot"] is True, object_id(obj)
         for container in spec["containers"]:
             assert container["securityContext"]["allowPrivilegeEscalation"] is False, object_id(obj)
@@ -122,7 +139,7 @@ def test_service_accounts_roles_and_bindings_refer_to_each_other(objects):
     roles = by_kind(objects, "ClusterRole")
     bindings = by_kind(objects, "ClusterRoleBinding")
     for obj in workloads(objects):
-        name = manifests.pod_spec(obj).get("serviceAccountName")
+        name = pod_spec(obj).get("serviceAccountName")
         if obj["metadata"]["name"] != "draplane-nats":
             assert name in accounts, f"{object_id(obj)} runs as missing ServiceAccount {name!r}"
     bound = set()
@@ -135,7 +152,7 @@ def test_service_accounts_roles_and_bindings_refer_to_each_other(objects):
     # The node agent holds no Kubernetes role at all, and has no token to use one with.
     assert bound == {"draplane-inventory", "draplane-allocator", "draplane-binder"}
     assert accounts["draplane-node-agent"]["automountServiceAccountToken"] is False
-    node_agent = manifests.pod_spec(by_kind(objects, "DaemonSet")["draplane-node-agent"])
+    node_agent = pod_spec(by_kind(objects, "DaemonSet")["draplane-node-agent"])
     assert node_agent["automountServiceAccountToken"] is False
 
 
@@ -159,7 +176,7 @@ def test_allocator_shards_agree_between_statefulset_and_binder(objects):
     assert container_args(allocator)["shards"] == str(replicas)
     assert container_args(binder)["shards"] == str(replicas)
     # The shard index is the StatefulSet ordinal, handed over by the pod-index label.
-    (container,) = manifests.pod_spec(allocator)["containers"]
+    (container,) = pod_spec(allocator)["containers"]
     env = {e["name"]: e for e in container["env"]}
     assert container_args(allocator)["shard-index"] == "$(DRAPLANE_SHARD_INDEX)"
     assert env["DRAPLANE_SHARD_INDEX"]["valueFrom"]["fieldRef"]["fieldPath"] == "metadata.labels['apps.kubernetes.io/pod-index']"
@@ -185,7 +202,7 @@ def test_nats_clients_point_at_the_nats_service(objects):
             continue
         host = re.fullmatch(r"nats://([a-z0-9-]+):4222", container_args(obj)["nats"]).group(1)
         assert host in services, object_id(obj)
-        (container,) = manifests.pod_spec(obj)["containers"]
+        (container,) = pod_spec(obj)["containers"]
         seed = {e["name"]: e.get("value") for e in container["env"]}["DRAPLANE_NATS_NKEY_SEED"]
         mounts = [m["mountPath"] for m in container["volumeMounts"]]
         assert str(Path(seed).parent) in mounts, f"{object_id(obj)}: {seed} is not on a mounted volume"
@@ -211,8 +228,8 @@ def test_workload_args_are_accepted_by_the_services_own_parser(objects, command)
         if exc.name != ENTRY_MODULES[command]:
             raise
         pytest.skip(f"{ENTRY_MODULES[command]} is not written yet")
-    (workload,) = [o for o in workloads(objects) if manifests.pod_spec(o)["containers"][0].get("command") == [command]]
-    (container,) = manifests.pod_spec(workload)["containers"]
+    (workload,) = [o for o in workloads(objects) if pod_spec(o)["containers"][0].get("command") == [command]]
+    (container,) = pod_spec(workload)["containers"]
     # What the kubelet substitutes for $(VAR): stand-ins of the right shape.
     stand_ins = {"DRAPLANE_SHARD_INDEX": "1", "NODE_NAME": "gpu-node-1"}
     argv = [re.sub(r"\$\((\w+)\)", lambda m: stand_ins[m.group(1)], arg) for arg in container["args"]]
@@ -221,99 +238,6 @@ def test_workload_args_are_accepted_by_the_services_own_parser(objects, command)
         parse(argv)
     except SystemExit as exc:
         pytest.fail(f"{object_id(workload)}: {command} refuses its args {argv} (exit {exc.code}); see stderr")
-
-
-# --- the renderer itself ------------------------------------------------------------------------
-
-
-def _write(tmp_path: Path, files: dict[str, str]) -> Path:
-    for name, text in files.items():
-        (tmp_path / name).parent.mkdir(parents=True, exist_ok=True)
-        (tmp_path / name).write_text(text)
-    return tmp_path
-
-
-DEPLOYMENT = """
-apiVersion: apps/v1
-kind: Deployment
-metadata: {name: web}
-spec:
-  template:
-    spec:
-      containers:
-        - {name: a, image: "registry.local:5000/team/draplane:old"}
-        - {name: b, image: "other:1"}
----
-apiVersion: rbac.authorization.k8s.io/v1
-kind: ClusterRoleBinding
-metadata: {name: crb}
-roleRef: {apiGroup: rbac.authorization.k8s.io, kind: ClusterRole, name: r}
-subjects: [{kind: ServiceAccount, name: sa, namespace: old}, {kind: User, name: alice}, {kind: ServiceAccount, name: default, namespace: old}]
-"""
-
-
-def test_namespace_and_images_are_applied_like_kustomize(tmp_path: Path):
-    _write(tmp_path, {
-        "kustomization.yaml": "namespace: prod\nresources: [app.yaml]\nimages:\n"
-                              "  - {name: registry.local:5000/team/draplane, newName: mirror/draplane, newTag: '2'}\n",
-        "app.yaml": DEPLOYMENT,
-    })
-    deployment, binding = render(tmp_path)
-    assert deployment["metadata"]["namespace"] == "prod"
-    images = [c["image"] for c in deployment["spec"]["template"]["spec"]["containers"]]
-    assert images == ["mirror/draplane:2", "other:1"]
-    assert "namespace" not in binding["metadata"]
-    # Kustomize's default: only subjects named "default" follow the namespace.
-    assert [s.get("namespace") for s in binding["subjects"]] == ["old", None, "prod"]
-    # An explicit namespace wins, as an overlay's would.
-    assert render(tmp_path, namespace="test-1")[0]["metadata"]["namespace"] == "test-1"
-
-
-def test_nested_kustomization_folders_are_rendered(tmp_path: Path):
-    _write(tmp_path, {
-        "kustomization.yaml": "resources: [base]\nnamespace: outer\n",
-        "base/kustomization.yaml": "resources: [app.yaml]\nnamespace: inner\n",
-        "base/app.yaml": DEPLOYMENT,
-    })
-    assert render(tmp_path)[0]["metadata"]["namespace"] == "outer"
-
-
-def test_unsupported_kustomization_fields_are_refused(tmp_path: Path):
-    _write(tmp_path, {"kustomization.yaml": "resources: []\npatches: [{path: p.yaml}]\n"})
-    with pytest.raises(ManifestError, match=r"\['patches'\] are not rendered here"):
-        render(tmp_path)
-
-
-def test_missing_resource_file_is_named(tmp_path: Path):
-    _write(tmp_path, {"kustomization.yaml": "resources: [gone.yaml]\n"})
-    with pytest.raises(ManifestError, match="resource 'gone.yaml' does not exist"):
-        render(tmp_path)
-
-
-def test_object_without_name_is_named_by_file_and_document(tmp_path: Path):
-    _write(tmp_path, {"kustomization.yaml": "resources: [a.yaml]\n", "a.yaml": "apiVersion: v1\nkind: Service\nmetadata: {name: ok}\n---\napiVersion: v1\nkind: Service\nmetadata: {}\n"})
-    with pytest.raises(ManifestError, match=r"a.yaml: document 1 \(Service\) has no metadata.name"):
-        render(tmp_path)
-
-
-def test_duplicate_objects_are_refused(tmp_path: Path):
-    _write(tmp_path, {"kustomization.yaml": "resources: [a.yaml, b.yaml]\nnamespace: x\n", "a.yaml": DEPLOYMENT, "b.yaml": DEPLOYMENT})
-    with pytest.raises(ManifestError, match="Deployment x/web is defined twice"):
-        render(tmp_path)
-
-
-def test_directory_without_kustomization_is_refused(tmp_path: Path):
-    with pytest.raises(ManifestError, match="no kustomization.yaml"):
-        render(tmp_path)
-
-
-@pytest.mark.parametrize(
-    "image, name",
-    [("draplane", "draplane"), ("draplane:0.1", "draplane"), ("host:5000/a/b:tag", "host:5000/a/b"),
-     ("a/b@sha256:abc", "a/b"), ("host:5000/a", "host:5000/a")],
-)
-def test_image_name_drops_tag_and_digest_but_not_registry_port(image, name):
-    assert manifests.image_name(image) == name
 
 
 # --- the container image ------------------------------------------------------------------------
@@ -331,5 +255,5 @@ def test_dockerfile_copies_every_package_root_and_checks_every_entry_point(objec
     user = re.search(r"^USER (\d+):(\d+)$", dockerfile, re.M)
     for obj in workloads(objects):
         if obj["metadata"]["name"] != "draplane-nats":
-            context = manifests.pod_spec(obj)["securityContext"]
+            context = pod_spec(obj)["securityContext"]
             assert (str(context["runAsUser"]), str(context["runAsGroup"])) == user.groups(), object_id(obj)

@@ -208,10 +208,10 @@ async def test_node_agent_cannot_publish_or_read_as_another_node(nats_server, ke
 @pytest.mark.integration
 def test_shipped_nats_conf_with_rendered_auth_passes_nats_server_config_check(tmp_path: Path, keys):
     """The ConfigMap's nats.conf, including the rendered auth.conf, as nats-server itself reads it."""
-    from draplane import manifests
+    from draplane.localenv import kustomize
 
     binary = binaries.require(binaries.NATS_SERVER)
-    (config_map,) = [o for o in manifests.render(TEMPLATES.parent) if o["kind"] == "ConfigMap" and o["metadata"]["name"] == "draplane-nats-config"]
+    (config_map,) = [o for o in kustomize.build(TEMPLATES.parent) if o["kind"] == "ConfigMap" and o["metadata"]["name"] == "draplane-nats-config"]
     (tmp_path / "nats.conf").write_text(config_map["data"]["nats.conf"])
     (tmp_path / "auth").mkdir()
     (tmp_path / "auth" / "auth.conf").write_text(_render(keys))
