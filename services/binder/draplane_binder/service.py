@@ -262,6 +262,11 @@ class Binder:
     def _on_claim(self, kind: str, claim: ResourceClaim) -> None:
         key = _key(claim)
         old = self.claims.get(key)
+        if kind != "DELETED" and old is not None and _older(claim, old):
+            # The cache holds what we wrote ourselves, and the watch has not caught up: this event
+            # (the claim as created, say) is older. Taken in, it would look like a deallocation and
+            # release the reservation of a claim that is allocated. The newer event follows.
+            return
         namespace_claims = self.claims_by_namespace.setdefault(key[0], {})
         for pod_uid in _pods_named_by(old) if old is not None else ():
             self.claims_by_pod.get(pod_uid, set()).discard(key)
@@ -878,6 +883,17 @@ async def _unsubscribe(sub) -> None:
         await asyncio.wait_for(sub.unsubscribe(), 2.0)
     except (Exception, asyncio.CancelledError):  # noqa: BLE001 - the connection may be gone already
         pass
+
+
+def _older(new: ResourceClaim, cached: ResourceClaim) -> bool:
+    """`new` is an earlier state of the very object `cached` is. resourceVersions are etcd
+    revisions; compared as numbers, as kube-scheduler's assume cache does. Any other form is news."""
+    if new.metadata.uid != cached.metadata.uid:
+        return False
+    try:
+        return int(new.metadata.resource_version or "") < int(cached.metadata.resource_version or "")
+    except ValueError:
+        return False
 
 
 def _devices_text(allocation) -> str:
