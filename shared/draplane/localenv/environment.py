@@ -24,7 +24,7 @@ from typing import Callable
 from draplane.localenv import binaries
 from draplane.localenv.controlplane import ControlPlane
 from draplane.localenv.controllermanager import controller_manager
-from draplane.localenv.kwok import KWOK_ANNOTATION, kwok_arguments
+from draplane.localenv.kwok import KWOK_ANNOTATION, KwokProcess, kwok_arguments
 from draplane.localenv.processes import ServerProcess, StartupError, free_port
 
 log = logging.getLogger(__name__)
@@ -185,8 +185,8 @@ async def start(
         nodes = node_names(profiles, node_count)
         # KWOK plays the kubelets of the simulated nodes: node heartbeats and Ready, pods Running,
         # graceful deletion completed. It only takes the nodes annotated for it.
-        kwok = ServerProcess("kwok", [str(binaries.require(binaries.KWOK)), *kwok_arguments(plane.kubeconfig, workdir / "kwok.yaml")],
-                             logs / "kwok.log")
+        kwok = KwokProcess("kwok", [str(binaries.require(binaries.KWOK)), *kwok_arguments(plane.kubeconfig, workdir / "kwok.yaml")],
+                           logs / "kwok.log", plane)
         kwok.start()
         services.append(kwok)
         manager = controller_manager(plane, logs / "kube-controller-manager.log")

@@ -8,9 +8,18 @@ deletion is asked for, as a kubelet would after stopping it.
 
 from __future__ import annotations
 
+import logging
+import urllib.error
+import urllib.request
 from pathlib import Path
+from typing import TYPE_CHECKING
 
-from draplane.localenv.processes import free_port
+from draplane.localenv.processes import ServerProcess, free_port
+
+if TYPE_CHECKING:
+    from draplane.localenv.controlplane import ControlPlane
+
+log = logging.getLogger(__name__)
 
 KWOK_ANNOTATION = ("kwok.x-k8s.io/node", "fake")
 
@@ -122,3 +131,37 @@ def kwok_arguments(kubeconfig: Path, config: Path) -> list[str]:
         "--node-lease-duration-seconds=40",
         f"--server-address=127.0.0.1:{free_port()}",
     ]
+
+
+NODE_LEASES = "/apis/coordination.k8s.io/v1/namespaces/kube-node-lease/leases"
+
+
+class KwokProcess(ServerProcess):
+    """KWOK, restarted without leaving the nodes unattended.
+
+    KWOK holds each node's Lease under an identity of its own, new at every start
+    (hostname_uuid), and takes over a lease another holds only once it has expired,
+    --node-lease-duration-seconds after its last renewal. Started again after a crash, it would
+    leave every node unattended that long: bound pods not started, deleted pods not removed. Its
+    predecessor is dead by then (the supervisor starts only dead processes), and in this cluster
+    KWOK is every node's kubelet, so the node leases are all that predecessor's: they are deleted
+    first, and the new KWOK creates them afresh at once."""
+
+    def __init__(self, name: str, argv: list[str], log_path: Path, plane: "ControlPlane"):
+        super().__init__(name, argv, log_path)
+        self.plane = plane
+
+    def start(self) -> None:
+        if self.process is not None:
+            self.release_node_leases()
+        super().start()
+
+    def release_node_leases(self) -> None:
+        request = urllib.request.Request(self.plane.apiserver_url + NODE_LEASES, method="DELETE")
+        try:
+            with urllib.request.urlopen(request, timeout=5, context=self.plane.ssl_context()):
+                pass
+        except (OSError, urllib.error.HTTPError) as exc:
+            # not fatal: the new KWOK then takes the leases over as they expire
+            log.warning("kwok: could not delete the node leases of the KWOK before it (%s); the new one takes "
+                        "them over as they expire", exc)
