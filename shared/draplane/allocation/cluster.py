@@ -327,7 +327,7 @@ class Cluster:
                 try:
                     outcome = self.allocator.allocate(claims, self.nodes[name], policy, plans=plans, diagnose=False)
                 except AllocationError as exc:
-                    outcome = NodeFailure(name, exc.reason, exc.message) if not exc.fatal else exc
+                    outcome = NodeFailure(name, exc.reason, exc.message, from_error=True) if not exc.fatal else exc
                 if likeness is not None:
                     if len(index.by_likeness) > 100_000:
                         index.by_likeness.clear()

@@ -60,6 +60,9 @@ class NodeFailure:
     # The claim ("namespace/name") and request the failure is about, where it is about one.
     claim: str = ""
     request: str = ""
+    # An AllocationError that holds on this node only (an incomplete pool for `All`, say): its
+    # message is the explanation, where kube-scheduler would abort the attempt with it.
+    from_error: bool = False
 
     def __str__(self) -> str:
         return f"node {self.node}: {self.message}"

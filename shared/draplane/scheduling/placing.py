@@ -78,7 +78,10 @@ _WORDS_OF_REASON = {
 
 def device_reason(failure) -> str:
     """A node's device failure as kube-scheduler's message counts it, named by claim and request,
-    with no per-node numbers so that alike nodes count together."""
+    with no per-node numbers so that alike nodes count together. A per-node error is told in its
+    own words, which name the claim and field: kube-scheduler would fail the attempt with them."""
+    if getattr(failure, "from_error", False):
+        return f"{CANNOT_ALLOCATE}: {failure.message}"
     words = _WORDS_OF_REASON.get(failure.reason, failure.message)
     if failure.claim and failure.request:
         return f"{CANNOT_ALLOCATE}: resourceclaim {failure.claim}, request {failure.request}: {words}"

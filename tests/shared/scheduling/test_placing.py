@@ -209,3 +209,23 @@ def test_nodes_the_selector_excludes_are_reported_by_node_fit_not_by_devices():
     assert outcome.message == ("0/5 nodes are available: 1 cannot allocate all claims: resourceclaim ns/nine, "
                                "request gpu: not enough devices, 4 node(s) didn't match Pod's node affinity/selector.")
     assert len(outcome.failures) == 5
+
+
+def test_an_error_that_holds_on_one_node_is_that_nodes_reason_in_its_own_words():
+    # An `All` request on a node whose pool is being updated: Kubernetes' allocator errors with
+    # the pool's name; the node is counted with that error, not with a generic phrase.
+    state = ClusterState()
+    state.set_class(scenario.device_class("gpu"))
+    state.set_node(scenario.gpu_node("node-a"))
+    half = scenario.gpu_slice("node-a", 2, "80Gi")
+    half.spec.pool.resource_slice_count = 2
+    state.set_feed_entry("node.node-a", [half])
+    claim = with_uid(scenario.claim("ns", "all-gpus", "gpu"), "c1")
+    claim.spec.devices.requests[0].exactly.count = None
+    claim.spec.devices.requests[0].exactly.allocation_mode = "All"
+    placed = state.place_pod(with_uid(scenario.pod("ns", "p", claim_name="all-gpus"), "p1"), [claim])
+    assert isinstance(placed, NotPlaced)
+    assert placed.message == (
+        "0/1 nodes are available: 1 cannot allocate all claims: ResourceClaim ns/all-gpus: "
+        "spec.devices.requests[0].exactly: asks for all devices, but resource pool gpu.nvidia.com/node-a "
+        "is currently being updated.")
