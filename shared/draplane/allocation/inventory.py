@@ -348,6 +348,9 @@ class Inventory:
 
     # --- queries --------------------------------------------------------------------------------
 
+    def has_slice(self, name: str) -> bool:
+        return name in self._slices
+
     def slice_node(self, name: str) -> str | None:
         entry = self._slices.get(name)
         return entry.node_name if entry else None

@@ -219,7 +219,8 @@ _counter = itertools.count()
 
 
 def share_ids():
-    return f"share-{next(_counter)}"
+    # a lowercase UUID, as the apiserver requires of a shareID; counted, so answers repeat
+    return f"00000000-0000-4000-8000-{next(_counter):012d}"
 
 
 def allocate(classes, slices, claims, *, on: Node | None = None, in_use=(), policy=None):

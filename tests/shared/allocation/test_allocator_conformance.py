@@ -719,7 +719,7 @@ def test_consumable_capacity_exhausted():
     # mirrors allocator_test.go "consumable-capacity-insufficient"
     s = slice_("slice-1", NODE_1, "pool-1", A, device("device-1", capacity={"memory": "8Gi"}, multi=True))
     c = claim("claim-0", request("req-0", CLASS_A, capacity={"memory": "6Gi"}))
-    out = allocate(CLASSES, [s], [c], in_use=[allocated("other", (A, "pool-1", "device-1", "s1", {"memory": "4Gi"}))])
+    out = allocate(CLASSES, [s], [c], in_use=[allocated("other", (A, "pool-1", "device-1", "6f1c2a4e-0b7d-4c1e-9a3f-2d5e8b7c1a90", {"memory": "4Gi"}))])
     assert failed(out) and out.reason is Reason.CAPACITY
 
 
@@ -742,7 +742,7 @@ def test_consumable_capacity_request_policy_default():
 def test_consumable_capacity_request_policy_range_rounds_up():
     # mirrors consumable_capacity_test.go "round up to step"
     s = slice_("slice-1", NODE_1, "pool-1", A, device("device-1", capacity={"memory": "8Gi"}, multi=True,
-                                                      policies={"memory": capacity_policy(min="1Gi", step="1Gi")}))
+                                                      policies={"memory": capacity_policy(default="1Gi", min="1Gi", step="1Gi")}))
     out = allocate(CLASSES, [s], [claim("claim-0", request("req-0", CLASS_A, capacity={"memory": "1500Mi"}))])
     assert out.allocations[0].devices.results[0].consumed_capacity == {"memory": "2Gi"}
 
@@ -750,14 +750,14 @@ def test_consumable_capacity_request_policy_range_rounds_up():
 def test_consumable_capacity_request_policy_range_max():
     # mirrors consumable_capacity_test.go "exceeds max"
     s = slice_("slice-1", NODE_1, "pool-1", A, device("device-1", capacity={"memory": "8Gi"}, multi=True,
-                                                      policies={"memory": capacity_policy(min="1Gi", max="4Gi")}))
+                                                      policies={"memory": capacity_policy(default="1Gi", min="1Gi", max="4Gi")}))
     assert failed(allocate(CLASSES, [s], [claim("claim-0", request("req-0", CLASS_A, capacity={"memory": "5Gi"}))]))
 
 
 def test_consumable_capacity_request_policy_valid_values():
     # mirrors consumable_capacity_test.go "round up to valid value"
     s = slice_("slice-1", NODE_1, "pool-1", A, device("device-1", capacity={"bw": "100"}, multi=True,
-                                                      policies={"bw": capacity_policy(valid_values=["10", "50", "100"])}))
+                                                      policies={"bw": capacity_policy(default="10", valid_values=["10", "50", "100"])}))
     out = allocate(CLASSES, [s], [claim("claim-0", request("req-0", CLASS_A, capacity={"bw": "20"}))])
     assert out.allocations[0].devices.results[0].consumed_capacity == {"bw": "50"}
 
@@ -909,7 +909,8 @@ def test_binding_conditions_and_taints():
     # mirrors allocator_test.go "partitionable-devices-with-binding-conditions-and-taints" and
     # "...-tolerated": the toleration is copied into every result of the request
     taint = DeviceTaint(key="key1", value="value1", effect="NoSchedule")
-    slices = _partitioned(device("device-1", consumes={"gpu-0": {"memory": "4Gi"}}, binding=["IsPrepare"], taints=[taint]),
+    slices = _partitioned(device("device-1", consumes={"gpu-0": {"memory": "4Gi"}}, binding=["IsPrepare"],
+                                 binding_failure=["PrepareFailed"], taints=[taint]),
                           device("device-2", consumes={"gpu-0": {"memory": "4Gi"}}))
     assert failed(allocate(CLASSES, slices, [claim("claim-0", request("req-0", CLASS_A, 2))]))
     tol = [DeviceToleration(key="key1", operator="Exists", effect="NoSchedule")]
@@ -957,7 +958,12 @@ def test_consumable_capacity_without_policy_with_request():
 
 
 def _range_device(name: str, value: str, attributes=None):
-    # Kubernetes' withCapacityRequestPolicyRange: default 2, valid range 2..4 in steps of 2
+    # Kubernetes' withCapacityRequestPolicyRange: default 2, valid range 2..4 in steps of 2. The
+    # apiserver refuses a range or a step beyond the capacity, so a device of capacity 2 gets the
+    # range 2..2, which admits the same requests.
+    if int(value) < 4:
+        return device(name, attributes, capacity={"capacity0": value}, multi=True,
+                      policies={"capacity0": capacity_policy(default="2", min="2", max=value)})
     return device(name, attributes, capacity={"capacity0": value}, multi=True,
                   policies={"capacity0": capacity_policy(default="2", min="2", max="4", step="2")})
 
@@ -1013,7 +1019,7 @@ def test_consumable_capacity_valid_values_round_up_to_capacity():
 def test_consumable_capacity_allocated_use_remaining_and_next_device():
     # mirrors allocator_test.go "consumable-capacity-multi-allocatable-device-with-allocated-capacity-use-remaining",
     # "...-next-device" and "...-with-no-available-consumable-capacity"
-    used = [allocated("other", (A, "pool-1", "device-1", "share-0", {"capacity0": "2"}))]
+    used = [allocated("other", (A, "pool-1", "device-1", "00000000-0000-4000-8000-00000000000a", {"capacity0": "2"}))]
     c = claim("claim-0", request("req-0", CLASS_A, capacity={"capacity0": "2"}))
     s = slice_("slice-1", NODE_1, "pool-1", A, _range_device("device-1", "4"))
     assert results(allocate(CLASSES, [s], [c], in_use=used)) == [[("req-0", A, "pool-1", "device-1")]]
