@@ -296,3 +296,295 @@ spec:
         os.killpg(process.pid, signal.SIGINT) if process.poll() is None else None
         process.wait(timeout=60)
     assert process.returncode == 0
+
+
+class _Output:
+    """`up`'s output as it comes, read by a task of its own (so the pipe never fills), for a test
+    to wait on a line while it does other things."""
+
+    def __init__(self, stream: asyncio.StreamReader):
+        self.lines: list[str] = []
+        self._news = asyncio.Condition()
+        self._task = asyncio.create_task(self._read(stream))
+
+    async def _read(self, stream: asyncio.StreamReader) -> None:
+        while line := await stream.readline():
+            async with self._news:
+                self.lines.append(line.decode(errors="replace"))
+                self._news.notify_all()
+        async with self._news:
+            self._news.notify_all()
+
+    def text(self, start: int = 0) -> str:
+        return "".join(self.lines[start:])
+
+    async def wait_for(self, needle: str, start: int, timeout: float) -> int:
+        """The index of the first line from `start` on that holds `needle`."""
+        def found() -> int | None:
+            return next((i for i in range(start, len(self.lines)) if needle in self.lines[i]), None)
+
+        async with self._news:
+            try:
+                await asyncio.wait_for(self._news.wait_for(lambda: found() is not None or self._task.done()), timeout)
+            except asyncio.TimeoutError:
+                pass
+            index = found()
+        if index is None:
+            raise AssertionError(f"{needle!r} not printed within {timeout:.0f}s; up said:\n{self.text(start)}")
+        return index
+
+
+def _service_pids(parent: int) -> dict[str, int]:
+    """The processes `up` supervises, by the names it gives them (node-agent-l4, allocator-1, ...)."""
+    found = {}
+    for pid in _descendants(parent):
+        try:
+            argv = open(f"/proc/{pid}/cmdline").read().split("\0")
+        except OSError:
+            continue
+        options = dict(a[2:].split("=", 1) for a in argv if a.startswith("--") and "=" in a)
+        binary = os.path.basename(argv[0])
+        if "draplane_node_agent" in argv:
+            found[f"node-agent-{options['profile']}"] = pid
+        elif "draplane_allocator" in argv:
+            found[f"allocator-{options['shard-index']}"] = pid
+        elif "draplane_inventory" in argv:
+            found["inventory"] = pid
+        elif "draplane_binder" in argv:
+            found["binder"] = pid
+        elif binary.startswith("kube-controller-manager"):
+            found["kube-controller-manager"] = pid
+        elif binary.startswith("kwok"):
+            found["kwok"] = pid
+    return found
+
+
+def _readyz(pid: int) -> str | None:
+    """The readiness address of a draplane service, from its command line; None for those without."""
+    argv = open(f"/proc/{pid}/cmdline").read().split("\0")
+    if not any(a.startswith("draplane_") for a in argv):
+        return None
+    for arg in argv:
+        if arg.startswith("--port="):
+            return f"http://127.0.0.1:{arg.split('=', 1)[1]}/readyz"
+        if arg.startswith("--listen="):
+            return f"http://{arg.split('=', 1)[1]}/readyz"
+    return None
+
+
+async def _wait_ready(url: str, timeout: float) -> None:
+    import urllib.request
+
+    def ready() -> bool:
+        try:
+            with urllib.request.urlopen(url, timeout=2) as response:
+                return response.status == 200
+        except OSError:
+            return False
+
+    deadline = time.monotonic() + timeout
+    while not await asyncio.to_thread(ready):
+        assert time.monotonic() < deadline, f"{url} not ready within {timeout:.0f}s"
+        await asyncio.sleep(0.2)
+
+
+# What the pods ask for, in turn: one GPU, two GPUs in one request, a MIG slice, and a pod with
+# two claims (a GPU and a MIG slice, on one node). Forty of them fit the 8 nodes in every case:
+# 40 whole GPUs at most (a MIG slice can hold a whole A100) of 52.
+_CHAOS_TEMPLATES = """
+apiVersion: resource.k8s.io/v1
+kind: ResourceClaimTemplate
+metadata: {name: one-gpu}
+spec:
+  spec:
+    devices:
+      requests: [{name: gpu, exactly: {deviceClassName: gpu.nvidia.com}}]
+---
+apiVersion: resource.k8s.io/v1
+kind: ResourceClaimTemplate
+metadata: {name: two-gpus}
+spec:
+  spec:
+    devices:
+      requests: [{name: gpus, exactly: {deviceClassName: gpu.nvidia.com, allocationMode: ExactCount, count: 2}}]
+---
+apiVersion: resource.k8s.io/v1
+kind: ResourceClaimTemplate
+metadata: {name: mig-slice}
+spec:
+  spec:
+    devices:
+      requests:
+      - name: mig
+        exactly:
+          deviceClassName: mig.nvidia.com
+          selectors: [{cel: {expression: 'device.attributes["gpu.nvidia.com"].profile == "1g.5gb"'}}]
+"""
+_CHAOS_KINDS = (("one-gpu",), ("two-gpus",), ("mig-slice",), ("one-gpu", "mig-slice"))
+_CHAOS_GPUS = {"one-gpu": 1, "two-gpus": 2, "mig-slice": 1}  # devices per claim
+
+
+def _chaos_pod(index: int) -> str:
+    templates = _CHAOS_KINDS[index % len(_CHAOS_KINDS)]
+    claims = ", ".join(f"{{name: c{i}}}" for i in range(len(templates)))
+    refs = ", ".join(f"{{name: c{i}, resourceClaimTemplateName: {t}}}" for i, t in enumerate(templates))
+    return f"""
+apiVersion: v1
+kind: Pod
+metadata: {{name: chaos-{index:02d}, labels: {{app: chaos}}}}
+spec:
+  containers: [{{name: c, image: registry.k8s.io/pause:3.10, resources: {{claims: [{claims}]}}}}]
+  resourceClaims: [{refs}]
+"""
+
+
+def _overbooked_counters(slices: list[dict], claims: list[dict]) -> list[str]:
+    """Counter sets whose allocated devices consume more than the set has: a whole A100 and one of
+    its MIG slices, or two overlapping slices, given at once."""
+    from draplane.api.quantity import parse_quantity
+
+    newest: dict[tuple[str, str], int] = {}
+    for s in slices:
+        pool = (s["spec"]["driver"], s["spec"]["pool"]["name"])
+        newest[pool] = max(newest.get(pool, 0), s["spec"]["pool"]["generation"])
+    capacity, consumes = {}, {}
+    for s in slices:
+        pool = (s["spec"]["driver"], s["spec"]["pool"]["name"])
+        if s["spec"]["pool"]["generation"] != newest[pool]:
+            continue
+        for counter_set in s["spec"].get("sharedCounters") or ():
+            for counter, value in counter_set["counters"].items():
+                capacity[(*pool, counter_set["name"], counter)] = parse_quantity(value["value"])
+        for device in s["spec"].get("devices") or ():
+            consumes[(*pool, device["name"])] = device.get("consumesCounters") or ()
+    used: dict[tuple, object] = {}
+    for claim in claims:
+        for result in claim["status"]["allocation"]["devices"]["results"]:
+            pool = (result["driver"], result["pool"])
+            for consumption in consumes.get((*pool, result["device"]), ()):
+                for counter, value in consumption["counters"].items():
+                    key = (*pool, consumption["counterSet"], counter)
+                    amount = parse_quantity(value["value"])
+                    used[key] = used[key] + amount if key in used else amount
+    return [f"{key}: {used[key]} used of {capacity.get(key)}" for key in used
+            if key not in capacity or capacity[key] < used[key]]
+
+
+async def test_up_keeps_binding_pods_while_each_service_in_turn_is_killed(tmp_path, control_plane, kubectl):
+    """kill -9 of every process `up` supervises but the servers under it (each node agent, the
+    inventory, each shard, the binder, kube-controller-manager, KWOK), one after the other, while
+    pods with template claims keep coming through kubectl: each is restarted, every pod binds with
+    its claims allocated and reserved for it, and no device (nor MIG memory slice) is given twice."""
+    import json
+
+    from draplane.localenv.environment import DEFAULT_PROFILES
+
+    workdir = tmp_path / "up"
+    nodes = 8  # two of each profile: one node agent per profile
+    process = await asyncio.create_subprocess_exec(
+        sys.executable, "-m", "draplane.cli", "up", f"--nodes={nodes}", "--shards=2", f"--workdir={workdir}",
+        stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.STDOUT, start_new_session=True,
+    )
+    output = _Output(process.stdout)
+    ctl = type(kubectl)(kubectl.binary, workdir / "controlplane" / "kubeconfig")
+    victims = [f"node-agent-{p}" for p in DEFAULT_PROFILES] + ["inventory", "allocator-0", "allocator-1", "binder",
+                                                                "kube-controller-manager", "kwok"]
+    created = 0
+
+    async def create(count: int) -> None:
+        nonlocal created
+        for _ in range(count):
+            await ctl.apply(_chaos_pod(created))
+            created += 1
+
+    async def lease_holders() -> dict[str, str]:
+        leases = json.loads(await ctl("get", "leases", "-n", "kube-node-lease", "-o", "json"))["items"]
+        return {lease["metadata"]["name"]: lease["spec"].get("holderIdentity") for lease in leases}
+
+    started = time.monotonic()
+    try:
+        await output.wait_for("Ctrl-C stops everything", 0, 180)
+        up_at = time.monotonic()
+        await ctl.apply(_CHAOS_TEMPLATES)
+        await create(2)
+        pids = _service_pids(process.pid)
+        assert set(victims) <= set(pids), f"up does not run all of {victims}: {sorted(pids)}"
+        for name in victims:
+            mark = len(output.lines)
+            if name == "kwok":
+                dead_holders = set((await lease_holders()).values())
+            os.kill(pids[name], signal.SIGKILL)
+            # pods keep coming while it is dead and while it starts again
+            coming = asyncio.create_task(create(3))
+            died = await output.wait_for(f"draplane up: {name} died (killed by SIGKILL); restarting it in 1 s", mark, 30)
+            restarted = await output.wait_for(f"draplane up: {name} restarted (pid ", died, 30)
+            pid = int(output.lines[restarted].split("(pid ", 1)[1].split(")", 1)[0])
+            assert _service_pids(process.pid).get(name) == pid, f"pid {pid} does not run {name}"
+            pids[name] = pid
+            if url := _readyz(pid):
+                await _wait_ready(url, 60)
+            if name == "kwok":
+                # the new KWOK is every node's kubelet at once, not once the dead one's leases
+                # expire (--node-lease-duration-seconds=40 after their last renewal)
+                back = time.monotonic()
+                while len(holders := await lease_holders()) < nodes or set(holders.values()) & dead_holders:
+                    assert time.monotonic() - back < 20, f"the restarted KWOK did not take the node leases: {holders}"
+                    await asyncio.sleep(0.5)
+            await coming
+        kills_done = time.monotonic()
+
+        # every pod bound (and Running: KWOK, killed last, came back too)
+        waited = await ctl("wait", "pods", "-l", "app=chaos", "--for=condition=Ready", "--timeout=55s", check=False)
+        pods = json.loads(await ctl("get", "pods", "-l", "app=chaos", "-o", "json"))["items"]
+        claims = json.loads(await ctl("get", "resourceclaims", "-o", "json"))["items"]
+        slices = json.loads(await ctl("get", "resourceslices", "-o", "json"))["items"]
+        settled = time.monotonic()
+        unbound = {p["metadata"]["name"]: p.get("status", {}).get("conditions") for p in pods
+                   if not p["spec"].get("nodeName") or p.get("status", {}).get("phase") != "Running"}
+        assert len(pods) == created == 2 + 3 * len(victims)
+        assert not unbound, f"pods not bound and Running ({waited.strip()}): {unbound}\nup said:\n{output.text()}"
+
+        claims_by_name = {c["metadata"]["name"]: c for c in claims}
+        owned = set()
+        for pod in pods:
+            statuses = pod["status"].get("resourceClaimStatuses") or []
+            templates = _CHAOS_KINDS[int(pod["metadata"]["name"].split("-")[1]) % len(_CHAOS_KINDS)]
+            assert len(statuses) == len(templates), pod["status"]
+            for status, template in zip(sorted(statuses, key=lambda s: s["name"]), templates):
+                claim = claims_by_name[status["resourceClaimName"]]
+                owned.add(claim["metadata"]["name"])
+                allocation = claim["status"]["allocation"]
+                assert [r["uid"] for r in claim["status"]["reservedFor"]] == [pod["metadata"]["uid"]], claim["status"]
+                assert len(allocation["devices"]["results"]) == _CHAOS_GPUS[template], allocation
+                terms = allocation["nodeSelector"]["nodeSelectorTerms"]
+                assert terms[0]["matchFields"][0]["values"] == [pod["spec"]["nodeName"]], (allocation, pod["spec"])
+        assert owned == set(claims_by_name), f"claims no pod of ours uses: {sorted(set(claims_by_name) - owned)}"
+        devices = [(r["driver"], r["pool"], r["device"]) for c in claims
+                   for r in c["status"]["allocation"]["devices"]["results"]]
+        assert not [r for c in claims for r in c["status"]["allocation"]["devices"]["results"] if r.get("adminAccess")]
+        assert len(devices) == len(set(devices)), f"devices given twice: {sorted({d for d in devices if devices.count(d) > 1})}"
+        assert not _overbooked_counters(slices, claims)
+
+        # up is still running and said who died, how, and that it came back; nothing else died
+        assert process.returncode is None, f"up exited:\n{output.text()}"
+        said = output.text()
+        died = sorted(line.split("draplane up: ", 1)[1].split(" died", 1)[0] for line in output.lines if " died (" in line)
+        assert died == sorted(victims), said
+        for name in victims:
+            assert f"draplane up: {name} died (killed by SIGKILL); restarting it in 1 s" in said
+            assert f"draplane up: {name} restarted (pid " in said
+        assert "cannot be kept alive" not in said
+        logs = workdir / "logs" / "latest"
+        # no pod went away, so no claim was ever deallocated (a binder once took an event older
+        # than its own write for one, and released the reservation of an allocated claim)
+        assert "allocation gone" not in (logs / "binder.log").read_text()
+        # and nothing restarted spins: a service in a hot loop of errors fills its log
+        big = {p.name: p.stat().st_size for p in logs.glob("*.log") if p.stat().st_size > 2 << 20}
+        assert not big, f"logs that grew past 2 MiB: {big}"
+        print(f"\nup ready in {up_at - started:.0f} s; {len(victims)} kills in {kills_done - up_at:.0f} s; "
+              f"{created} pods bound {settled - kills_done:.0f} s after the last restart")
+    finally:
+        if process.returncode is None:
+            os.killpg(process.pid, signal.SIGINT)
+        await asyncio.wait_for(process.wait(), 60)
+    assert process.returncode == 0, output.text()
