@@ -11,6 +11,7 @@ import asyncio
 import dataclasses
 import logging
 import random
+import time
 from pathlib import Path
 from typing import Any, AsyncIterator, TypeVar
 from urllib.parse import urlencode
@@ -23,6 +24,7 @@ from kubernetes_asyncio import client as k8s_client
 from kubernetes_asyncio import config as k8s_config
 
 from draplane.api import core, resource
+from draplane.kube.metrics import ApiserverMetrics
 
 log = logging.getLogger(__name__)
 T = TypeVar("T", bound=msgspec.Struct)
@@ -123,6 +125,8 @@ class KubeClient:
         self._api = api_client
         self._max_retries = max_retries
         self._proxy, self._proxy_auth = _environment_proxy_once(api_client)
+        # Set by a service to count its requests in its own registry (draplane.kube.metrics).
+        self.metrics: ApiserverMetrics | None = None
 
     @classmethod
     async def from_kubeconfig(cls, path: str | Path | None = None, *, impersonate: str | None = None) -> "KubeClient":
@@ -182,16 +186,21 @@ class KubeClient:
         payload = body if body is None or isinstance(body, bytes) else _encoder.encode(body)
         attempt = 0
         while True:
+            started = time.monotonic()
             try:
                 async with await self._open(
                     method, path, query=query, body=payload, content_type=content_type, timeout=None, extra_headers=headers
                 ) as response:
                     data = await response.read()
+                    if self.metrics is not None:
+                        self.metrics.observe(method, path, response.status, time.monotonic() - started)
                     if response.status < 400:
                         return data
                     error = _api_error(response.status, data, method, path)
                     retry_after = response.headers.get("Retry-After")
             except (aiohttp.ClientConnectionError, asyncio.TimeoutError) as exc:
+                if self.metrics is not None:
+                    self.metrics.observe(method, path, None, time.monotonic() - started)
                 error = KubeApiError(503, "Unavailable", f"connection failed: {exc}", method, path)
                 retry_after = None
             if not error.retryable or attempt >= self._max_retries:
@@ -206,10 +215,18 @@ class KubeClient:
         self, path: str, *, query: dict[str, Any], timeout: float
     ) -> AsyncIterator[bytes]:
         """Lines of a streaming GET (a watch). Raises KubeApiError for an error status."""
-        async with await self._open(
-            "GET", path, query=query, body=None, content_type="application/json",
-            timeout=aiohttp.ClientTimeout(total=None, sock_connect=10, sock_read=timeout),
-        ) as response:
+        try:
+            opened = await self._open(
+                "GET", path, query=query, body=None, content_type="application/json",
+                timeout=aiohttp.ClientTimeout(total=None, sock_connect=10, sock_read=timeout),
+            )
+        except (aiohttp.ClientConnectionError, asyncio.TimeoutError):
+            if self.metrics is not None:
+                self.metrics.observe("GET", path, None, None, watch=True)
+            raise
+        async with opened as response:
+            if self.metrics is not None:
+                self.metrics.observe("GET", path, response.status, None, watch=True)
             if response.status >= 400:
                 raise _api_error(response.status, await response.read(), "GET", path)
             buffer = b""
