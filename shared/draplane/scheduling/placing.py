@@ -20,6 +20,7 @@ from collections.abc import Iterable, Sequence
 
 from draplane.allocation.cluster import Cluster, NodeResources, Unallocatable
 from draplane.allocation.errors import AllocationError, Reason
+from draplane.allocation.fragmented_devices import claim_demands, device_capacity, fragmented_devices
 from draplane.allocation.nodefit import CPU, MEMORY, NodeFitError, node_allocatable, node_fit, pod_requests
 from draplane.allocation.state import claim_key
 from draplane.api.core import Node, Pod
@@ -32,6 +33,7 @@ from draplane.api.resource import (
     ResourceClaimStatus,
     ResourceSlice,
 )
+from draplane.cel.errors import CELError
 from draplane.scheduling import reservations as rv
 from draplane.scheduling.messages import NodeFailure
 from draplane.scheduling.unschedulable import FailureReason, summarize
@@ -106,6 +108,15 @@ class NotPlaced:
     message: str
     failures: list[NodeFailure]
     claim_error: str = ""
+
+
+def _selects(evaluate, expressions: list[str], record) -> bool:
+    """A class selects a device when every selector is true on it; one that fails to compile or
+    errs on the device selects nothing there (the search reports those errors, not this)."""
+    try:
+        return all(evaluate(expression, record) is True for expression in expressions)
+    except CELError:
+        return False
 
 
 def allocation_node(allocation: AllocationResult | None) -> str | None:
@@ -281,6 +292,32 @@ class ClusterState:
     def claim_is_allocated(self, uid: str) -> bool:
         claim = self.claims.get(uid)
         return claim is not None and claim.status is not None and claim.status.allocation is not None
+
+    def fragmented_devices(self) -> dict[str, int]:
+        """DeviceClass -> devices whose free part no claim of the class seen here can use
+        (draplane.allocation.fragmented_devices), over every pool any node sees."""
+        cluster = self.cluster
+        pools = [pool for node in list(cluster.nodes.values()) for pool in cluster.inventory.pools_for_node(node)]
+        records = {r.id: r for pool in pools for r in pool.devices}
+        selectors = {name: [s.cel.expression for s in (c.spec.selectors if c.spec else None) or () if s.cel]
+                     for name, c in cluster.classes.items()}
+        evaluate = cluster.allocator.matcher.evaluate
+        memo: dict[int, tuple[str, ...]] = {}
+
+        def classes_of(record) -> tuple[str, ...]:
+            found = memo.get(id(record))
+            if found is None:
+                found = memo[id(record)] = tuple(
+                    name for name, expressions in selectors.items() if _selects(evaluate, expressions, record))
+            return found
+
+        def capacity_of(device_id):
+            record = records.get(device_id)
+            return device_capacity(record) if record is not None else None
+
+        held = [(claim, self._held[uid][1] if uid in self._held else None) for uid, claim in self.claims.items()]
+        demands = claim_demands(held, capacity_of)
+        return fragmented_devices(pools, cluster.state, classes_of, demands, class_names=cluster.classes)
 
     # --- placing ---------------------------------------------------------------------------------
 
