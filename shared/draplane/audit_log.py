@@ -1,0 +1,213 @@
+"""The audit log's format: JSON lines written by `draplane-audit`, read back by `draplane audit`.
+
+Each line is one `AuditLine`: the event as published, plus `seq`, its sequence in the audit
+stream, and `recorded_at`. The sequence is in the line, not in a side file, so that the event and
+the position it was read up to are written by one `write()` and cannot disagree: after a crash the
+last complete line says where to resume, and a line cut short by the crash is cut off (its event
+was never acknowledged, so JetStream delivers it again).
+
+The pure parts (encoding lines, finding where a log ends, filtering) are functions here; `LogFile`
+is the file itself (append + fsync, truncate a torn tail), used by the subscriber in a thread.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+import re
+import time
+from collections.abc import Iterable, Iterator
+from pathlib import Path
+
+import msgspec
+
+from draplane.messages.audit import AuditEvent
+
+LOG_NAME = "audit.jsonl"
+# How much of the log's end is read at start: enough for RECENT_IDS lines of a few hundred bytes.
+TAIL_BYTES = 8 * 1024 * 1024
+# Event ids remembered to drop a publisher's repeat that JetStream's duplicate window let through.
+RECENT_IDS = 20_000
+
+
+class AuditLine(AuditEvent, kw_only=True, omit_defaults=True):
+    seq: int
+    recorded_at: float
+
+
+_line_encoder = msgspec.json.Encoder()
+_line_decoder = msgspec.json.Decoder(AuditLine)
+
+
+def encode_line(seq: int, event: AuditEvent, recorded_at: float | None = None) -> bytes:
+    fields = {f: getattr(event, f) for f in event.__struct_fields__}
+    line = AuditLine(**fields, seq=seq, recorded_at=time.time() if recorded_at is None else recorded_at)
+    return _line_encoder.encode(line) + b"\n"
+
+
+def unreadable_line(seq: int, size: int, why: str, recorded_at: float | None = None) -> bytes:
+    """What stands in the log for a message that was not an audit event: the stream's sequence is
+    accounted for, and a reader sees that something was skipped and why."""
+    now = time.time() if recorded_at is None else recorded_at
+    event = AuditEvent(id=f"unreadable/{seq}", kind="unreadable", at=now, by=["draplane-audit"],
+                       reason=f"{why} ({size} bytes)")
+    return encode_line(seq, event, now)
+
+
+def decode_line(line: bytes) -> AuditLine:
+    return _line_decoder.decode(line)
+
+
+@dataclasses.dataclass(slots=True)
+class Tail:
+    """Where the log ends: its last sequence, the size without a torn last line, recent ids."""
+
+    last_seq: int
+    valid_size: int
+    recent_ids: list[str]
+    torn_bytes: int = 0  # a line cut short by a crash, dropped
+    unreadable_lines: int = 0  # complete lines that do not parse (edited by hand?), skipped
+
+
+def read_tail(chunk: bytes, chunk_offset: int) -> Tail:
+    """The end of a log from its last `len(chunk)` bytes, which start at `chunk_offset`."""
+    end = chunk_offset + len(chunk)
+    last_newline = chunk.rfind(b"\n")
+    complete = chunk[: last_newline + 1] if last_newline >= 0 else b""
+    torn = len(chunk) - len(complete)
+    lines = complete.split(b"\n")[:-1] if complete else []
+    if chunk_offset > 0 and lines:
+        lines = lines[1:]  # the chunk began inside a line
+    last_seq = 0
+    ids: list[str] = []
+    unreadable = 0
+    for raw in lines:
+        if not raw.strip():
+            continue
+        try:
+            line = decode_line(raw)
+        except (msgspec.DecodeError, msgspec.ValidationError):
+            unreadable += 1
+            continue
+        last_seq = max(last_seq, line.seq)
+        ids.append(line.id)
+    return Tail(last_seq=last_seq, valid_size=end - torn, recent_ids=ids[-RECENT_IDS:], torn_bytes=torn,
+                unreadable_lines=unreadable)
+
+
+class LogFile:
+    """The log on disk. Blocking calls: the subscriber runs them in a thread."""
+
+    def __init__(self, path: Path):
+        self.path = path
+        self._fd: int | None = None
+        self.size = 0
+
+    def open(self) -> Tail:
+        self.path.parent.mkdir(parents=True, exist_ok=True)
+        created = not self.path.exists()
+        self._fd = os.open(self.path, os.O_RDWR | os.O_CREAT | os.O_APPEND, 0o640)
+        if created:
+            _fsync_dir(self.path.parent)
+        size = os.fstat(self._fd).st_size
+        offset = max(0, size - TAIL_BYTES)
+        chunk = os.pread(self._fd, size - offset, offset)
+        tail = read_tail(chunk, offset)
+        if tail.torn_bytes:
+            os.ftruncate(self._fd, tail.valid_size)
+            os.fsync(self._fd)
+        self.size = tail.valid_size
+        return tail
+
+    def append(self, data: bytes) -> None:
+        """Write and fsync, or leave the file as it was: a failed write (a full disk) is cut off
+        again, so the next attempt does not append after half a line."""
+        assert self._fd is not None
+        start = self.size
+        try:
+            view = memoryview(data)
+            while view:
+                written = os.write(self._fd, view)
+                view = view[written:]
+            os.fsync(self._fd)
+        except OSError:
+            try:
+                os.ftruncate(self._fd, start)
+            except OSError:
+                pass
+            raise
+        self.size = start + len(data)
+
+    def close(self) -> None:
+        if self._fd is not None:
+            os.close(self._fd)
+            self._fd = None
+
+
+def _fsync_dir(path: Path) -> None:
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+# --- reading it back -------------------------------------------------------------------------------
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class Filter:
+    claim: str | None = None  # "ns/name" or "name"
+    pod: str | None = None
+    node: str | None = None
+    since: float | None = None  # unix seconds
+    kinds: frozenset[str] = frozenset()
+
+    def matches(self, line: AuditLine) -> bool:
+        if self.since is not None and line.at < self.since:
+            return False
+        if self.kinds and line.kind not in self.kinds:
+            return False
+        if self.node is not None and line.node != self.node:
+            return False
+        if self.pod is not None and (line.pod is None or not _names(self.pod, line.pod.namespace, line.pod.name)):
+            return False
+        if self.claim is not None and not any(_names(self.claim, c.namespace, c.name) for c in line.claims):
+            return False
+        return True
+
+
+def _names(wanted: str, namespace: str, name: str) -> bool:
+    return wanted == f"{namespace}/{name}" if "/" in wanted else wanted == name
+
+
+def read_lines(lines: Iterable[bytes], where: Filter = Filter()) -> Iterator[AuditLine]:
+    """The log's lines that match, one at a time (a log of any size in constant memory)."""
+    for raw in lines:
+        if not raw.strip():
+            continue
+        try:
+            line = decode_line(raw)
+        except (msgspec.DecodeError, msgspec.ValidationError):
+            continue
+        if where.matches(line):
+            yield line
+
+
+_DURATION = re.compile(r"^(\d+(?:\.\d+)?)(s|m|h|d)$")
+_UNITS = {"s": 1, "m": 60, "h": 3600, "d": 86400}
+
+
+def parse_since(text: str, now: float | None = None) -> float:
+    """`10m`, `2h`, `1d` ago, or an RFC 3339 time; unix seconds. ValueError says what is accepted."""
+    now = time.time() if now is None else now
+    match = _DURATION.match(text.strip())
+    if match:
+        return now - float(match.group(1)) * _UNITS[match.group(2)]
+    from datetime import datetime
+
+    try:
+        return datetime.fromisoformat(text.strip().replace("Z", "+00:00")).timestamp()
+    except ValueError:
+        raise ValueError(f"--since {text!r}: give a duration (30s, 10m, 2h, 1d) or a time "
+                         "(2026-05-01T12:00:00Z)") from None
