@@ -1119,6 +1119,10 @@ class NodeAllocator:
                                    f"{need} needed", **where)
         return None
 
+    def counters_left(self, record: DeviceRecord, pool: Pool) -> bool:
+        """Whether the pool's shared counters still let this device be allocated on its own."""
+        return self._counters_left(record, pool)
+
     def _counters_left(self, record: DeviceRecord, pool: Pool) -> bool:
         if not record.consumes:
             return True
