@@ -15,6 +15,7 @@ import pytest
 import uvloop
 
 from draplane.localenv import binaries
+from draplane.localenv.controllermanager import controller_manager
 from draplane.localenv.controlplane import ControlPlane
 
 SHARED = Path(os.environ.get("DRAPLANE_SHARED_DIR", Path(__file__).resolve().parents[2] / "shared"))
@@ -49,8 +50,17 @@ def shared_dir() -> Path:
 def control_plane(tmp_path_factory) -> ControlPlane:
     binaries.ensure_all(progress=lambda msg: print(f"\n{msg}", flush=True))
     plane = ControlPlane.start(tmp_path_factory.mktemp("controlplane"))
-    yield plane
-    plane.stop()
+    # The cluster's controllers, as in a real cluster: the resourceclaim controller makes claims
+    # from templates and cleans up reservedFor; garbage collection and namespaces work. The node
+    # lifecycle controller stays off: no kubelet or KWOK renews the hand-made nodes' leases.
+    manager = controller_manager(plane, plane.workdir / "kube-controller-manager.log",
+                                 controllers="*,-node-lifecycle-controller")
+    manager.start()
+    try:
+        yield plane
+    finally:
+        manager.stop()
+        plane.stop()
 
 
 @pytest.fixture(scope="session")

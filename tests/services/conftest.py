@@ -40,7 +40,7 @@ class Scheduling:
     # tests left pending would otherwise compete for this test's devices (classes are cluster-wide).
     scheduler_name: str = dataclasses.field(default_factory=lambda: f"draplane-{uuid.uuid4().hex[:8]}")
 
-    async def start(self, *, shards: int = 1, manage_claims: bool = True, lease_seconds: float = 30.0,
+    async def start(self, *, shards: int = 1, manage_claims: bool = False, lease_seconds: float = 30.0,
                     scheduler_names=None, policy: str | None = None) -> "Scheduling":
         settings = BinderSettings(prefix=self.prefix, shards=shards, manage_claims=manage_claims,
                                   scheduler_names=tuple(scheduler_names or (self.scheduler_name,)),

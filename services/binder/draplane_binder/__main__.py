@@ -38,9 +38,10 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--scheduler-name", action="append", dest="scheduler_names",
                         help="schedule pods with this spec.schedulerName (repeatable; default: draplane)")
     parser.add_argument("--shards", type=int, default=1, help="number of allocator shards to partition for")
-    parser.add_argument("--manage-claims", action=argparse.BooleanOptionalAction, default=True,
-                        help="create template claims and deallocate unused ones (off where "
-                             "kube-controller-manager does it)")
+    parser.add_argument("--manage-claims", action=argparse.BooleanOptionalAction, default=False,
+                        help="also do the resourceclaim controller's work: create template claims, "
+                             "clean reservedFor, deallocate (only for a cluster with no "
+                             "kube-controller-manager; default off)")
     parser.add_argument("--lease-seconds", type=float, default=DEFAULT_LEASE_SECONDS)
     parser.add_argument("--concurrency", type=int, default=32)
     add_http_arguments(parser, default_port=8082)

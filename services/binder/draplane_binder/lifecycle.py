@@ -34,6 +34,9 @@ class ClaimProblem(msgspec.Struct, frozen=True, kw_only=True):
 
     pod_claim: str
     message: str
+    # Only waiting for kube-controller-manager to create the claim, or for our cache to see it:
+    # no problem to tell the user, as kube-scheduler's PreEnqueue tells nobody either.
+    waiting: bool = False
 
 
 class PodClaims(msgspec.Struct, kw_only=True):
@@ -151,7 +154,7 @@ def resolve_pod_claims(
                 names[pod_claim.name] = name
             else:
                 problems.append(
-                    ClaimProblem(pod_claim=pod_claim.name, message=f'resourceclaim "{name}" not found (yet)')
+                    ClaimProblem(pod_claim=pod_claim.name, message=f'resourceclaim "{name}" not found (yet)', waiting=True)
                 )
             continue
         existing = next(
@@ -176,7 +179,8 @@ def resolve_pod_claims(
             )
         elif not manage_templates:
             problems.append(
-                ClaimProblem(pod_claim=pod_claim.name, message="waiting for the claim to be created from its template")
+                ClaimProblem(pod_claim=pod_claim.name, message="waiting for the claim to be created from its template",
+                             waiting=True)
             )
         else:
             to_create.append((pod_claim.name, template))

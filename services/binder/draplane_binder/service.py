@@ -388,6 +388,11 @@ class Binder:
             updated = await self.kube.patch(Pod, key[1], patch, namespace, subresource="status")
             self._on_pod("MODIFIED", updated)
             return  # the updated pod is queued again and continues from there
+        if resolved.problems and all(p.waiting for p in resolved.problems):
+            # The claim's creation or its watch event is on the way and requeues the pod: writing
+            # a condition and an Event now would cost two writes per template pod, for nothing.
+            log.debug("pod %s/%s: %s", namespace, key[1], "; ".join(p.message for p in resolved.problems))
+            return
         if resolved.problems:
             message = claim_problem("; ".join(f"pod claim {p.pod_claim}: {p.message}" for p in resolved.problems))
             await self._mark_unschedulable(pod, message)

@@ -18,8 +18,9 @@ class BinderSettings:
     # Pods whose spec.schedulerName is in this list are ours. The local environment adds
     # default-scheduler because no kube-scheduler runs there.
     scheduler_names: tuple[str, ...] = ("draplane",)
-    # Create template claims, clean reservedFor, deallocate: kube-controller-manager's job where it runs.
-    manage_claims: bool = True
+    # Create template claims, clean reservedFor, deallocate: kube-controller-manager's job, which
+    # runs in every cluster draplane knows (deploy/, `draplane up`, the tests and benchmarks).
+    manage_claims: bool = False
     shards: int = 1
     # Placements written at once; each costs three apiserver writes.
     concurrency: int = 32

@@ -15,7 +15,10 @@ from draplane.localenv.controlplane import ControlPlane
 from draplane.localenv.processes import ServerProcess, free_port
 
 
-def controller_manager(plane: ControlPlane, log_path: Path) -> ServerProcess:
+def controller_manager(plane: ControlPlane, log_path: Path, *, controllers: str = "*") -> ServerProcess:
+    """kube-controller-manager for `plane`. `controllers` is its --controllers list: where no KWOK
+    renews the nodes' leases (the test fixtures' hand-made nodes), the node lifecycle controller
+    would mark every node unreachable and taint it, so the fixtures leave it out."""
     pki = plane.workdir / "pki"
     gates = ",".join(f"{name}={'true' if on else 'false'}" for name, on in sorted(plane.feature_gates.items()))
     argv = [
@@ -28,7 +31,7 @@ def controller_manager(plane: ControlPlane, log_path: Path) -> ServerProcess:
         "--bind-address=127.0.0.1",
         f"--secure-port={free_port()}",
         "--leader-elect=false",
-        "--controllers=*",
+        f"--controllers={controllers}",
         f"--service-account-private-key-file={pki / 'sa.key'}",
         f"--root-ca-file={pki / 'ca.crt'}",
         "--use-service-account-credentials=false",

@@ -15,8 +15,11 @@ pytestmark = pytest.mark.integration
 
 
 async def events_for(kube, namespace: str, pod: str) -> list[dict]:
+    """The scheduler's Events for a pod. kube-controller-manager's resourceclaim controller adds
+    its own (FailedResourceClaimCreation for a missing template), as in a real cluster."""
     data = await kube.request("GET", f"/api/v1/namespaces/{namespace}/events")
-    return [e for e in msgspec.json.decode(data)["items"] if e["involvedObject"]["name"] == pod]
+    return [e for e in msgspec.json.decode(data)["items"]
+            if e["involvedObject"]["name"] == pod and e["reason"] != "FailedResourceClaimCreation"]
 
 
 async def test_bad_claims_and_missing_templates_are_explained(scheduling, kube, namespace):

@@ -102,8 +102,9 @@ async def test_template_claims_are_created_allocated_released_and_reused(schedul
     assert len(claim.metadata.name) == len("first-gpu-") + 5
     assert claim.metadata.annotations[POD_CLAIM_NAME_ANNOTATION] == "gpu"
     (owner,) = claim.metadata.owner_references
+    # as kube-controller-manager's resourceclaim controller writes it (no blockOwnerDeletion)
     assert (owner.kind, owner.name, owner.uid, owner.controller, owner.block_owner_deletion) == (
-        "Pod", "first", first.metadata.uid, True, True
+        "Pod", "first", first.metadata.uid, True, None
     )
     assert claim.status.allocation.devices.results[0].device == "gpu-0"
 
