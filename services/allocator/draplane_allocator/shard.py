@@ -23,10 +23,13 @@ import nats.errors
 import nats.js.errors
 from nats.aio.client import Client as NatsClient
 
+from draplane.allocation.taintrules import rule_selects
 from draplane.api.core import Node, Pod
 from draplane.api.meta import ObjectMeta
 from draplane.api.resource import DeviceClass, DeviceTaintRule, ResourceClaim
+from draplane.audit_publisher import AuditPublisher
 from draplane.kube import KubeApiError, KubeClient, watch_objects
+from draplane.messages import audit
 from draplane.messages.inventory import InventoryNames, decode_feed_entry
 from draplane.scheduling import reservations as rv
 from draplane.scheduling import streams
@@ -76,8 +79,26 @@ class Shard:
         self.pods: dict[str, Pod] = {}  # uid -> pod
         self.synced = {k: asyncio.Event() for k in ("classes", "nodes", "pods", "claims", "feed", "taint rules")}
         self._tasks: list[asyncio.Task] = []
-        self.counters = {"placed": 0, "unschedulable": 0, "commit_conflicts": 0, "republished": 0, "errors": 0,
-                         "gone": 0}
+        self.audit = AuditPublisher(self.js, prefix)
+        # The process' metrics (several shards may share them, each with its shard label); a
+        # shard made alone (tests) gets a registry of its own.
+        self.metrics = metrics if metrics is not None else AllocatorMetrics()
+        self.m = self.metrics.shard(index)
+        if index == 0:
+            self.metrics.export_fragmentation(self.state)
+        self.log = with_fields(log, shard=index)
+
+    @property
+    def counters(self) -> dict[str, int]:
+        """This shard's counts, read back from its metrics (diagnostics and tests)."""
+        registry, shard = self.metrics.registry, str(self.index)
+
+        def count(name: str, **labels: str) -> int:
+            return int(sample_value(registry, f"draplane_allocator_{name}_total", shard=shard, **labels))
+
+        return {"placed": count("placements"), "unschedulable": count("unschedulable"),
+                "commit_conflicts": count("reservation_conflicts", kind="compare_and_set"),
+                "republished": count("placements_republished"), "errors": count("errors"), "gone": count("pods_gone")}
 
     # --- service lifecycle -------------------------------------------------------------------------
 
@@ -87,6 +108,7 @@ class Shard:
         self.store = ReservationStore(kv, on_change=self._on_reservations)
         self._spawn(self.store.watch, "reservations watch")
         self._spawn(self._watch_feed, "inventory feed watch")
+        await self.audit.start(replicas=self.stream_replicas)
         self._spawn(lambda: self._watch(DeviceClass, "classes", self._on_class), "classes watch")
         self._spawn(lambda: self._watch(Node, "nodes", self._on_node), "nodes watch")
         self._spawn(self._watch_taint_rules, "device taint rules watch")
@@ -171,6 +193,28 @@ class Shard:
 
     def _on_pod(self, obj: Pod, deleted: bool) -> None:
         uid = obj.metadata.uid or ""
+        if self.synced["taint rules"].is_set():
+            # Every shard sees the rule; the event id (the rule's uid and generation) makes
+            # their publishes one event. Rules listed at start are not news: they were told
+            # when they changed.
+            self.audit.publish(self._taint_rule_event(obj, deleted))
+
+    def _taint_rule_event(self, rule: DeviceTaintRule, deleted: bool) -> audit.AuditEvent:
+        taint = rule.spec.taint
+        selected = [
+            audit.DeviceRef(driver=s.spec.driver, pool=s.spec.pool.name, device=d.name)
+            for s in self.state.cluster.inventory.slices() for d in s.spec.devices or ()
+            if rule_selects(rule, s.spec.driver, s.spec.pool.name, d.name)
+        ]
+        kind = "untainted" if deleted else "tainted"
+        return audit.AuditEvent(
+            # The generation, not the resourceVersion: a write to the rule's status is no news.
+            id=audit.taint_rule_id(kind, rule.metadata.uid or rule.metadata.name or "", str(rule.metadata.generation or 0)),
+            kind=kind, at=time.time(), by=[f"devicetaintrule {rule.metadata.name}", f"shard-{self.index}"],
+            devices=selected[:audit.MAX_DEVICES_NAMED], device_count=len(selected),
+            reason=f"devicetaintrule {rule.metadata.name} {'deleted' if deleted else 'applied'}: "
+                   f"{taint.key}={taint.value or ''}:{taint.effect}",
+        )
         if deleted:
             self.pods.pop(uid, None)
         else:
@@ -555,3 +599,5 @@ class Shard:
 
     async def _publish(self, message) -> None:
         await self.js.publish(self.subjects.results, encode_message(message))
+            policy=self.state.cluster.policy.name if placed.new_claims else None,
+            score=placed.score if placed.new_claims else None,

@@ -96,7 +96,6 @@ def claim_from_template(pod: Pod, pod_claim_name: str, template: ResourceClaimTe
                     name=pod.metadata.name or "",
                     uid=pod.metadata.uid or "",
                     controller=True,
-                    block_owner_deletion=True,
                 )
             ],
         ),

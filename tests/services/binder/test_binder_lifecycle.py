@@ -47,7 +47,8 @@ def test_claim_from_template_has_kubernetes_name_annotation_and_owner():
     assert claim.metadata.finalizers == [lc.DELETE_PROTECTION_FINALIZER]  # saves the scheduler's update
     (owner,) = claim.metadata.owner_references
     assert (owner.api_version, owner.kind, owner.name, owner.uid) == ("v1", "Pod", "web", "pod-uid")
-    assert owner.controller is True and owner.block_owner_deletion is True
+    # as kube-controller-manager 1.37 writes it: controller, no blockOwnerDeletion
+    assert owner.controller is True and owner.block_owner_deletion is None
 
 
 def test_long_names_keep_both_parts():
