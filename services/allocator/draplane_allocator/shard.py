@@ -80,35 +80,18 @@ class Shard:
         self.synced = {k: asyncio.Event() for k in ("classes", "nodes", "pods", "claims", "feed", "taint rules")}
         self._tasks: list[asyncio.Task] = []
         self.audit = AuditPublisher(self.js, prefix)
-        # The process' metrics (several shards may share them, each with its shard label); a
-        # shard made alone (tests) gets a registry of its own.
-        self.metrics = metrics if metrics is not None else AllocatorMetrics()
-        self.m = self.metrics.shard(index)
-        if index == 0:
-            self.metrics.export_fragmentation(self.state)
-        self.log = with_fields(log, shard=index)
-
-    @property
-    def counters(self) -> dict[str, int]:
-        """This shard's counts, read back from its metrics (diagnostics and tests)."""
-        registry, shard = self.metrics.registry, str(self.index)
-
-        def count(name: str, **labels: str) -> int:
-            return int(sample_value(registry, f"draplane_allocator_{name}_total", shard=shard, **labels))
-
-        return {"placed": count("placements"), "unschedulable": count("unschedulable"),
-                "commit_conflicts": count("reservation_conflicts", kind="compare_and_set"),
-                "republished": count("placements_republished"), "errors": count("errors"), "gone": count("pods_gone")}
+        self.counters = {"placed": 0, "unschedulable": 0, "commit_conflicts": 0, "republished": 0, "errors": 0,
+                         "gone": 0}
 
     # --- service lifecycle -------------------------------------------------------------------------
 
     async def start(self) -> None:
         await streams.ensure_streams(self.js, self.subjects, replicas=self.stream_replicas)
+        await self.audit.start(replicas=self.stream_replicas)
         kv = await streams.reservation_bucket(self.js, self.subjects, replicas=self.stream_replicas)
         self.store = ReservationStore(kv, on_change=self._on_reservations)
         self._spawn(self.store.watch, "reservations watch")
         self._spawn(self._watch_feed, "inventory feed watch")
-        await self.audit.start(replicas=self.stream_replicas)
         self._spawn(lambda: self._watch(DeviceClass, "classes", self._on_class), "classes watch")
         self._spawn(lambda: self._watch(Node, "nodes", self._on_node), "nodes watch")
         self._spawn(self._watch_taint_rules, "device taint rules watch")
@@ -187,12 +170,6 @@ class Shard:
         log.info("shard %d: devicetaintrule %s %s: taint %s=%s:%s", self.index, obj.metadata.name,
                  "deleted" if deleted else "applied", obj.spec.taint.key, obj.spec.taint.value or "", effect)
         self.state.set_taint_rule(obj, deleted)
-
-    def _on_node(self, obj: Node, deleted: bool) -> None:
-        self.state.set_node(obj, deleted)
-
-    def _on_pod(self, obj: Pod, deleted: bool) -> None:
-        uid = obj.metadata.uid or ""
         if self.synced["taint rules"].is_set():
             # Every shard sees the rule; the event id (the rule's uid and generation) makes
             # their publishes one event. Rules listed at start are not news: they were told
@@ -215,6 +192,12 @@ class Shard:
             reason=f"devicetaintrule {rule.metadata.name} {'deleted' if deleted else 'applied'}: "
                    f"{taint.key}={taint.value or ''}:{taint.effect}",
         )
+
+    def _on_node(self, obj: Node, deleted: bool) -> None:
+        self.state.set_node(obj, deleted)
+
+    def _on_pod(self, obj: Pod, deleted: bool) -> None:
+        uid = obj.metadata.uid or ""
         if deleted:
             self.pods.pop(uid, None)
         else:
@@ -595,9 +578,9 @@ class Shard:
             shard=self.index,
             first_seen=pending.first_seen,
             expires_at=expires_at,
+            policy=self.state.cluster.policy.name if placed.new_claims else None,
+            score=placed.score if placed.new_claims else None,
         )
 
     async def _publish(self, message) -> None:
         await self.js.publish(self.subjects.results, encode_message(message))
-            policy=self.state.cluster.policy.name if placed.new_claims else None,
-            score=placed.score if placed.new_claims else None,

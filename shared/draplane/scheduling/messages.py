@@ -79,6 +79,10 @@ class Placement(msgspec.Struct, tag="placement", kw_only=True):
     first_seen: float
     # The reservation's lease; a placement that reaches the binder after it is dropped.
     expires_at: float
+    # The scoring policy and its score of this placement, for the audit log (None: nothing was
+    # newly allocated, or a shard that predates them).
+    policy: str | None = None
+    score: float | None = None
 
 
 class NodeFailure(msgspec.Struct, frozen=True, kw_only=True):

@@ -101,6 +101,8 @@ class Placed:
     new_claims: list[str]
     # the pod's requests as node fit counted them (the shard reserves them on the node)
     requests: dict[str, int]
+    # the scoring policy's score of the chosen placement; None when nothing was newly allocated
+    score: float | None = None
 
 
 @dataclasses.dataclass(slots=True)
@@ -443,4 +445,5 @@ class ClusterState:
         for claim, allocation in zip(pending, outcome.allocations):
             allocations[claim.metadata.uid or ""] = allocation
             new_claims.append(claim.metadata.uid or "")
-        return Placed(node=outcome.node, allocations=allocations, new_claims=new_claims, requests=requests)
+        return Placed(node=outcome.node, allocations=allocations, new_claims=new_claims, requests=requests,
+                      score=outcome.score)
