@@ -28,7 +28,9 @@ from nats.aio.client import Client as NatsClient
 
 from draplane.api.core import Node, Pod, PodResourceClaimStatus
 from draplane.api.resource import ResourceClaim, ResourceClaimConsumerReference, ResourceClaimTemplate
+from draplane.audit_publisher import AuditPublisher
 from draplane.kube import KubeApiError, KubeClient, watch_objects
+from draplane.messages import audit
 from draplane.scheduling import reservations as rv
 from draplane.scheduling import streams
 from draplane.scheduling.messages import (
@@ -130,6 +132,7 @@ class Binder:
         self.subjects = Subjects(prefix=settings.prefix)
         self.store: ReservationStore | None = None
         self.instance = f"draplane-binder-{uuid.uuid4().hex[:8]}"
+        self.audit = AuditPublisher(self.js, settings.prefix)
 
         self.pods: dict[Key, Pod] = {}
         self.pods_by_uid: dict[str, Pod] = {}
@@ -165,6 +168,7 @@ class Binder:
 
     async def start(self) -> None:
         await streams.ensure_streams(self.js, self.subjects, replicas=self.settings.stream_replicas)
+        await self.audit.start(replicas=self.settings.stream_replicas)
         kv = await streams.reservation_bucket(self.js, self.subjects, replicas=self.settings.stream_replicas)
         self.store = ReservationStore(kv)
         self._spawn(self.store.watch, "reservations watch")
@@ -424,7 +428,8 @@ class Binder:
             return
         self.counters["pending_published"] += 1
 
-    async def _mark_unschedulable(self, pod: Pod, message: str) -> None:
+    async def _mark_unschedulable(self, pod: Pod, message: str, *, shard: int | None = None, answer: str = "") -> None:
+        """`shard` and `answer` (its results-stream sequence) name a shard's verdict, for the audit."""
         uid = pod.metadata.uid or ""
         self.in_flight.pop(uid, None)
         _, backoff = self.retry.get(uid, (0.0, self.settings.retry_initial_seconds / 2))
@@ -436,6 +441,13 @@ class Binder:
         self.counters["unschedulable"] += 1
         log.info("pod %s/%s: unschedulable, retry in %.1f s: %s", *_key(pod), backoff, message)
         await self._not_scheduled(pod, CONDITION_REASON, message)
+        first_seen = self.first_seen.get(uid)
+        await self.audit.publish_and_wait(audit.AuditEvent(
+            id=audit.rejected_id(uid, message, answer), kind="rejected", at=time.time(),
+            by=[*([f"shard-{shard}"] if shard is not None else []), self.instance],
+            pod=audit.PodName(namespace=pod.metadata.namespace or "", name=pod.metadata.name or "", uid=uid),
+            reason=message, latency=time.time() - first_seen if first_seen else None,
+        ))
 
     async def _not_scheduled(self, pod: Pod, reason: str, message: str) -> None:
         """PodScheduled=False with `reason`, and a FailedScheduling Event, as kube-scheduler writes
@@ -559,11 +571,15 @@ class Binder:
     async def _handle_result(self, msg, result) -> None:
         try:
             if isinstance(result, Placement):
-                await self.write_placement(result)
+                if await self.write_placement(result):
+                    # Before the acknowledgement: a crash in between redelivers the placement,
+                    # which finds the pod bound and publishes this again (one event by its id).
+                    await self.audit.publish_and_wait(self._placed_event(result))
             elif isinstance(result, Unschedulable):
                 pod = self.pods_by_uid.get(result.pod.uid)
                 if pod is not None and self._pending_pod_needs_work(pod):
-                    await self._mark_unschedulable(pod, result.message)
+                    await self._mark_unschedulable(pod, result.message, shard=result.shard,
+                                                   answer=_stream_sequence(msg))
             else:
                 log.error("unexpected %s on the results subject", type(result).__name__)
         except Exception as exc:  # noqa: BLE001 - counted, logged, told to the pod, redelivered with backoff
@@ -577,6 +593,19 @@ class Binder:
                                      f"failed: {exc!r}; retrying in {delay:.0f} s")
             return
         await msg.ack()
+
+    def _placed_event(self, placement: Placement) -> audit.AuditEvent:
+        pod = placement.pod
+        return audit.AuditEvent(
+            id=audit.placed_id(pod.uid), kind="placed", at=time.time(), by=[f"shard-{placement.shard}", self.instance],
+            node=placement.node, pod=audit.PodName(namespace=pod.namespace, name=pod.name, uid=pod.uid),
+            claims=[audit.ClaimDevices(namespace=c.claim.namespace, name=c.claim.name, uid=c.claim.uid,
+                                       devices=audit.devices_of(c.allocation)) for c in placement.claims],
+            reason=(f"the best-scoring node under policy {placement.policy}" if placement.policy
+                    else "its claims were allocated there already"),
+            policy=placement.policy, score=placement.score,
+            latency=time.time() - placement.first_seen if placement.first_seen else None,
+        )
 
     async def _report_error(self, pod_uid: str, message: str) -> None:
         """An internal error, on the pod as kube-scheduler reports one: PodScheduled=False with
@@ -798,6 +827,13 @@ class Binder:
         released = ClaimReleased(claim=ClaimRef(namespace=claim.metadata.namespace or "", name=claim.metadata.name or "", uid=uid), node=node)
         await self.js.publish(self.subjects.released, encode_message(released))
         self.counters["released"] += 1
+        await self.audit.publish_and_wait(audit.AuditEvent(
+            id=audit.released_id(uid, claim.metadata.resource_version or ""), kind="released", at=time.time(),
+            by=[self.instance], node=node,
+            claims=[audit.ClaimDevices(namespace=claim.metadata.namespace or "", name=claim.metadata.name or "",
+                                       uid=uid, devices=audit.devices_of(claim.status.allocation if claim.status else None))],
+            reason="claim deleted" if claim.metadata.deletion_timestamp else "allocation cleared: no pod reserves the claim",
+        ))
         self._flush_retries()
 
     async def _claim_worker(self) -> None:
@@ -888,6 +924,14 @@ async def _unsubscribe(sub) -> None:
         await asyncio.wait_for(sub.unsubscribe(), 2.0)
     except (Exception, asyncio.CancelledError):  # noqa: BLE001 - the connection may be gone already
         pass
+
+
+def _stream_sequence(msg) -> str:
+    """The message's sequence in its stream, which names it across redeliveries ("" if unknown)."""
+    try:
+        return str(msg.metadata.sequence.stream)
+    except (AttributeError, TypeError, ValueError, nats.errors.Error):
+        return ""
 
 
 def _older(new: ResourceClaim, cached: ResourceClaim) -> bool:
