@@ -28,7 +28,8 @@ import nats.js.errors
 from nats.js import api as js_api
 
 from draplane.api.core import Node
-from draplane.api.resource import ResourceSlice
+from draplane.api.resource import DeviceClass, ResourceSlice
+from draplane.audit_publisher import AuditPublisher
 from draplane.kube import KubeClient
 from draplane.kube.client import KubeApiError
 from draplane.kube.watching import watch_objects
@@ -43,10 +44,11 @@ from draplane.messages.inventory import (
     decode_agent_message,
     encode,
 )
+from draplane.messages import audit
 from draplane_inventory.liveness import Liveness, NodeLivenessTable
 from draplane_inventory.metrics import Metrics
 from draplane_inventory.slicecache import SliceCache
-from draplane_inventory.slices import NodeRef, PoolPlan, is_managed, plan_node
+from draplane_inventory.slices import STALE_TAINT_KEY, NodeRef, PoolPlan, is_managed, plan_node
 
 log = logging.getLogger(__name__)
 
@@ -78,6 +80,10 @@ class InventoryService:
         self.liveness = NodeLivenessTable(taint_after=settings.taint_after, remove_after=settings.remove_after)
         self.slices = SliceCache(self.names, settings.instance)
         self.nodes: dict[str, str] = {}  # name -> uid
+        # DeviceClasses, published in the feed (`class.<name>`) so that readers of NATS alone
+        # (`draplane free`, the metrics subscriber) know them
+        self.classes: dict[str, DeviceClass] = {}
+        self.audit = AuditPublisher(self.js, settings.prefix)
         self.generations: dict[tuple[str, str], int] = {}  # (node, driver) -> last generation written
         self.ready = asyncio.Event()
         self._dirty: asyncio.Queue[str] = asyncio.Queue()
@@ -97,8 +103,10 @@ class InventoryService:
 
     async def start(self) -> None:
         await self._ensure_jetstream()
+        await self.audit.start(replicas=self.settings.stream_replicas)
         self._spawn(self._watch_nodes(), "watch-nodes")
         self._spawn(self._watch_slices(), "watch-slices")
+        self._spawn(self._watch_classes(), "watch-classes")
         for event in self._synced.values():
             await event.wait()
         primed = await self._prime_with_retries()
@@ -106,6 +114,7 @@ class InventoryService:
             self._mark_dirty(node)
         for key in list(self.slices.by_key):
             self._feed_dirty.add(key)
+        self._feed_dirty.update(self.names.class_key(name) for name in self.classes)
         log.info("inventory: reconciling %d node(s) (%d snapshot(s) in the stream)", len(self._queued), len(primed))
         for i in range(self.settings.workers):
             self._spawn(self._worker(), f"writer-{i}")
@@ -259,6 +268,7 @@ class InventoryService:
         await self._ensure_jetstream()
         # A new bucket needs every key; agents resend their snapshots after reconnecting.
         self._feed_dirty.update(k for k, names in self.slices.by_key.items() if names)
+        self._feed_dirty.update(self.names.class_key(name) for name in self.classes)
         return True
 
     async def _consume(self) -> None:
@@ -307,9 +317,13 @@ class InventoryService:
         if record is not None and record.agent_id == message.agent_id and record.digest != message.snapshot_digest:
             # The agent vouches for a snapshot we never applied; it is still in the stream or on its way.
             self.metrics.inc("heartbeat_digest_mismatch_total")
+        record = self.liveness.records.get(message.node)
+        tainted_at = record.tainted_at if record is not None else None
         if self.liveness.apply_heartbeat(message, time.monotonic()):
             log.info("inventory: node %s is back; removing the stale taint", message.node)
             self._mark_dirty(message.node)
+            self.audit.publish(self._stale_event("untainted", message.node, tainted_at or "",
+                                                 "the node agent is heartbeating again: stale taint removed"))
 
     async def _expire_loop(self) -> None:
         while not self._stopping:
@@ -319,6 +333,26 @@ class InventoryService:
                 log.warning("inventory: node %s missed its heartbeats; its devices are now %s", node, state.value)
                 self.metrics.inc("stale_transitions_total", to=state.value)
                 self._mark_dirty(node)
+                self.audit.publish(self._stale_audit_event(node, state))
+
+    def _stale_audit_event(self, node: str, state: Liveness) -> audit.AuditEvent:
+        record = self.liveness.records[node]
+        if state is Liveness.TAINTED:
+            return self._stale_event("tainted", node, record.tainted_at or "",
+                                     f"no heartbeat from the node agent for {self.settings.taint_after:.0f} s: "
+                                     f"{STALE_TAINT_KEY}=true:NoSchedule")
+        return self._stale_event("removed", node, record.tainted_at or "",
+                                 f"no heartbeat from the node agent for {self.settings.remove_after:.0f} s: "
+                                 "its ResourceSlices are deleted")
+
+    def _stale_event(self, kind: str, node: str, since: str, reason: str) -> audit.AuditEvent:
+        record = self.liveness.records.get(node)
+        devices = [audit.DeviceRef(driver=d.driver, pool=node, device=device.name)
+                   for d in (record.drivers if record is not None else ()) for device in d.devices]
+        return audit.AuditEvent(
+            id=audit.stale_node_id(kind, node, since), kind=kind, at=time.time(), by=[self.settings.instance],
+            node=node, devices=devices[:audit.MAX_DEVICES_NAMED], device_count=len(devices), reason=reason,
+        )
 
     # --- Kubernetes ----------------------------------------------------------------------------
 
@@ -352,6 +386,17 @@ class InventoryService:
                 if event.type == "DELETED" and is_managed(event.object, self.settings.instance) and self._synced["slices"].is_set():
                     # Someone else deleted one of ours: put it back if the node still has devices.
                     self._mark_dirty(event.object.spec.node_name)
+
+    async def _watch_classes(self) -> None:
+        async for event in watch_objects(self.kube, DeviceClass):
+            if event.type == "SYNCED":
+                continue  # classes are not the inventory's job: start-up does not wait for them
+            name = event.object.metadata.name or ""
+            if event.type == "DELETED":
+                self.classes.pop(name, None)
+            else:
+                self.classes[name] = event.object
+            self._feed_dirty.add(self.names.class_key(name))
 
     def _mark_dirty(self, node: str | None) -> None:
         if not node:
@@ -469,7 +514,14 @@ class InventoryService:
         slices = [msgspec.structs.replace(s, metadata=msgspec.structs.replace(s.metadata, managed_fields=None))
                   for s in self.slices.slices(key)]
         node = key[len("node."):] if key.startswith("node.") else None
-        if slices:
+        device_class = self.classes.get(key[len("class."):]) if key.startswith("class.") else None
+        if device_class is not None:
+            device_class = msgspec.structs.replace(
+                device_class, metadata=msgspec.structs.replace(device_class.metadata, managed_fields=None))
+            entry = FeedEntry(schema_version=SCHEMA_VERSION, key=key, device_class=device_class)
+            revision = await self.kv.put(key, encode(entry))
+            change = FeedChange(schema_version=SCHEMA_VERSION, key=key, kind="put", revision=revision)
+        elif slices:
             entry = FeedEntry(schema_version=SCHEMA_VERSION, key=key, node=node,
                               stale=node is not None and self.liveness.liveness(node) is Liveness.TAINTED, slices=slices)
             revision = await self.kv.put(key, encode(entry))

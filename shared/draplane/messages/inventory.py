@@ -16,8 +16,9 @@ after the fixed part of the subject, never one token):
 The inventory feed is the JetStream key-value bucket `InventoryNames.feed_bucket`. Keys:
 ``node.<nodeName>`` holds a `FeedEntry` with every ResourceSlice of that node, whatever driver
 wrote it; ``pool.<driver>.<pool>`` holds the slices of a pool that is not local to one node
-(``allNodes``, ``nodeSelector``, ``perDeviceNodeSelection``). A deleted key means the node or pool is
-gone. Allocators watch the bucket (history 1, so a new watcher gets the current state, then every
+(``allNodes``, ``nodeSelector``, ``perDeviceNodeSelection``); ``class.<name>`` holds a DeviceClass
+(`FeedEntry.device_class`, no slices), so that a reader of NATS alone knows the classes. A deleted
+key means the node, pool or class is gone. Allocators watch the bucket (history 1, so a new watcher gets the current state, then every
 change) and never list ResourceSlices from Kubernetes.
 
 Node agents may publish only on their own two subjects (NATS permissions, see
@@ -33,7 +34,7 @@ from typing import Literal
 
 import msgspec
 
-from draplane.api.resource import CounterSet, Device, ResourceSlice
+from draplane.api.resource import CounterSet, Device, DeviceClass, ResourceSlice
 
 SCHEMA_VERSION = 1
 DEFAULT_PREFIX = "draplane."
@@ -100,6 +101,8 @@ class FeedEntry(Message, kw_only=True):
     node: str | None = None  # set for ``node.<name>`` keys
     stale: bool = False  # the node's agent missed its heartbeats: its devices are tainted
     slices: list[ResourceSlice] = msgspec.field(default_factory=list)
+    # set for ``class.<name>`` keys (which have no slices); readers that predate it ignore it
+    device_class: DeviceClass | None = None
 
 
 class FeedChange(Message, kw_only=True):
@@ -227,6 +230,10 @@ class InventoryNames:
     @staticmethod
     def node_key(node: str) -> str:
         return f"node.{node}"
+
+    @staticmethod
+    def class_key(name: str) -> str:
+        return f"class.{name}"
 
     @staticmethod
     def pool_key(driver: str, pool: str) -> str:
