@@ -54,6 +54,10 @@ def unreadable_line(seq: int, size: int, why: str, recorded_at: float | None = N
     return encode_line(seq, event, now)
 
 
+def line_json(line: AuditLine) -> bytes:
+    return _line_encoder.encode(line)
+
+
 def decode_line(line: bytes) -> AuditLine:
     return _line_decoder.decode(line)
 

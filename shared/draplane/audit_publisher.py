@@ -18,7 +18,7 @@ import time
 import nats.errors
 import nats.js.errors
 from nats.js import JetStreamContext
-from nats.js.api import DiscardPolicy, RetentionPolicy, StorageType, StreamConfig
+from nats.js.api import RetentionPolicy, StorageType, StreamConfig
 
 from draplane.messages.audit import (
     AUDIT_DUPLICATE_WINDOW_SECONDS,
@@ -41,10 +41,9 @@ def audit_stream_config(names: AuditNames, *, replicas: int = 1) -> StreamConfig
         name=names.stream,
         subjects=[names.wildcard],
         retention=RetentionPolicy.LIMITS,
+        # Bounded by age, not size: a size limit is reserved up front in the account's JetStream
+        # storage, and every event of the last week is worth more than the space it takes.
         max_age=AUDIT_MAX_AGE_SECONDS,
-        # Bounded on disk too: the oldest events go first, as max_age would take them anyway.
-        max_bytes=4 * 1024**3,
-        discard=DiscardPolicy.OLD,
         duplicate_window=AUDIT_DUPLICATE_WINDOW_SECONDS,
         storage=StorageType.FILE,
         num_replicas=replicas,

@@ -108,7 +108,7 @@ def free_capacity(
             row = counter.class_on_node(class_name, node_name)
             if row is not None:
                 rows.append(row)
-    return FreeCapacity(classes=[_totals(name, [r for r in rows if r.device_class == name])
+    return FreeCapacity(classes=[class_totals(name, [r for r in rows if r.device_class == name])
                                  for name in sorted(cluster.classes) if any(r.device_class == name for r in rows)],
                         nodes=rows)
 
@@ -252,7 +252,8 @@ class _Counter:
         return len(placed)
 
 
-def _totals(class_name: str, rows: list[ClassOnNode]) -> ClassTotals:
+def class_totals(class_name: str, rows: list[ClassOnNode]) -> ClassTotals:
+    """One class summed over its rows (nodes)."""
     states = {s: sum(r.states[s] for r in rows) for s in DEVICE_STATES}
     shared: dict[str, SharedCapacity] = {}
     partitions: dict[str, int] = {}

@@ -164,8 +164,9 @@ def released_id(claim_uid: str, allocated_version: str) -> str:
     return f"released/{claim_uid}/{allocated_version}"
 
 
-def taint_rule_id(kind: str, rule_uid: str, resource_version: str) -> str:
-    return f"{kind}/rule/{rule_uid}/{resource_version}"
+def taint_rule_id(kind: str, rule_uid: str, generation: str) -> str:
+    """`generation`: the rule's metadata.generation, which only a change of its spec moves."""
+    return f"{kind}/rule/{rule_uid}/{generation}"
 
 
 def stale_node_id(kind: str, node: str, since: str) -> str:

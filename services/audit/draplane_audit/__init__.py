@@ -1,0 +1,1 @@
+"""draplane-audit: the audit log and the cluster metrics, from NATS."""

@@ -1,0 +1,153 @@
+"""The cluster as NATS tells it: the inventory feed bucket (slices, DeviceClasses) and the
+reservation bucket (what draplane allocated), for `draplane free` and the metrics subscriber.
+
+`ClusterView` holds the decoded entries and turns them into `free_capacity`'s inputs;
+`read_cluster` fills one from the buckets once, `follow_cluster` keeps one current. Neither asks
+Kubernetes anything: a claim another scheduler allocated, which only the claim's status in
+Kubernetes records, is not seen here (draplane's shards read those from the apiserver).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import dataclasses
+import logging
+from collections.abc import Callable
+
+import msgspec
+import nats.errors
+import nats.js.errors
+from nats.js import JetStreamContext
+
+from draplane.allocation.free_capacity import FreeCapacity, free_capacity
+from draplane.api.resource import AllocationResult, DeviceClass, ResourceSlice
+from draplane.messages.inventory import FeedEntry, InventoryNames, decode_feed_entry
+from draplane.scheduling import reservations as rv
+from draplane.scheduling.messages import Subjects
+
+log = logging.getLogger(__name__)
+
+
+@dataclasses.dataclass(slots=True)
+class ClusterView:
+    feed: dict[str, FeedEntry] = dataclasses.field(default_factory=dict)
+    reservations: dict[str, rv.NodeReservations] = dataclasses.field(default_factory=dict)
+    unreadable: int = 0  # entries that did not decode (logged, skipped)
+
+    def apply_feed(self, key: str, value: bytes | None) -> None:
+        if not value:
+            self.feed.pop(key, None)
+            return
+        try:
+            self.feed[key] = decode_feed_entry(value)
+        except (msgspec.DecodeError, msgspec.ValidationError) as exc:
+            self.unreadable += 1
+            log.error("inventory feed entry %s is unreadable, skipped: %s", key, exc)
+
+    def apply_reservations(self, node: str, value: bytes | None) -> None:
+        if not value:
+            self.reservations.pop(node, None)
+            return
+        try:
+            self.reservations[node] = rv.decode_entry(value, node)
+        except ValueError as exc:
+            self.unreadable += 1
+            log.error("reservation entry %s is unreadable, skipped: %s", node, exc)
+
+    def slices(self) -> list[ResourceSlice]:
+        return [s for entry in self.feed.values() for s in entry.slices]
+
+    def classes(self) -> list[DeviceClass]:
+        return [e.device_class for e in self.feed.values() if e.device_class is not None]
+
+    def allocations(self) -> dict[str, AllocationResult]:
+        """Claim UID -> what its reservation holds, reserved under a lease or confirmed."""
+        return {uid: r.allocation for entry in self.reservations.values() for uid, r in entry.claims.items()}
+
+    def stale_nodes(self) -> list[str]:
+        return sorted(e.node for e in self.feed.values() if e.stale and e.node)
+
+    def free(self) -> FreeCapacity:
+        return free_capacity(self.slices(), self.classes(), self.allocations())
+
+
+async def _bucket(js: JetStreamContext, name: str):
+    try:
+        return await js.key_value(name)
+    except nats.js.errors.BucketNotFoundError:
+        return None
+
+
+async def _read_all(kv, apply: Callable[[str, bytes | None], None], timeout: float) -> None:
+    watcher = await kv.watchall()
+    try:
+        while True:
+            update = await watcher.updates(timeout=timeout)
+            if update is None:
+                return  # the initial values are all in
+            apply(update.key, None if update.operation in ("DEL", "PURGE") else update.value)
+    finally:
+        try:
+            await asyncio.wait_for(watcher.stop(), 2.0)
+        except (Exception, asyncio.CancelledError):  # noqa: BLE001 - the connection may be gone
+            pass
+
+
+async def read_cluster(js: JetStreamContext, prefix: str, *, timeout: float = 10.0) -> ClusterView:
+    """Both buckets as they are now. A bucket not created yet is an empty one."""
+    view = ClusterView()
+    feed = await _bucket(js, InventoryNames(prefix=prefix).feed_bucket)
+    if feed is not None:
+        await _read_all(feed, view.apply_feed, timeout)
+    reservations = await _bucket(js, Subjects(prefix=prefix).reservations_bucket)
+    if reservations is not None:
+        await _read_all(reservations, view.apply_reservations, timeout)
+    return view
+
+
+async def follow_cluster(js: JetStreamContext, prefix: str, view: ClusterView, on_change: Callable[[], None],
+                         synced: asyncio.Event | None = None) -> None:
+    """Keep `view` current from both buckets, forever; `synced` is set once both were read."""
+    buckets = [(InventoryNames(prefix=prefix).feed_bucket, view.apply_feed),
+               (Subjects(prefix=prefix).reservations_bucket, view.apply_reservations)]
+    initial = {name: asyncio.Event() for name, _ in buckets}
+
+    async def follow(name: str, apply) -> None:
+        failures = 0
+        while True:
+            try:
+                kv = await _bucket(js, name)
+                if kv is None:
+                    initial[name].set()  # nothing there yet: empty, and looked at again below
+                    await asyncio.sleep(2.0)
+                    continue
+                watcher = await kv.watchall()
+                try:
+                    while True:
+                        try:
+                            update = await watcher.updates(timeout=30.0)
+                        except nats.errors.TimeoutError:
+                            continue
+                        failures = 0
+                        if update is None:
+                            initial[name].set()
+                        else:
+                            apply(update.key, None if update.operation in ("DEL", "PURGE") else update.value)
+                        on_change()
+                finally:
+                    try:
+                        await asyncio.wait_for(watcher.stop(), 2.0)
+                    except (Exception, asyncio.CancelledError):  # noqa: BLE001
+                        pass
+            except (nats.errors.Error, nats.js.errors.Error, asyncio.TimeoutError) as exc:
+                failures += 1
+                delay = min(30.0, 0.5 * 2 ** (failures - 1))
+                log.warning("watching bucket %s failed (%r); again in %.1f s", name, exc, delay)
+                await asyncio.sleep(delay)
+
+    async def all_synced() -> None:
+        await asyncio.gather(*(e.wait() for e in initial.values()))
+        if synced is not None:
+            synced.set()
+
+    await asyncio.gather(*(follow(name, apply) for name, apply in buckets), all_synced())
