@@ -49,21 +49,20 @@ def add_stream_replicas_argument(parser: argparse.ArgumentParser) -> None:
 
 def add_http_arguments(parser: argparse.ArgumentParser, *, default_port: int) -> None:
     parser.add_argument("--host", default=os.environ.get("DRAPLANE_HTTP_HOST", "127.0.0.1"),
-                        help="address for /healthz and /readyz (0.0.0.0 in a pod; default %(default)s)")
+                        help="address for /metrics, /healthz and /readyz (0.0.0.0 in a pod; default %(default)s)")
     parser.add_argument("--port", type=int, default=default_port,
-                        help="port for /healthz and /readyz (0: any free port; default %(default)s)")
+                        help="port for /metrics, /healthz and /readyz (0: any free port; default %(default)s)")
 
 
-def serve(app: web.Application, *, host: str, port: int, verbose: int = 0) -> None:
+def serve(app: web.Application, *, host: str, port: int, verbose: int = 0, log_format: str = "text") -> None:
     """Run a service until SIGINT/SIGTERM: its logging, uvloop, and the probe server around the app."""
     import logging
 
     import uvloop
 
-    # force: a library that logged while the app was being built has already given the root logger
-    # a WARNING-level handler, which would silently drop every INFO line of the service.
-    logging.basicConfig(level=logging.INFO - 10 * min(verbose, 1),
-                        format="%(asctime)s %(levelname)s %(name)s: %(message)s", force=True)
+    from draplane.structured_logs import configure_logging
+
+    configure_logging(log_format, logging.INFO - 10 * min(verbose, 1))
     uvloop.install()
     tune_garbage_collector()
     run_http(app, host=host, port=port)

@@ -2,7 +2,8 @@
 
 Resources live in aiohttp cleanup_ctx generators: the NATS connection and the Kubernetes client
 are opened before the shards start and closed after they stop. /healthz answers while the process
-runs; /readyz once every shard has synced its state.
+runs; /readyz once every shard has synced its state; /metrics serves the shards' metrics (one
+registry for the process, a `shard` label on each) and its apiserver and NATS figures.
 """
 
 from __future__ import annotations
@@ -20,8 +21,12 @@ from draplane.entrypoints import (
     add_http_arguments, add_nats_arguments, add_stream_replicas_argument, nats_connect_options, serve,
 )
 from draplane.kube import KubeClient
+from draplane.kube.metrics import ApiserverMetrics
+from draplane.metrics import metrics_handler
 from draplane.scheduling.messages import DEFAULT_PREFIX
 from draplane.scheduling.reservations import DEFAULT_LEASE_SECONDS
+from draplane.structured_logs import add_log_format_argument
+from draplane_allocator.metrics import AllocatorMetrics
 from draplane_allocator.shard import Shard
 
 log = logging.getLogger("draplane_allocator")
@@ -30,6 +35,7 @@ SHARDS = web.AppKey("shards", list)
 ARGS = web.AppKey("args", argparse.Namespace)
 KUBE = web.AppKey("kube", KubeClient)
 NATS = web.AppKey("nats", object)
+METRICS = web.AppKey("metrics", AllocatorMetrics)
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -45,6 +51,7 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--lease-seconds", type=float, default=DEFAULT_LEASE_SECONDS)
     add_http_arguments(parser, default_port=8081)
     parser.add_argument("-v", "--verbose", action="count", default=0)
+    add_log_format_argument(parser)
     return parser
 
 
@@ -52,6 +59,7 @@ async def clients(app: web.Application):
     args = app[ARGS]
     app[NATS] = await nats.connect(**nats_connect_options(args.nats, args.nkey_seed, name="draplane-allocator"))
     app[KUBE] = await KubeClient.from_environment(args.kubeconfig)
+    app[KUBE].metrics = ApiserverMetrics(app[METRICS].registry)
     yield
     await app[KUBE].close()
     await app[NATS].drain()
@@ -62,7 +70,7 @@ async def shards(app: web.Application):
     indexes = args.shard_index or list(range(args.shards))
     app[SHARDS] = [
         Shard(app[KUBE], app[NATS], index=i, prefix=args.prefix, policy=args.policy, lease_seconds=args.lease_seconds,
-              stream_replicas=args.stream_replicas)
+              stream_replicas=args.stream_replicas, metrics=app[METRICS])
         for i in indexes
     ]
     for shard in app[SHARDS]:
@@ -89,7 +97,9 @@ def build_app(args: argparse.Namespace) -> web.Application:
             raise SystemExit(f"draplane-allocator: --shard-index {i} is outside 0..{args.shards - 1}")
     app = web.Application()
     app[ARGS] = args
+    app[METRICS] = AllocatorMetrics()
     app.cleanup_ctx.extend([clients, shards])
+    app.router.add_get("/metrics", metrics_handler(app[METRICS].registry))
     app.router.add_get("/healthz", healthz)
     app.router.add_get("/readyz", readyz)
     return app
@@ -100,7 +110,7 @@ def main(argv: list[str] | None = None) -> int:
     if args.shards < 1:
         print("draplane-allocator: --shards must be at least 1", file=sys.stderr)
         return 2
-    serve(build_app(args), host=args.host, port=args.port, verbose=args.verbose)
+    serve(build_app(args), host=args.host, port=args.port, verbose=args.verbose, log_format=args.log_format)
     return 0
 
 

@@ -31,6 +31,7 @@ from draplane.audit_publisher import AuditPublisher
 from draplane.kube import KubeApiError, KubeClient, watch_objects
 from draplane.messages import audit
 from draplane.messages.inventory import InventoryNames, decode_feed_entry
+from draplane.metrics import sample_value
 from draplane.scheduling import reservations as rv
 from draplane.scheduling import streams
 from draplane.scheduling.messages import (
@@ -45,6 +46,8 @@ from draplane.scheduling.messages import (
 )
 from draplane.scheduling.reservation_store import ReservationStore, StaleRevision
 from draplane.scheduling.placing import ClusterState, NotPlaced, Placed
+from draplane.structured_logs import fields, with_fields
+from draplane_allocator.metrics import AllocatorMetrics
 
 log = logging.getLogger(__name__)
 
@@ -65,6 +68,7 @@ class Shard:
         policy: str | None = None,
         lease_seconds: float = rv.DEFAULT_LEASE_SECONDS,
         stream_replicas: int = 1,
+        metrics: AllocatorMetrics | None = None,
     ):
         self.kube = kube
         self.nc = nc
@@ -80,8 +84,25 @@ class Shard:
         self.synced = {k: asyncio.Event() for k in ("classes", "nodes", "pods", "claims", "feed", "taint rules")}
         self._tasks: list[asyncio.Task] = []
         self.audit = AuditPublisher(self.js, prefix)
-        self.counters = {"placed": 0, "unschedulable": 0, "commit_conflicts": 0, "republished": 0, "errors": 0,
-                         "gone": 0}
+        # The process' metrics (several shards may share them, each with its shard label); a
+        # shard made alone (tests) gets a registry of its own.
+        self.metrics = metrics if metrics is not None else AllocatorMetrics()
+        self.m = self.metrics.shard(index)
+        if index == 0:
+            self.metrics.export_fragmentation(self.state)
+        self.log = with_fields(log, shard=index)
+
+    @property
+    def counters(self) -> dict[str, int]:
+        """This shard's counts, read back from its metrics (diagnostics and tests)."""
+        registry, shard = self.metrics.registry, str(self.index)
+
+        def count(name: str, **labels: str) -> int:
+            return int(sample_value(registry, f"draplane_allocator_{name}_total", shard=shard, **labels))
+
+        return {"placed": count("placements"), "unschedulable": count("unschedulable"),
+                "commit_conflicts": count("reservation_conflicts", kind="compare_and_set"),
+                "republished": count("placements_republished"), "errors": count("errors"), "gone": count("pods_gone")}
 
     # --- service lifecycle -------------------------------------------------------------------------
 
@@ -101,6 +122,8 @@ class Shard:
         self._spawn(lambda: self._watch(ResourceClaim, "claims", self._on_claim), "claims watch")
         self._spawn(self._consume, "pending consumer")
         self._spawn(self._prune_expired, "lease reconciler")
+        self._spawn(lambda: self.metrics.consumer_lag.poll_forever(
+            self.js, [(self.subjects.pending_stream, f"shard-{self.index}")]), "consumer lag")
 
     @property
     def ready(self) -> bool:
@@ -120,7 +143,7 @@ class Shard:
         if self._tasks:
             _, pending = await asyncio.wait(self._tasks, timeout=10)
             if pending:
-                log.error("shard %d: tasks did not stop: %s", self.index, [t.get_name() for t in pending])
+                self.log.error("shard %d: tasks did not stop: %s", self.index, [t.get_name() for t in pending])
         self._tasks.clear()
 
     def _spawn(self, loop, name: str) -> None:
@@ -132,7 +155,7 @@ class Shard:
                 except asyncio.CancelledError:
                     raise
                 except Exception:  # noqa: BLE001 - logged and restarted, never silently lost
-                    log.exception("shard %d: %s crashed; restarting it in 1 s", self.index, name)
+                    self.log.exception("shard %d: %s crashed; restarting it in 1 s", self.index, name)
                     await asyncio.sleep(1.0)
 
         self._tasks.append(asyncio.create_task(guarded(), name=f"shard-{self.index} {name}"))
@@ -157,8 +180,8 @@ class Shard:
                 if not exc.is_not_found:
                     raise
                 if not self.synced["taint rules"].is_set():
-                    log.warning("shard %d: the apiserver does not serve devicetaintrules (%s); scheduling without "
-                                "them, looking again every 60 s", self.index, exc)
+                    self.log.warning("shard %d: the apiserver does not serve devicetaintrules (%s); scheduling "
+                                     "without them, looking again every 60 s", self.index, exc)
                     self.synced["taint rules"].set()
                 await asyncio.sleep(60.0)
 
@@ -167,8 +190,8 @@ class Shard:
 
     def _on_taint_rule(self, obj: DeviceTaintRule, deleted: bool) -> None:
         effect = obj.spec.taint.effect
-        log.info("shard %d: devicetaintrule %s %s: taint %s=%s:%s", self.index, obj.metadata.name,
-                 "deleted" if deleted else "applied", obj.spec.taint.key, obj.spec.taint.value or "", effect)
+        self.log.info("shard %d: devicetaintrule %s %s: taint %s=%s:%s", self.index, obj.metadata.name,
+                      "deleted" if deleted else "applied", obj.spec.taint.key, obj.spec.taint.value or "", effect)
         self.state.set_taint_rule(obj, deleted)
         if self.synced["taint rules"].is_set():
             # Every shard sees the rule; the event id (the rule's uid and generation) makes
@@ -237,7 +260,7 @@ class Shard:
                 try:
                     entry = decode_feed_entry(update.value)
                 except (msgspec.DecodeError, msgspec.ValidationError) as exc:
-                    log.error("shard %d: unreadable inventory feed entry %s: %s", self.index, update.key, exc)
+                    self.log.error("shard %d: unreadable inventory feed entry %s: %s", self.index, update.key, exc)
                     continue
                 self.state.set_feed_entry(update.key, entry.slices)
         finally:
@@ -267,11 +290,13 @@ class Shard:
                         return pruned if any(counts) else None
 
                     if await self.store.change(node, edit):
+                        self.m.lapses_released.inc(counts[0])
+                        self.m.lapses_confirmed.inc(counts[1])
                         # pod reservations lapse after every placement by design: not news
                         level = logging.INFO if counts[0] or counts[1] else logging.DEBUG
-                        log.log(level, "shard %d: node %s: lapsed leases: %d claim reservations released, "
-                                "%d confirmed (their claims are allocated), %d pod reservations dropped",
-                                self.index, node, *counts)
+                        self.log.log(level, "shard %d: node %s: lapsed leases: %d claim reservations released, "
+                                     "%d confirmed (their claims are allocated), %d pod reservations dropped",
+                                     self.index, node, *counts, extra=fields(node=node))
 
     # --- pending pods ------------------------------------------------------------------------------
 
@@ -290,6 +315,7 @@ class Shard:
                     messages = await sub.fetch(32, timeout=1.0)
                 except (nats.errors.TimeoutError, asyncio.TimeoutError):
                     continue
+                fetched_at = time.monotonic()
                 decoded = []
                 for msg in messages:
                     try:
@@ -297,7 +323,7 @@ class Shard:
                         if not isinstance(pending, PendingPod):
                             raise MessageError(f"{type(pending).__name__} on a pending subject")
                     except MessageError as exc:
-                        log.error("shard %d: dropping a pending message: %s", self.index, exc)
+                        self.log.error("shard %d: dropping a pending message: %s", self.index, exc)
                         await msg.term()
                         continue
                     decoded.append((msg, pending))
@@ -311,21 +337,22 @@ class Shard:
                 for (msg, pending), inputs in zip(decoded, fetched):
                     if isinstance(inputs, BaseException):
                         delay = streams.redelivery_delay(streams.deliveries(msg))
-                        self.counters["errors"] += 1
-                        log.error("shard %d: pod %s: reading its pod and claims failed (%s); redelivering in %.0f s",
-                                  self.index, pending.pod.key(), inputs, delay)
+                        self.m.errors.inc()
+                        self.log.error("shard %d: pod %s: reading its pod and claims failed (%s); redelivering in "
+                                       "%.0f s", self.index, pending.pod.key(), inputs, delay,
+                                       extra=fields(pod=pending.pod.key()))
                         await msg.nak(delay=delay)
                     else:
                         batch.append((msg, pending, inputs))
                 try:
-                    await self.handle_batch([(pending, inputs) for _, pending, inputs in batch])
+                    await self.handle_batch([(pending, inputs) for _, pending, inputs in batch], started=fetched_at)
                 except Exception:
                     # Placements already committed are published again on redelivery (their
                     # reservations are in the bucket); the binder writes a placement once.
                     # Errors of one pod are answered in handle_batch; what reaches here is NATS
                     # failing under the whole batch.
-                    self.counters["errors"] += 1
-                    log.exception("shard %d: a batch of %d pods failed; redelivering it with backoff",
+                    self.m.errors.inc()
+                    self.log.exception("shard %d: a batch of %d pods failed; redelivering it with backoff",
                                   self.index, len(batch))
                     await asyncio.gather(*(msg.nak(delay=streams.redelivery_delay(streams.deliveries(msg))) for msg, _, _ in batch),
                                          return_exceptions=True)
@@ -387,8 +414,9 @@ class Shard:
         pod = await self._pod(pending, verify)
         if pod is None or pod.spec.node_name:
             if pod is None:
-                self.counters["gone"] += 1
-                log.info("shard %d: pod %s is gone or being deleted: not placed", self.index, pending.pod.key())
+                self.m.gone.inc()
+                self.log.info("shard %d: pod %s is gone or being deleted: not placed", self.index, pending.pod.key(),
+                              extra=fields(pod=pending.pod.key()))
             return None  # gone, or bound meanwhile: nothing to place
         claims = await self._claims(pending)
         if claims is None:
@@ -400,7 +428,8 @@ class Shard:
             inputs = await self._inputs(pending)
         await self.handle_batch([(pending, inputs)])
 
-    async def handle_batch(self, batch: list[tuple[PendingPod, tuple[Pod, list[ResourceClaim]] | None]]) -> None:
+    async def handle_batch(self, batch: list[tuple[PendingPod, tuple[Pod, list[ResourceClaim]] | None]], *,
+                           started: float | None = None) -> None:
         """Place a fetched batch of pods, commit it with one compare-and-set per node, publish.
 
         Placing stays one pod at a time and each pod sees the devices the pods before it took; the
@@ -408,7 +437,10 @@ class Shard:
         One at a time, those round trips, not placing, were what limited a shard.
         A node whose write loses a race is read again and its pods are placed again; so are pods
         found unschedulable in that round, since the devices they missed may not be taken after all.
+        `started` (monotonic, default now) is when the batch was fetched: placement latency counts
+        from there.
         """
+        started = time.monotonic() if started is None else started
         todo: list[tuple[PendingPod, Pod, list[ResourceClaim]]] = []
         seen: set[str] = set()
         for pending, inputs in batch:
@@ -424,20 +456,20 @@ class Shard:
         for _ in range(COMMIT_ATTEMPTS):
             if not todo:
                 return
-            todo = await self._place_and_commit(todo)
+            todo = await self._place_and_commit(todo, started)
         # The view and the bucket kept disagreeing about these pods' nodes. Not a hot loop: each
         # pod is answered as unschedulable with why, so the binder records it on the pod and
         # retries it with its backoff.
-        self.counters["errors"] += len(todo)
+        self.m.errors.inc(len(todo))
         message = (f"draplane shard {self.index}: the placement lost {COMMIT_ATTEMPTS} reservation races in a "
                    f"row (the nodes' reservations kept changing); retrying")
-        log.error("shard %d: %d pods lost %d reservation races in a row: %s", self.index, len(todo),
+        self.log.error("shard %d: %d pods lost %d reservation races in a row: %s", self.index, len(todo),
                   COMMIT_ATTEMPTS, ", ".join(pending.pod.key() for pending, _, _ in todo))
         await asyncio.gather(*(self._publish(Unschedulable(pod=pending.pod, shard=self.index, message=message,
                                                             failures=[], claim_error=message))
                                for pending, _, _ in todo))
 
-    async def _place_and_commit(self, todo):
+    async def _place_and_commit(self, todo, started: float):
         """One round of handle_batch; returns the pods to place again."""
         now = time.time()
         expires_at = now + self.lease_seconds
@@ -448,13 +480,15 @@ class Shard:
         unschedulable: list = []  # (pending, pod, claims, NotPlaced)
         lost: set[str] = set()  # nodes whose entry must be read again
         again: list = []
+        lapsed: dict[str, tuple[int, int]] = {}  # node -> claim leases (released, confirmed) this round's write prunes
         for item in todo:
             pending, pod, claims = item
             try:
                 outcome = self.state.place_pod(pod, claims)
             except Exception as exc:  # noqa: BLE001 - a bug met by one pod must not hold up the batch
-                self.counters["errors"] += 1
-                log.exception("shard %d: pod %s: placing it failed", self.index, pending.pod.key())
+                self.m.errors.inc()
+                self.log.exception("shard %d: pod %s: placing it failed", self.index, pending.pod.key(),
+                                   extra=fields(pod=pending.pod.key()))
                 message = f"draplane shard {self.index}: internal error while placing the pod: {exc!r}"
                 outcome = NotPlaced(message=message, failures=[], claim_error=message)
             if isinstance(outcome, NotPlaced):
@@ -464,9 +498,11 @@ class Shard:
             if node not in views:
                 revision, entry = self.store.entry(node)
                 pruned, dropped = rv.prune(entry, now, self.state.claim_is_allocated)
+                expired = sum(1 for r in entry.claims.values() if r.expires_at is not None and r.expires_at <= now)
+                lapsed[node] = (len(dropped), expired - len(dropped))
                 if dropped:
-                    log.info("shard %d: node %s: released %d reservations whose lease ran out",
-                             self.index, node, len(dropped))
+                    self.log.info("shard %d: node %s: released %d reservations whose lease ran out",
+                                  self.index, node, len(dropped), extra=fields(node=node))
                 views[node] = (revision, pruned)
             revision, entry = views[node]
             pod_reservation = rv.PodReservation(
@@ -477,7 +513,8 @@ class Shard:
                 added = rv.add(entry, self._reservations(pending, outcome, now, expires_at), pod_reservation)
             except rv.ReservationConflict as exc:
                 # our view missed a reservation: the mirror lags the bucket; read it, place again
-                log.debug("shard %d: %s", self.index, exc)
+                self.m.conflicts_in_view.inc()
+                self.log.debug("shard %d: %s", self.index, exc, extra=fields(pod=pending.pod.key(), node=node))
                 lost.add(node)
                 again.append(item)
                 continue
@@ -506,8 +543,13 @@ class Shard:
                 for pending, pod, claims, _ in staged[node]:
                     again.append((pending, pod, claims))
                 if isinstance(result, StaleRevision):
-                    self.counters["commit_conflicts"] += len(staged[node])
+                    self.m.conflicts_on_write.inc()
+                    self.log.debug("shard %d: node %s: the reservation of %d pods lost a compare-and-set race; "
+                                  "placing them again", self.index, node, len(staged[node]), extra=fields(node=node))
             else:
+                released, confirmed = lapsed.get(node, (0, 0))
+                self.m.lapses_released.inc(released)
+                self.m.lapses_confirmed.inc(confirmed)
                 placements.extend((pending, claims, placed, expires_at) for pending, _, claims, placed in staged[node])
         for node in lost:
             await self.store.refresh(node)
@@ -517,7 +559,8 @@ class Shard:
                 again.append((pending, pod, claims))  # it leaned on a reservation that did not stick
             else:
                 placements.append((pending, claims, placed, self._lease_of(placed, expires_at)))
-                self.counters["republished"] += bool(placed.allocations)
+                if placed.allocations:
+                    self.m.republished.inc()
         if lost:
             again.extend((pending, pod, claims) for pending, pod, claims, _ in unschedulable)
             unschedulable = []
@@ -529,14 +572,18 @@ class Shard:
             for pending, _, _, outcome in unschedulable
         ]
         await asyncio.gather(*(self._publish(m) for m in messages))
-        self.counters["placed"] += len(placements)
-        self.counters["unschedulable"] += len(unschedulable)
+        self.m.placed.inc(len(placements))
+        self.m.unschedulable.inc(len(unschedulable))
+        elapsed = time.monotonic() - started
         for pending, claims, placed, _ in placements:
-            log.info("shard %d: pod %s placed on node %s (%s)", self.index, pending.pod.key(), placed.node,
-                     f"{len(placed.new_claims)} claims newly reserved" if placed.new_claims
-                     else "claims already allocated or reserved there: placement sent again")
+            self.m.placement_seconds.observe(elapsed)
+            self.log.info("shard %d: pod %s placed on node %s (%s)", self.index, pending.pod.key(), placed.node,
+                          f"{len(placed.new_claims)} claims newly reserved" if placed.new_claims
+                          else "claims already allocated or reserved there: placement sent again",
+                          extra=fields(pod=pending.pod.key(), node=placed.node))
         for pending, _, _, outcome in unschedulable:
-            log.info("shard %d: pod %s unschedulable: %s", self.index, pending.pod.key(), outcome.message)
+            self.log.info("shard %d: pod %s unschedulable: %s", self.index, pending.pod.key(), outcome.message,
+                          extra=fields(pod=pending.pod.key()))
         if failure is not None:
             raise failure
         return again

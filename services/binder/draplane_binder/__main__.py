@@ -1,7 +1,8 @@
 """`draplane-binder`: the writer to the Kubernetes API (see draplane_binder.service).
 
 The NATS connection and the Kubernetes client live in an aiohttp cleanup_ctx generator, the binder
-in another; /healthz answers while the process runs, /readyz once its caches have synced.
+in another; /healthz answers while the process runs, /readyz once its caches have synced, and
+/metrics serves its metrics (draplane_binder.metrics) with its apiserver and NATS figures.
 """
 
 from __future__ import annotations
@@ -18,8 +19,12 @@ from draplane.entrypoints import (
     add_http_arguments, add_nats_arguments, add_stream_replicas_argument, nats_connect_options, serve,
 )
 from draplane.kube import KubeClient
+from draplane.kube.metrics import ApiserverMetrics
+from draplane.metrics import metrics_handler
 from draplane.scheduling.messages import DEFAULT_PREFIX
 from draplane.scheduling.reservations import DEFAULT_LEASE_SECONDS
+from draplane.structured_logs import add_log_format_argument
+from draplane_binder.metrics import BinderMetrics
 from draplane_binder.service import Binder
 from draplane_binder.settings import BinderSettings
 
@@ -27,6 +32,7 @@ BINDER = web.AppKey("binder", Binder)
 SETTINGS = web.AppKey("settings", BinderSettings)
 KUBE = web.AppKey("kube", KubeClient)
 NATS = web.AppKey("nats", object)
+METRICS = web.AppKey("metrics", BinderMetrics)
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -46,6 +52,7 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--concurrency", type=int, default=32)
     add_http_arguments(parser, default_port=8082)
     parser.add_argument("-v", "--verbose", action="count", default=0)
+    add_log_format_argument(parser)
     return parser
 
 
@@ -53,13 +60,14 @@ async def clients(app: web.Application):
     settings = app[SETTINGS]
     app[NATS] = await nats.connect(**nats_connect_options(settings.nats_url, settings.nats_nkey_seed, name="draplane-binder"))
     app[KUBE] = await KubeClient.from_environment(settings.kubeconfig)
+    app[KUBE].metrics = ApiserverMetrics(app[METRICS].registry)
     yield
     await app[KUBE].close()
     await app[NATS].drain()
 
 
 async def binder(app: web.Application):
-    app[BINDER] = Binder(app[SETTINGS], app[KUBE], app[NATS])
+    app[BINDER] = Binder(app[SETTINGS], app[KUBE], app[NATS], metrics=app[METRICS])
     await app[BINDER].start()
     yield
     await app[BINDER].stop()
@@ -95,7 +103,9 @@ def settings_from(args: argparse.Namespace) -> BinderSettings:
 def build_app(settings: BinderSettings) -> web.Application:
     app = web.Application()
     app[SETTINGS] = settings
+    app[METRICS] = BinderMetrics()
     app.cleanup_ctx.extend([clients, binder])
+    app.router.add_get("/metrics", metrics_handler(app[METRICS].registry))
     app.router.add_get("/healthz", healthz)
     app.router.add_get("/readyz", readyz)
     return app
@@ -107,7 +117,8 @@ def main(argv: list[str] | None = None) -> int:
         print("draplane-binder: --shards must be at least 1", file=sys.stderr)
         return 2
     settings = settings_from(args)
-    serve(build_app(settings), host=settings.http_host, port=settings.http_port, verbose=args.verbose)
+    serve(build_app(settings), host=settings.http_host, port=settings.http_port, verbose=args.verbose,
+          log_format=args.log_format)
     return 0
 
 

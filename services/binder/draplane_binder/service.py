@@ -49,8 +49,13 @@ from draplane.scheduling.messages import (
 )
 from draplane.scheduling.placing import allocation_node
 from draplane.scheduling.reservation_store import ReservationStore
-from draplane.scheduling.unschedulable import CONDITION_REASON, ERROR_CONDITION_REASON, EVENT_REASON, claim_problem
+from draplane.metrics import sample_value
+from draplane.scheduling.unschedulable import (
+    CLAIM_ERROR, CONDITION_REASON, ERROR_CONDITION_REASON, EVENT_REASON, claim_problem, failure_label,
+)
+from draplane.structured_logs import fields
 from draplane_binder import lifecycle as lc
+from draplane_binder.metrics import BinderMetrics, seconds_since
 from draplane_binder.settings import BinderSettings
 
 log = logging.getLogger(__name__)
@@ -124,7 +129,8 @@ class WorkQueue:
 
 
 class Binder:
-    def __init__(self, settings: BinderSettings, kube: KubeClient, nc: NatsClient):
+    def __init__(self, settings: BinderSettings, kube: KubeClient, nc: NatsClient, *,
+                 metrics: BinderMetrics | None = None):
         self.settings = settings
         self.kube = kube
         self.nc = nc
@@ -156,13 +162,37 @@ class Binder:
         self.first_seen: dict[str, float] = {}
         # pod uid -> the last unschedulable message written, to avoid rewriting the same one
         self.last_reason: dict[str, str] = {}
+        # pod uid -> why its last attempt failed, as a metric label (failure_label, SchedulerError)
+        self.failure_reason: dict[str, str] = {}
         self.placement_slots = asyncio.Semaphore(settings.concurrency)
         # node -> claim uids written to Kubernetes whose reservation is still under a lease
         self.to_confirm: dict[str, set[str]] = {}
         self._confirm_wanted = asyncio.Event()
         self._tasks: list[asyncio.Task] = []
-        self.counters = {"placements_written": 0, "placements_failed": 0, "unschedulable": 0, "released": 0,
-                         "claims_created": 0, "pending_published": 0, "pending_publish_failed": 0, "errors": 0}
+        self.metrics = metrics if metrics is not None else BinderMetrics()
+        self.metrics.export_claims(self._waiting_claims)
+
+    @property
+    def counters(self) -> dict[str, int]:
+        """The binder's counts, read back from its metrics (diagnostics and tests)."""
+        names = ("pods_bound", "claims_allocated", "placements_abandoned", "scheduling_failures", "claims_released",
+                 "claims_created", "pending_published", "pending_publish_failures", "errors")
+        return {name: int(sample_value(self.metrics.registry, f"draplane_binder_{name}_total")) for name in names}
+
+    def _waiting_claims(self):
+        """Per pending pod of ours: (its claims not allocated yet, why its last attempt failed)."""
+        for pod in list(self.pods_by_uid.values()):
+            if not self._pending_pod_needs_work(pod):
+                continue
+            namespace = pod.metadata.namespace or ""
+            statuses = {s.name: s.resource_claim_name for s in (pod.status.resource_claim_statuses if pod.status else None) or ()}
+            waiting = 0
+            for pod_claim in pod.spec.resource_claims or ():
+                name = pod_claim.resource_claim_name or statuses.get(pod_claim.name)
+                claim = self.claims.get((namespace, name)) if name else None
+                if claim is None or claim.status is None or claim.status.allocation is None:
+                    waiting += 1
+            yield waiting, self.failure_reason.get(pod.metadata.uid or "")
 
     # --- lifecycle of the service ------------------------------------------------------------------
 
@@ -183,6 +213,8 @@ class Binder:
         self._spawn(self._consume_results, "results consumer")
         self._spawn(self._retry_loop, "retry loop")
         self._spawn(self._confirm_loop, "confirm loop")
+        self._spawn(lambda: self.metrics.consumer_lag.poll_forever(self.js, [(self.subjects.results_stream, "binder")]),
+                    "consumer lag")
 
     @property
     def ready(self) -> bool:
@@ -248,7 +280,7 @@ class Binder:
         if kind == "DELETED" or pod.spec.node_name or lc.pod_is_done(pod):
             # bound, finished or gone: nothing left to schedule, so nothing to remember for it
             uid = pod.metadata.uid or ""
-            for table in (self.in_flight, self.retry, self.first_seen, self.last_reason):
+            for table in (self.in_flight, self.retry, self.first_seen, self.last_reason, self.failure_reason):
                 table.pop(uid, None)
         if kind == "DELETED":
             self.pods.pop(key, None)
@@ -340,7 +372,7 @@ class Binder:
                 elif not exc.is_not_found:
                     log.warning("pod %s/%s: %s", *key, exc)
             except Exception as exc:  # noqa: BLE001 - one bad pod must not stop the worker
-                self.counters["errors"] += 1
+                self.metrics.errors.inc()
                 delay = self.pod_queue.retry_later(key)
                 log.exception("pod %s/%s: reconcile failed; retrying in %.1f s", *key, delay)
                 pod = self.pods.get(key)
@@ -378,9 +410,10 @@ class Binder:
         for pod_claim_name, template in resolved.to_create:
             claim = lc.claim_from_template(pod, pod_claim_name, template)
             created = await self.kube.create(claim)
-            self.counters["claims_created"] += 1
+            self.metrics.claims_created.inc()
             log.info("pod %s/%s: created resourceclaim %s from template %s for pod claim %s",
-                     namespace, key[1], created.metadata.name, template.metadata.name, pod_claim_name)
+                     namespace, key[1], created.metadata.name, template.metadata.name, pod_claim_name,
+                     extra=fields(pod=f"{namespace}/{key[1]}", claim=f"{namespace}/{created.metadata.name}"))
             self._on_claim("ADDED", created)
             new_statuses.append(PodResourceClaimStatus(name=pod_claim_name, resource_claim_name=created.metadata.name))
         if new_statuses:
@@ -399,7 +432,7 @@ class Binder:
             return
         if resolved.problems:
             message = claim_problem("; ".join(f"pod claim {p.pod_claim}: {p.message}" for p in resolved.problems))
-            await self._mark_unschedulable(pod, message)
+            await self._mark_unschedulable(pod, message, reason=CLAIM_ERROR)
             return
         if uid in self.in_flight or (uid in self.retry and self.retry[uid][0] > time.monotonic()):
             return
@@ -422,15 +455,18 @@ class Binder:
             self.in_flight.pop(uid, None)
             self.retry[uid] = (time.monotonic() + self.settings.retry_initial_seconds,
                                self.retry.get(uid, (0.0, self.settings.retry_initial_seconds))[1])
-            self.counters["pending_publish_failed"] += 1
+            self.metrics.pending_publish_failures.inc()
             log.warning("pod %s/%s: PendingPod not published to shard %d (%r); retrying in %.1f s",
                         namespace, key[1], shard, exc, self.settings.retry_initial_seconds)
             return
-        self.counters["pending_published"] += 1
+        self.metrics.pending_published.inc()
 
-    async def _mark_unschedulable(self, pod: Pod, message: str, *, shard: int | None = None, answer: str = "") -> None:
-        """`shard` and `answer` (its results-stream sequence) name a shard's verdict, for the audit."""
+    async def _mark_unschedulable(self, pod: Pod, message: str, *, reason: str, shard: int | None = None,
+                                  answer: str = "") -> None:
+        """`reason` is why as a metric label (failure_label); `shard` and `answer` (its
+        results-stream sequence) name a shard's verdict, for the audit."""
         uid = pod.metadata.uid or ""
+        self.failure_reason[uid] = reason
         self.in_flight.pop(uid, None)
         _, backoff = self.retry.get(uid, (0.0, self.settings.retry_initial_seconds / 2))
         backoff = min(self.settings.retry_max_seconds, backoff * 2)
@@ -438,8 +474,9 @@ class Binder:
         if self.last_reason.get(uid) == message:
             return
         self.last_reason[uid] = message
-        self.counters["unschedulable"] += 1
-        log.info("pod %s/%s: unschedulable, retry in %.1f s: %s", *_key(pod), backoff, message)
+        self.metrics.failures.labels(reason).inc()
+        log.info("pod %s/%s: unschedulable, retry in %.1f s: %s", *_key(pod), backoff, message,
+                 extra=fields(pod="/".join(_key(pod))))
         await self._not_scheduled(pod, CONDITION_REASON, message)
         first_seen = self.first_seen.get(uid)
         await self.audit.publish_and_wait(audit.AuditEvent(
@@ -579,13 +616,14 @@ class Binder:
                 pod = self.pods_by_uid.get(result.pod.uid)
                 if pod is not None and self._pending_pod_needs_work(pod):
                     await self._mark_unschedulable(pod, result.message, shard=result.shard,
-                                                   answer=_stream_sequence(msg))
+                                                   answer=_stream_sequence(msg),
+                                                   reason=failure_label(result.failures, result.claim_error))
             else:
                 log.error("unexpected %s on the results subject", type(result).__name__)
         except Exception as exc:  # noqa: BLE001 - counted, logged, told to the pod, redelivered with backoff
             deliveries = streams.deliveries(msg)
             delay = streams.redelivery_delay(deliveries)
-            self.counters["errors"] += 1
+            self.metrics.errors.inc()
             log.exception("pod %s: handling its %s failed (delivery %d); redelivering in %.0f s",
                           result.pod.key(), type(result).__name__, deliveries, delay)
             await msg.nak(delay=delay)
@@ -615,6 +653,8 @@ class Binder:
         if pod is None or not self._pending_pod_needs_work(pod) or self.last_reason.get(pod_uid) == message:
             return
         self.last_reason[pod_uid] = message
+        self.failure_reason[pod_uid] = ERROR_CONDITION_REASON
+        self.metrics.failures.labels(ERROR_CONDITION_REASON).inc()
         try:
             await self._not_scheduled(pod, ERROR_CONDITION_REASON, message)
         except Exception:  # noqa: BLE001
@@ -647,6 +687,7 @@ class Binder:
         if placement.pod.uid not in held and pod.spec.node_name != placement.node:
             # Its CPU and memory were counted on that node under a lease that lapsed: another
             # shard may have placed pods in that room since. Place it again.
+            self.metrics.lease_lapses.inc()
             await self._abandon(placement, pod, f"its reservation of CPU and memory on node {placement.node} lapsed")
             return False
         for item in placement.claims:
@@ -661,6 +702,7 @@ class Binder:
             already = (current is not None and current.metadata.uid == item.claim.uid and current.status is not None
                        and lc.same_allocation(current.status.allocation, item.allocation))
             if not already:
+                self.metrics.lease_lapses.inc()
                 await self._abandon(placement, pod, f"resourceclaim {item.claim.key()}: its reservation is no longer held")
                 return False
 
@@ -674,6 +716,10 @@ class Binder:
         if not pod.spec.node_name:
             try:
                 await self.kube.bind_pod(placement.pod.namespace, placement.pod.name, placement.node, placement.pod.uid)
+                self.metrics.pods_bound.inc()
+                waited = seconds_since(pod.metadata.creation_timestamp, datetime.now(timezone.utc))
+                if waited is not None:
+                    self.metrics.create_to_bound.observe(waited)
             except KubeApiError as exc:
                 if exc.status == 409:
                     current = await self.kube.get(Pod, placement.pod.name, placement.pod.namespace)
@@ -696,12 +742,13 @@ class Binder:
                  placement.pod.key(), placement.node,
                  "; ".join(f"resourceclaim {c.claim.name}: {_devices_text(c.allocation)}" for c in placement.claims)
                  or "no claims",
-                 placement.shard, max(0.0, time.time() - placement.first_seen) * 1000 if placement.first_seen else 0.0)
+                 placement.shard, max(0.0, time.time() - placement.first_seen) * 1000 if placement.first_seen else 0.0,
+                 extra=fields(pod=placement.pod.key(), node=placement.node, shard=placement.shard,
+                              claim=placement.claims[0].claim.key() if len(placement.claims) == 1 else None))
         # in_flight stays until the pod watch shows the pod bound: an older event of the pod,
         # still on its way, must not make it look pending and be sent to the shards again
-        for table in (self.retry, self.last_reason):
+        for table in (self.retry, self.last_reason, self.failure_reason):
             table.pop(uid, None)
-        self.counters["placements_written"] += 1
         return True
 
     async def _write_claim(self, ref: ClaimRef, allocation, pod: Pod) -> str | None:
@@ -735,8 +782,11 @@ class Binder:
                 if isinstance(plan, lc.AllocatedElsewhere):
                     return plan.message
                 if isinstance(plan, lc.WriteStatus):
+                    newly_allocated = claim.status is None or claim.status.allocation is None
                     claim.status = plan.status
                     claim = await self.kube.update_status(claim)
+                    if newly_allocated:
+                        self.metrics.claims_allocated.inc()
                 self._on_claim("MODIFIED", claim)
                 return None
             except KubeApiError as exc:
@@ -771,8 +821,9 @@ class Binder:
 
     async def _abandon(self, placement: Placement, pod: Pod | None, why: str) -> None:
         """Release the reservations of claims that did not end up allocated, and retry the pod."""
-        self.counters["placements_failed"] += 1
-        log.info("placement of pod %s on %s abandoned: %s", placement.pod.key(), placement.node, why)
+        self.metrics.placements_abandoned.inc()
+        log.info("placement of pod %s on %s abandoned: %s", placement.pod.key(), placement.node, why,
+                 extra=fields(pod=placement.pod.key(), node=placement.node, shard=placement.shard))
         to_release: dict[str, list] = {}
         for item in placement.claims:
             claim = self.claims.get((item.claim.namespace, item.claim.name))
@@ -823,10 +874,11 @@ class Binder:
         log.info("resourceclaim %s/%s: allocation gone (%s); reservation %s, release published",
                  claim.metadata.namespace, claim.metadata.name,
                  "claim deleted" if claim.metadata.deletion_timestamp else "cleared",
-                 f"on node {found[0]} released" if found else "already gone")
+                 f"on node {found[0]} released" if found else "already gone",
+                 extra=fields(claim=f"{claim.metadata.namespace}/{claim.metadata.name}", node=node))
         released = ClaimReleased(claim=ClaimRef(namespace=claim.metadata.namespace or "", name=claim.metadata.name or "", uid=uid), node=node)
         await self.js.publish(self.subjects.released, encode_message(released))
-        self.counters["released"] += 1
+        self.metrics.claims_released.inc()
         await self.audit.publish_and_wait(audit.AuditEvent(
             id=audit.released_id(uid, claim.metadata.resource_version or ""), kind="released", at=time.time(),
             by=[self.instance], node=node,
@@ -850,7 +902,7 @@ class Binder:
                 elif not exc.is_not_found:
                     log.warning("resourceclaim %s/%s: %s", *key, exc)
             except Exception:  # noqa: BLE001
-                self.counters["errors"] += 1
+                self.metrics.errors.inc()
                 delay = self.claim_queue.retry_later(key)
                 log.exception("resourceclaim %s/%s: reconcile failed; retrying in %.1f s", *key, delay)
             finally:

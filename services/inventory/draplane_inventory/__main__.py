@@ -2,7 +2,8 @@
 
     draplane-inventory --nats nats://127.0.0.1:4222 --kubeconfig ~/.kube/config --taint-after 30 --remove-after 120
 
-Serves /metrics (Prometheus text), /readyz (started and reconciled) and /healthz (no task died) on --listen.
+Serves /metrics (draplane_inventory.metrics, with its apiserver and NATS figures), /readyz (started
+and reconciled) and /healthz (no task died) on --listen.
 """
 
 from __future__ import annotations
@@ -16,9 +17,13 @@ from aiohttp import web
 
 from draplane.entrypoints import add_stream_replicas_argument, tune_garbage_collector
 from draplane.messages.inventory import DEFAULT_PREFIX
+from draplane.metrics import metrics_handler
+from draplane.structured_logs import add_log_format_argument, configure_logging
+from draplane_inventory.metrics import InventoryMetrics
 from draplane_inventory.service import InventoryService, InventorySettings
 
 SERVICE = web.AppKey("service", InventoryService)
+METRICS = web.AppKey("metrics", InventoryMetrics)
 
 
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
@@ -34,7 +39,8 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument("--taint-after", type=float, default=30.0, help="seconds without heartbeats before tainting")
     parser.add_argument("--remove-after", type=float, default=120.0, help="seconds without heartbeats before deleting")
     parser.add_argument("--workers", type=int, default=32)
-    parser.add_argument("--listen", default="127.0.0.1:8081", help="host:port for /metrics and /healthz")
+    parser.add_argument("--listen", default="127.0.0.1:8081", help="host:port for /metrics, /healthz and /readyz")
+    add_log_format_argument(parser)
     args = parser.parse_args(argv)
     if not 0 < args.taint_after < args.remove_after:
         parser.error("--taint-after must be positive and smaller than --remove-after")
@@ -43,13 +49,16 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
 
 def build_app(args: argparse.Namespace) -> web.Application:
     app = web.Application()
+    app[METRICS] = InventoryMetrics()
 
     async def service_ctx(app: web.Application):
         import nats
 
         from draplane.kube import KubeClient
+        from draplane.kube.metrics import ApiserverMetrics
 
         kube = await KubeClient.from_environment(args.kubeconfig)
+        kube.metrics = ApiserverMetrics(app[METRICS].registry)
         options = {"user": args.nats_user, "password": args.nats_password} if args.nats_user else {}
         if args.nkey_seed:
             options["nkeys_seed"] = args.nkey_seed
@@ -71,16 +80,13 @@ def build_app(args: argparse.Namespace) -> web.Application:
                                         reconnected_cb=on_reconnected, **options)
         service = InventoryService(kube, connection, InventorySettings(
             prefix=args.prefix, taint_after=args.taint_after, remove_after=args.remove_after, workers=args.workers,
-            stream_replicas=args.stream_replicas))
+            stream_replicas=args.stream_replicas), metrics=app[METRICS])
         await service.start()
         app[SERVICE] = service
         yield
         await service.stop()
         await connection.drain()
         await kube.close()
-
-    async def metrics(request: web.Request) -> web.Response:
-        return web.Response(text=request.app[SERVICE].metrics.render(), content_type="text/plain")
 
     async def readyz(request: web.Request) -> web.Response:
         ready = request.app[SERVICE].ready.is_set()
@@ -91,15 +97,15 @@ def build_app(args: argparse.Namespace) -> web.Application:
         return web.Response(text=f"dead: {', '.join(dead)}\n" if dead else "ok\n", status=500 if dead else 200)
 
     app.cleanup_ctx.append(service_ctx)
-    app.router.add_get("/metrics", metrics)
+    app.router.add_get("/metrics", metrics_handler(app[METRICS].registry))
     app.router.add_get("/healthz", healthz)
     app.router.add_get("/readyz", readyz)
     return app
 
 
 def main(argv: list[str] | None = None) -> int:
-    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     args = parse_args(argv)
+    configure_logging(args.log_format)
     host, _, port = args.listen.rpartition(":")
     import uvloop
 

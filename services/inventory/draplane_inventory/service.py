@@ -46,7 +46,8 @@ from draplane.messages.inventory import (
 )
 from draplane.messages import audit
 from draplane_inventory.liveness import Liveness, NodeLivenessTable
-from draplane_inventory.metrics import Metrics
+from draplane.structured_logs import fields
+from draplane_inventory.metrics import InventoryMetrics
 from draplane_inventory.slicecache import SliceCache
 from draplane_inventory.slices import STALE_TAINT_KEY, NodeRef, PoolPlan, is_managed, plan_node
 
@@ -70,14 +71,16 @@ class InventorySettings:
 
 
 class InventoryService:
-    def __init__(self, kube: KubeClient, connection: nats.NATS, settings: InventorySettings = InventorySettings()):
+    def __init__(self, kube: KubeClient, connection: nats.NATS, settings: InventorySettings = InventorySettings(), *,
+                 metrics: InventoryMetrics | None = None):
         self.kube = kube
         self.connection = connection
         self.js = connection.jetstream()
         self.settings = settings
         self.names = InventoryNames(settings.prefix)
-        self.metrics = Metrics()
+        self.metrics = metrics if metrics is not None else InventoryMetrics()
         self.liveness = NodeLivenessTable(taint_after=settings.taint_after, remove_after=settings.remove_after)
+        self.metrics.export_nodes(self._nodes_by_state)
         self.slices = SliceCache(self.names, settings.instance)
         self.nodes: dict[str, str] = {}  # name -> uid
         # DeviceClasses, published in the feed (`class.<name>`) so that readers of NATS alone
@@ -121,6 +124,8 @@ class InventoryService:
         self._spawn(self._consume(), "consume")
         self._spawn(self._expire_loop(), "expire")
         self._spawn(self._feed_loop(), "feed")
+        self._spawn(self.metrics.consumer_lag.poll_forever(self.js, [(self.names.stream, self.names.consumer)]),
+                    "consumer-lag")
         self._heartbeat_sub = await self.connection.subscribe(self.names.heartbeat_wildcard, cb=self._on_heartbeat)
         await self.connection.flush()  # "ready" means the server has our subscription
         self.ready.set()
@@ -136,6 +141,12 @@ class InventoryService:
             self._heartbeat_sub = None
         await _cancel_all(self._tasks, timeout)
         self._tasks = []
+
+    def _nodes_by_state(self) -> dict[str, int]:
+        counts = {state.value: 0 for state in Liveness}
+        for record in list(self.liveness.records.values()):
+            counts[record.liveness.value] += 1
+        return counts
 
     def dead_tasks(self) -> list[str]:
         """Names of tasks that ended: none should while the service runs."""
@@ -238,7 +249,7 @@ class InventoryService:
                 raise MessageError("malformed", f"a {type(message).__name__} on the {kind} subject")
             NodeLivenessTable.check_subject(node, message)
         except MessageError as exc:
-            self.metrics.inc("messages_rejected_total", reason=exc.reason)
+            self.metrics.messages_rejected.labels(exc.reason).inc()
             log.warning("inventory: rejected message on %s (%s): %s", subject, exc.reason, exc)
             return None
         return message
@@ -264,7 +275,7 @@ class InventoryService:
         except (nats.errors.Error, nats.js.errors.Error, OSError, asyncio.TimeoutError):
             return False
         log.warning("inventory: NATS lost the inventory stream, consumer or feed bucket; creating them again")
-        self.metrics.inc("jetstream_recreated_total")
+        self.metrics.jetstream_recreated.inc()
         await self._ensure_jetstream()
         # A new bucket needs every key; agents resend their snapshots after reconnecting.
         self._feed_dirty.update(k for k, names in self.slices.by_key.items() if names)
@@ -296,31 +307,32 @@ class InventoryService:
             failures = 0
             now = time.monotonic()
             for msg in batch:
-                self.metrics.inc("messages_received_total", kind="snapshot")
+                self.metrics.messages_received.labels("snapshot").inc()
                 message = self._decode(msg.subject, msg.data)
                 if message is None:
                     await _ack(msg, term=True)
                     continue
                 if self.liveness.apply_snapshot(message, now):
-                    self.metrics.inc("snapshots_applied_total")
+                    self.metrics.snapshots_applied.inc()
                     self._pending_acks[message.node].append(msg)
                     self._mark_dirty(message.node)
                 else:
                     await _ack(msg)
 
     async def _on_heartbeat(self, msg) -> None:
-        self.metrics.inc("messages_received_total", kind="heartbeat")
+        self.metrics.messages_received.labels("heartbeat").inc()
         message = self._decode(msg.subject, msg.data)
         if message is None:
             return
         record = self.liveness.records.get(message.node)
         if record is not None and record.agent_id == message.agent_id and record.digest != message.snapshot_digest:
             # The agent vouches for a snapshot we never applied; it is still in the stream or on its way.
-            self.metrics.inc("heartbeat_digest_mismatch_total")
+            self.metrics.heartbeat_digest_mismatches.inc()
         record = self.liveness.records.get(message.node)
         tainted_at = record.tainted_at if record is not None else None
         if self.liveness.apply_heartbeat(message, time.monotonic()):
-            log.info("inventory: node %s is back; removing the stale taint", message.node)
+            log.info("inventory: node %s is back; removing the stale taint", message.node,
+                     extra=fields(node=message.node))
             self._mark_dirty(message.node)
             self.audit.publish(self._stale_event("untainted", message.node, tainted_at or "",
                                                  "the node agent is heartbeating again: stale taint removed"))
@@ -330,8 +342,9 @@ class InventoryService:
             await asyncio.sleep(self.settings.check_interval)
             for node in self.liveness.expire(time.monotonic(), time.time()):
                 state = self.liveness.liveness(node)
-                log.warning("inventory: node %s missed its heartbeats; its devices are now %s", node, state.value)
-                self.metrics.inc("stale_transitions_total", to=state.value)
+                log.warning("inventory: node %s missed its heartbeats; its devices are now %s", node, state.value,
+                            extra=fields(node=node))
+                self.metrics.stale_transitions.labels(state.value).inc()
                 self._mark_dirty(node)
                 self.audit.publish(self._stale_audit_event(node, state))
 
@@ -416,8 +429,9 @@ class InventoryService:
             try:
                 await self._sync_node(node)
             except Exception as exc:  # one node's failure must not stop the others
-                self.metrics.inc("sync_failures_total")
-                log.warning("inventory: writing the slices of node %s failed: %s; retrying", node, exc)
+                self.metrics.sync_failures.inc()
+                log.warning("inventory: writing the slices of node %s failed: %s; retrying", node, exc,
+                            extra=fields(node=node))
                 self._pending_acks[node][:0] = acks
                 acks = []
                 self._in_flight.discard(node)
@@ -439,8 +453,9 @@ class InventoryService:
         if uid is None:
             # No Node object (not registered yet, or deleted): no slices, since nothing could own them.
             if drivers:
-                self.metrics.inc("nodes_without_node_object_total")
-                log.info("inventory: node %s has devices but no Node object; publishing none until it exists", node)
+                self.metrics.nodes_without_node_object.inc()
+                log.info("inventory: node %s has devices but no Node object; publishing none until it exists", node,
+                         extra=fields(node=node))
             drivers = []
             uid = _owner_uid(existing) or ""
         plans = plan_node(
@@ -473,15 +488,15 @@ class InventoryService:
     async def _execute(self, plan: PoolPlan) -> None:
         for s in plan.creates:
             created = await self.kube.create(s)
-            self.metrics.inc("apiserver_writes_total", verb="create")
+            self.metrics.slice_writes.labels("create").inc()
             self._feed_dirty.add(self.slices.put(created))
         for s in plan.updates:
             updated = await self.kube.update(s)
-            self.metrics.inc("apiserver_writes_total", verb="update")
+            self.metrics.slice_writes.labels("update").inc()
             self._feed_dirty.add(self.slices.put(updated))
         for name in plan.deletes:
             await self.kube.delete(ResourceSlice, name)
-            self.metrics.inc("apiserver_writes_total", verb="delete")
+            self.metrics.slice_writes.labels("delete").inc()
             key = self.slices.remove(name)
             if key:
                 self._feed_dirty.add(key)
@@ -533,7 +548,7 @@ class InventoryService:
             except nats.js.errors.KeyNotFoundError:
                 pass
             change = FeedChange(schema_version=SCHEMA_VERSION, key=key, kind="delete", revision=0)
-        self.metrics.inc("feed_updates_total", kind=change.kind)
+        self.metrics.feed_updates.labels(change.kind).inc()
         await self.connection.publish(self.names.change_subject(key), encode(change))
 
 

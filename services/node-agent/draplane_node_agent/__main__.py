@@ -16,6 +16,7 @@ import sys
 from pathlib import Path
 
 from draplane.entrypoints import nats_servers
+from draplane.structured_logs import add_log_format_argument, configure_logging
 from draplane.messages.inventory import DEFAULT_PREFIX, InventoryNames
 from draplane_node_agent.agent import AgentFleet, SimulatedAgent
 from draplane_node_agent.hardware import driver_devices
@@ -73,10 +74,12 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument("--nkey-seed", default=os.environ.get("DRAPLANE_NATS_NKEY_SEED"),
                         help="file with this node's NATS nkey seed (draplane nats-auth issue node NODE)")
     parser.add_argument("--listen", default=None,
-                        help="host:port for /readyz and /healthz; default 0.0.0.0:8080 for one node, off for --nodes; '' turns it off")
+                        help="host:port for /metrics, /readyz and /healthz; default 0.0.0.0:8080 for one node, "
+                             "off for --nodes; '' turns it off")
     parser.add_argument("--user", default=os.environ.get("DRAPLANE_NATS_USER"))
     parser.add_argument("--password", default=os.environ.get("DRAPLANE_NATS_PASSWORD"))
     parser.add_argument("--print", action="store_true", help="print the discovered devices as JSON and exit")
+    add_log_format_argument(parser)
     args = parser.parse_args(argv)
     backend = args.backend or ("profile" if args.profile else "nvml")
     if backend == "profile" and not args.profile:
@@ -123,8 +126,11 @@ async def run(args: argparse.Namespace) -> int:
 
 
 async def serve_probes(fleet: AgentFleet, listen: str):
-    """/readyz: connected and every snapshot acknowledged; /healthz: no loop has died."""
+    """/readyz: connected and every snapshot acknowledged; /healthz: no loop has died; /metrics."""
     from aiohttp import web
+
+    from draplane.metrics import metrics_handler
+    from draplane_node_agent.metrics import fleet_registry
 
     async def readyz(request: web.Request) -> web.Response:
         ready = fleet.connected.is_set() and not any(a.state.snapshot_due for a in fleet.agents)
@@ -135,6 +141,7 @@ async def serve_probes(fleet: AgentFleet, listen: str):
         return web.Response(text=f"dead: {', '.join(dead)}\n" if dead else "ok\n", status=500 if dead else 200)
 
     app = web.Application()
+    app.router.add_get("/metrics", metrics_handler(fleet_registry(fleet)))
     app.router.add_get("/readyz", readyz)
     app.router.add_get("/healthz", healthz)
     runner = web.AppRunner(app)
@@ -145,8 +152,8 @@ async def serve_probes(fleet: AgentFleet, listen: str):
 
 
 def main(argv: list[str] | None = None) -> int:
-    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     args = parse_args(argv)
+    configure_logging(args.log_format)
     try:
         if args.print:
             import msgspec

@@ -20,6 +20,7 @@ import nats.errors
 import nats.js.errors
 
 from draplane.messages.inventory import DriverDevices, InventoryNames, encode
+from draplane.structured_logs import fields
 from draplane_node_agent.state import AgentState, backoff_delay
 
 log = logging.getLogger(__name__)
@@ -61,6 +62,7 @@ class AgentFleet:
         self.lost = asyncio.Event()
         self.reconnects = 0
         self.snapshots_sent = 0
+        self.snapshot_failures = 0
         self.heartbeats_sent = 0
         self._snapshot_wake = asyncio.Event()
         self._ever_connected = False
@@ -171,7 +173,9 @@ class AgentFleet:
                     self.names.snapshot_subject(agent.state.node), encode(snapshot), timeout=5
                 )
             except (nats.errors.Error, nats.js.errors.Error, asyncio.TimeoutError, OSError) as exc:
-                log.debug("snapshot of %s not acknowledged: %s", agent.state.node, exc)
+                self.snapshot_failures += 1
+                log.debug("snapshot of %s not acknowledged: %s", agent.state.node, exc,
+                          extra=fields(node=agent.state.node))
                 return
             agent.state.snapshot_acked(snapshot.sequence)
             self.snapshots_sent += 1

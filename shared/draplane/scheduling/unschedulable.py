@@ -60,6 +60,27 @@ def _class_words(reason: str) -> str:
         return reason
 
 
+# Metric labels for why a pod could not be scheduled, beside the four failure classes.
+CLAIM_ERROR = "ClaimError"  # the pod's claims themselves (an unknown class, a claim not there yet)
+NO_NODES = "NoNodes"  # no node to try
+
+
+def failure_label(failures: Iterable[NodeFailure], claim_error: str = "") -> str:
+    """One word for a metric's `reason` label: the failure class most nodes failed with (ties go
+    to FailureReason's order), ClaimError when the claims themselves are the problem, NoNodes
+    when there was no node. A closed set, unlike the messages, which name claims and nodes."""
+    if claim_error:
+        return CLAIM_ERROR
+    counts: dict[str, int] = {}
+    for failure in failures:
+        counts[failure.reason] = counts.get(failure.reason, 0) + 1
+    if not counts:
+        return NO_NODES
+    order = {reason.value: i for i, reason in enumerate(FailureReason)}
+    # a reason outside the enum (a newer shard's) still gets a place, after the known ones
+    return min(counts, key=lambda r: (-counts[r], order.get(r, len(order)), r))
+
+
 def claim_problem(message: str) -> str:
     """A problem in the pod's own claims, which no node can solve."""
     return f"0 nodes are tried: {message}"

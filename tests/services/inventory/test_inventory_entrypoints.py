@@ -58,8 +58,9 @@ async def test_inventory_and_simulated_agents_as_processes(kube, control_plane, 
         await eventually(all_nodes, timeout=60, interval=0.5)
         status, metrics = _get(f"http://127.0.0.1:{port}/metrics")
         assert status == 200
-        assert 'draplane_inventory_apiserver_writes_total{verb="create"} 9' in metrics
+        assert 'draplane_inventory_slice_writes_total{verb="create"} 9.0' in metrics
         assert 'draplane_inventory_messages_received_total{kind="heartbeat"}' in metrics
+        assert 'draplane_apiserver_requests_total{resource="resourceslices",verb="create"} 9.0' in metrics
     finally:
         for process in (agents, inventory):
             if process is not None:

@@ -3,7 +3,10 @@ from __future__ import annotations
 from draplane.api.meta import ObjectMeta
 from draplane.api.resource import ResourcePool, ResourceSlice, ResourceSliceSpec
 from draplane.messages.inventory import InventoryNames
-from draplane_inventory.metrics import Metrics
+from prometheus_client import generate_latest
+
+from draplane.metrics import sample_value
+from draplane_inventory.metrics import InventoryMetrics
 from draplane_inventory.slicecache import SliceCache
 from draplane_inventory.slices import MANAGED_BY_LABEL
 
@@ -48,11 +51,14 @@ def test_only_our_instance_is_managed():
     assert len(cache.slices("node.n1")) == 2  # the feed still carries both
 
 
-def test_metrics_render():
-    metrics = Metrics()
-    metrics.inc("messages_rejected_total", reason="version")
-    metrics.inc("messages_rejected_total", reason="version")
-    metrics.inc("apiserver_writes_total", verb="create")
-    assert metrics.get("messages_rejected_total", reason="version") == 2
-    assert metrics.total("messages_rejected_total") == 2
-    assert 'draplane_inventory_messages_rejected_total{reason="version"} 2' in metrics.render()
+def test_metrics_are_counted_in_the_service_s_own_registry():
+    metrics, other = InventoryMetrics(), InventoryMetrics()  # two services in one process do not collide
+    metrics.messages_rejected.labels("version").inc(2)
+    metrics.slice_writes.labels("create").inc()
+    metrics.export_nodes(lambda: {"fresh": 3, "tainted": 1})
+    assert sample_value(metrics.registry, "draplane_inventory_messages_rejected_total", reason="version") == 2
+    assert sample_value(metrics.registry, "draplane_inventory_messages_rejected_total") == 2
+    assert sample_value(other.registry, "draplane_inventory_messages_rejected_total") == 0
+    text = generate_latest(metrics.registry).decode()
+    assert 'draplane_inventory_messages_rejected_total{reason="version"} 2.0' in text
+    assert 'draplane_inventory_nodes{state="tainted"} 1.0' in text

@@ -1,5 +1,5 @@
 from draplane.scheduling.messages import NodeFailure
-from draplane.scheduling.unschedulable import FailureReason, summarize
+from draplane.scheduling.unschedulable import FailureReason, failure_label, summarize
 
 
 def test_counts_each_nodes_reasons_in_sorted_order_as_kube_scheduler_does():
@@ -18,3 +18,18 @@ def test_counts_each_nodes_reasons_in_sorted_order_as_kube_scheduler_does():
 
 def test_no_nodes():
     assert "no nodes" in summarize([], 0)
+
+
+def test_the_metric_label_is_the_class_most_nodes_failed_with():
+    def failed(*reasons):
+        return [NodeFailure(node=f"n{i}", reason=r.value if isinstance(r, FailureReason) else r)
+                for i, r in enumerate(reasons)]
+
+    capacity, fit = FailureReason.CAPACITY_EXHAUSTED, FailureReason.NODE_DOES_NOT_FIT
+    assert failure_label(failed(capacity, fit, capacity)) == "CapacityExhausted"
+    # a tie goes to FailureReason's order: no matching device, constraint, capacity, node fit
+    assert failure_label(failed(fit, capacity)) == "CapacityExhausted"
+    assert failure_label(failed(fit, FailureReason.NO_MATCHING_DEVICE)) == "NoMatchingDevice"
+    assert failure_label(failed("SomethingNewer", "SomethingNewer", fit)) == "SomethingNewer"
+    assert failure_label(failed(fit), claim_error="unknown device class") == "ClaimError"
+    assert failure_label([]) == "NoNodes"
