@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import json
 import os
 import subprocess
 import sys
@@ -37,7 +38,7 @@ async def test_inventory_and_simulated_agents_as_processes(kube, control_plane, 
     env = {**os.environ, "KUBECONFIG": str(control_plane.kubeconfig)}
     inventory = subprocess.Popen(
         [sys.executable, "-m", "draplane_inventory", "--nats", control_plane.nats_url, "--prefix", subject_prefix,
-         "--listen", f"127.0.0.1:{port}", "--taint-after", "20", "--remove-after", "60"],
+         "--listen", f"127.0.0.1:{port}", "--taint-after", "20", "--remove-after", "60", "--log-format", "json"],
         env=env, stdout=subprocess.DEVNULL, stderr=open(tmp_path / "inventory.log", "wb"),
     )
     agents = None
@@ -66,7 +67,11 @@ async def test_inventory_and_simulated_agents_as_processes(kube, control_plane, 
             if process is not None:
                 process.terminate()
                 process.wait(15)
-    assert inventory.returncode == 0, (tmp_path / "inventory.log").read_text()[-2000:]
+    log = (tmp_path / "inventory.log").read_text()
+    assert inventory.returncode == 0, log[-2000:]
+    # --log-format json: every line one JSON object
+    lines = [json.loads(line) for line in log.splitlines()]
+    assert lines and all({"time", "level", "logger", "message"} <= line.keys() for line in lines)
 
 
 async def _ready(port: int) -> bool:
