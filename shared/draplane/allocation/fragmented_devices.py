@@ -119,6 +119,21 @@ def fragmented_devices(
     return counts
 
 
+def has_partly_used_devices(pools: Iterable[Pool], state: AllocatedState) -> bool:
+    """Whether any device could be fragmented at all: a share of a shared device, or a device
+    drawing on a counter set, is allocated. Cheap, so that a cluster of whole GPUs skips the
+    demands, which read every claim."""
+    for pool in pools:
+        if not pool.usable:
+            continue
+        driver, pool_name = pool.id
+        if any(state.is_allocated((driver, pool_name, name)) for name in pool.counter_consumers):
+            return True
+        if any(r.allow_multiple and state.shared_capacity(r.id) is not None for r in pool.devices):
+            return True
+    return False
+
+
 def _fragmented_share(record, state, classes_of, demands) -> list[str]:
     consumed = state.shared_capacity(record.id)
     if consumed is None or state.in_use(record.id):
@@ -131,19 +146,27 @@ def _fragmented_share(record, state, classes_of, demands) -> list[str]:
 
 def _fragmented_counter_sets(pool: Pool, state: AllocatedState, classes_of, demands) -> list[str]:
     driver, pool_name = pool.id
-    left = {name: dict(counters) for name, counters in pool.counter_sets.items()}
+    left: dict[str, dict[str, Fraction]] = {}
     used: set[str] = set()
     for device_name, consumes in pool.counter_consumers.items():
         if state.is_allocated((driver, pool_name, device_name)):
             for set_name, counters in consumes:
+                if set_name not in left:
+                    left[set_name] = dict(pool.counter_sets.get(set_name, {}))
                 used.add(set_name)
                 for counter, amount in counters.items():
                     left[set_name][counter] = left[set_name].get(counter, Fraction(0)) - amount
+    if not used:
+        return []
+    consumers_of: dict[str, list[DeviceRecord]] = {}
+    for record in pool.devices:
+        for set_name, _ in record.consumes:
+            consumers_of.setdefault(set_name, []).append(record)
     fragmented: list[str] = []
     for set_name in sorted(used):
         if not any(amount > 0 for amount in left[set_name].values()):
             continue  # used up
-        consumers = [r for r in pool.devices if any(s == set_name for s, _ in r.consumes)]
+        consumers = consumers_of.get(set_name, [])
         classes = sorted({c for r in consumers for c in classes_of(r)})
         for class_name in classes:
             wanted = demands.get(class_name)
@@ -152,7 +175,8 @@ def _fragmented_counter_sets(pool: Pool, state: AllocatedState, classes_of, dema
             usable = any(
                 class_name in classes_of(r)
                 and not state.is_allocated(r.id)
-                and all(fits(counters, left.get(s, {})) for s, counters in r.consumes)
+                and all(fits(counters, left[s] if s in left else pool.counter_sets.get(s, {}))
+                        for s, counters in r.consumes)
                 and any(fits(d, device_capacity(r)) for d in wanted)
                 for r in consumers
             )

@@ -20,7 +20,9 @@ from collections.abc import Iterable, Sequence
 
 from draplane.allocation.cluster import Cluster, NodeResources, Unallocatable
 from draplane.allocation.errors import AllocationError, Reason
-from draplane.allocation.fragmented_devices import claim_demands, device_capacity, fragmented_devices
+from draplane.allocation.fragmented_devices import (
+    claim_demands, device_capacity, fragmented_devices, has_partly_used_devices,
+)
 from draplane.allocation.nodefit import CPU, MEMORY, NodeFitError, node_allocatable, node_fit, pod_requests
 from draplane.allocation.state import claim_key
 from draplane.api.core import Node, Pod
@@ -300,6 +302,8 @@ class ClusterState:
         (draplane.allocation.fragmented_devices), over every pool any node sees."""
         cluster = self.cluster
         pools = [pool for node in list(cluster.nodes.values()) for pool in cluster.inventory.pools_for_node(node)]
+        if not has_partly_used_devices(pools, cluster.state):
+            return {name: 0 for name in cluster.classes}
         records = {r.id: r for pool in pools for r in pool.devices}
         selectors = {name: [s.cel.expression for s in (c.spec.selectors if c.spec else None) or () if s.cel]
                      for name, c in cluster.classes.items()}
