@@ -6,6 +6,8 @@
     growing in-use set.
 (b) topology_mix_1000x8: 1,000 nodes x 8 GPUs (2 NUMA nodes, 4 PCIe roots), claims for 1, 2, 4 and
     8 GPUs, some with matchAttribute on resource.kubernetes.io/pcieRoot, some with firstAvailable.
+(c) scale_5000x8: the same mix on 5,000 nodes x 8 GPUs (40,000 devices), until 32,000 GPUs (80 %)
+    are allocated.
 
 Each case runs in its own process so peak_mb (max RSS) is that case's alone. claims_per_s is per
 CPU-second of this single-threaded process (time.process_time), i.e. what one core does: the
@@ -95,12 +97,12 @@ def sched_perf(policy: str) -> tuple[int, float]:
     return _schedule("sched_perf", cluster, claims)
 
 
-def topology_mix(policy: str) -> tuple[int, float]:
-    from draplane.allocation import Cluster, NodePlacement
+def topology_mix(policy: str, nodes: int = 1000, gpus_wanted: int = 6400) -> tuple[int, float]:
+    from draplane.allocation import Cluster
 
     driver = "gpu.nvidia.com"
     slices = []
-    for n in range(1000):
+    for n in range(nodes):
         node = f"gpu-node-{n:04d}"
         devices = []
         for g in range(8):
@@ -130,7 +132,7 @@ def topology_mix(policy: str) -> tuple[int, float]:
     rng = random.Random(7)
     claims = []
     total = 0
-    while total < 6400:
+    while total < gpus_wanted:
         size = rng.choices((1, 2, 4, 8), weights=(40, 30, 20, 10))[0]
         kind = rng.random()
         name = f"claim-{len(claims):05d}"
@@ -166,7 +168,12 @@ def _schedule(case: str, cluster, claims) -> tuple[int, float, float]:
     return len(claims), time.process_time() - cpu, time.perf_counter() - wall
 
 
-CASES = {"sched_perf_5000x500": sched_perf, "topology_mix_1000x8": topology_mix}
+def scale_5000x8(policy: str) -> tuple[int, float]:
+    """Issue 16's scale: 5,000 nodes x 8 GPUs (40,000 devices), the topology mix filled to 80 %."""
+    return topology_mix(policy, nodes=5000, gpus_wanted=32_000)
+
+
+CASES = {"sched_perf_5000x500": sched_perf, "topology_mix_1000x8": topology_mix, "scale_5000x8": scale_5000x8}
 
 
 def main() -> None:

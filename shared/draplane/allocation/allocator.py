@@ -78,6 +78,10 @@ class SelectorMatcher:
         self._programs: dict[str, object] = {}
         self._results: dict[tuple[str, object], object] = {}
 
+    def _entries(self, expression: str):
+        referenced = getattr(self._cel, "referenced_entries", None)  # a stand-in evaluator has none
+        return referenced(expression) if referenced is not None else None
+
     def compile(self, expression: str):
         program = self._programs.get(expression)
         if program is None:
@@ -93,7 +97,10 @@ class SelectorMatcher:
         cel_device = record._cel_device
         if cel_device is None:
             cel_device = record._cel_device = self._cel.device_for_cel(record.driver, record.device)
-        key = (expression, cel_device)
+        # Keyed by what the selector can see of the device where that is known, so that alike
+        # devices (one model, each with its own UUID) share one evaluation.
+        entries = self._entries(expression)
+        key = (expression, cel_device if entries is None else self._cel.projection(cel_device, entries))
         result = self._results.get(key)
         if result is None:
             if len(self._results) > 1_000_000:

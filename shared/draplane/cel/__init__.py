@@ -8,6 +8,7 @@ The engine (cel-expr-python, Google's C++ CEL runtime) stays behind this module;
 
 from .device import CELDevice, device_for_cel, split_qualified_name
 from .errors import CELCompileError, CELError, CELRuntimeError
+from .references import projection, referenced_entries
 from .selector import MAX_EXPRESSION_LENGTH, MAX_SELECTOR_COST, DeviceSelectorProgram, compile_selector
 from .semver import Semver, SemverError, parse_semver
 
@@ -24,5 +25,7 @@ __all__ = [
     "compile_selector",
     "device_for_cel",
     "parse_semver",
+    "projection",
+    "referenced_entries",
     "split_qualified_name",
 ]

@@ -1,0 +1,63 @@
+"""What of a device a selector can see: the attribute and capacity entries it names.
+
+A selector's answer depends on the device only through what it reads. Most selectors read a few
+named entries (`device.attributes["gpu.nvidia.com"].productName`, `device.capacity[...].memory`)
+and `device.driver`; every GPU of one model then gets the same answer, though each has its own
+UUID. `referenced_entries` finds those entries by reading the text, and gives up (None) at any
+use of `device` it does not recognise: a whole map passed on (`device.attributes["d"]` alone, in
+a comprehension or `in`), a macro or method on a map (`.exists(`, `.size()`), index or optional
+syntax, odd spacing, single quotes. Giving up only costs the cache its sharing, never an answer:
+a string literal that looks like a reference adds an entry, which only makes the key finer.
+
+`projection` is the part of a device such a selector sees, as a hashable key.
+"""
+
+from __future__ import annotations
+
+import re
+from functools import lru_cache
+
+from .device import CELDevice
+
+_DEVICE = re.compile(r"\bdevice\b")
+_FIELD = re.compile(r"device\.(?:driver|allowMultipleAllocations)\b(?!\s*\()")
+_ENTRY = re.compile(r'device\.(attributes|capacity)\["([A-Za-z0-9._/-]+)"\]\.([A-Za-z_][A-Za-z0-9_]*)\b(?!\s*\()')
+
+Entry = tuple[str, str, str]  # ("attributes" | "capacity", domain, name)
+
+
+@lru_cache(maxsize=4096)
+def referenced_entries(expression: str) -> tuple[Entry, ...] | None:
+    """The entries `expression` reads, sorted; None where it may read more than named entries."""
+    entries = set()
+    for found in _DEVICE.finditer(expression):
+        at = found.start()
+        entry = _ENTRY.match(expression, at)
+        if entry is not None:
+            entries.add((entry.group(1), entry.group(2), entry.group(3)))
+        elif _FIELD.match(expression, at) is None:
+            return None
+    return tuple(sorted(entries))
+
+
+_ABSENT = ("absent",)
+
+
+def projection(device: CELDevice, entries: tuple[Entry, ...]) -> tuple:
+    """What a selector reading only `entries` (and the device's fields) sees of `device`."""
+    key: list = [device.driver, device.allow_multiple_allocations, device.invalid]
+    for kind, domain, name in entries:
+        table = device.attributes if kind == "attributes" else device.capacity
+        ids = table.get(domain)
+        if ids is None:
+            key.append(_ABSENT)  # the domain itself is missing: a different error than the name
+            continue
+        value = ids.get(name, _ABSENT)
+        if value is _ABSENT:
+            key.append(("no such name",))
+        elif kind == "capacity":
+            key.append((value.value.numerator, value.value.denominator))
+        else:
+            # bool is an int to Python: the type keeps True apart from 1, as CEL keeps them apart
+            key.append((type(value), value))
+    return tuple(key)
