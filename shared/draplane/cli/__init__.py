@@ -13,7 +13,7 @@ import logging
 import sys
 
 # Module names under draplane.cli, in the order `--help` lists them.
-SUBCOMMANDS = ("up", "demo", "allocate", "simulate", "lint", "explain", "servers", "nats_auth")
+SUBCOMMANDS = ("up", "demo", "allocate", "simulate", "lint", "explain", "free", "audit", "dashboard", "servers", "nats_auth")
 
 
 def build_parser() -> argparse.ArgumentParser:

@@ -15,7 +15,7 @@ from pathlib import Path
 
 
 def register(subparsers: argparse._SubParsersAction) -> None:
-    parser = subparsers.add_parser("up", help="start a local control plane, the four services and simulated nodes")
+    parser = subparsers.add_parser("up", help="start a local control plane, the services and simulated nodes")
     parser.add_argument("--nodes", type=int, default=4, help="simulated nodes, dealt over the shipped profiles (default 4)")
     parser.add_argument("--shards", type=int, default=2, help="allocator shards (default 2)")
     parser.add_argument("--workdir", type=Path, default=None, help="state and logs (default ~/.local/state/draplane/up)")
@@ -51,6 +51,8 @@ async def _up(args: argparse.Namespace) -> int:
         f"  kubeconfig: {env.kubeconfig}\n"
         f"  try:        {kubectl or 'kubectl'} --kubeconfig {env.kubeconfig} get nodes,resourceslices,deviceclasses\n"
         f"  logs:       tail -f {env.logs}/*.log\n"
+        f"  free:       draplane free        (devices still free, by class and node; from NATS)\n"
+        f"  audit:      draplane audit       (every placement, release, rejection and taint)\n"
         f"A service or server that dies is restarted (with backoff); Ctrl-C stops everything.",
         flush=True,
     )

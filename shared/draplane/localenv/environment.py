@@ -1,7 +1,8 @@
 """The whole local environment of `draplane up` and `draplane demo`.
 
-A real control plane (etcd, kube-apiserver, NATS), the four services as separate processes
-(inventory, N allocator shards, binder, node agents for a simulated cluster), the Node objects a
+A real control plane (etcd, kube-apiserver, NATS), the services as separate processes
+(inventory, N allocator shards, binder, the audit subscriber, node agents for a simulated
+cluster), the Node objects a
 kubelet would have registered, and the standard DeviceClasses. Each run's logs go to a folder of
 their own (`logs/run-<time>`, `logs/latest`), so a restarted `up` keeps the last runs' evidence.
 """
@@ -105,6 +106,21 @@ class Environment:
             self._lock_file.close()
 
 
+def running_up(workdir: Path) -> dict | None:
+    """What a `draplane up` running in `workdir` wrote to up.json (pid, kubeconfig, nats_url,
+    audit_log), or None when none runs there: a file left by a crash names a dead pid."""
+    try:
+        info = json.loads((workdir / "up.json").read_text())
+        os.kill(int(info["pid"]), 0)
+    except ProcessLookupError:
+        return None
+    except PermissionError:
+        return info  # alive, someone else's
+    except (OSError, ValueError, KeyError, TypeError):
+        return None
+    return info
+
+
 def _take_lock(workdir: Path):
     workdir.mkdir(parents=True, exist_ok=True)
     lock = (workdir / "up.lock").open("a+")
@@ -181,7 +197,10 @@ async def start(
         await asyncio.to_thread(binaries.ensure_all, progress=progress)
         progress("starting etcd, kube-apiserver and NATS")
         plane = await asyncio.to_thread(ControlPlane.start, workdir / "controlplane", logs=logs / "controlplane")
-        (workdir / "up.json").write_text(json.dumps({"pid": os.getpid(), "kubeconfig": str(plane.kubeconfig)}))
+        audit_dir = logs / "audit"  # this run's: each run's NATS, and so its audit stream, is new
+        (workdir / "up.json").write_text(json.dumps({"pid": os.getpid(), "kubeconfig": str(plane.kubeconfig),
+                                                     "nats_url": plane.nats_url,
+                                                     "audit_log": str(audit_dir / "audit.jsonl")}))
         nodes = node_names(profiles, node_count)
         # KWOK plays the kubelets of the simulated nodes: node heartbeats and Ready, pods Running,
         # graceful deletion completed. It only takes the nodes annotated for it.
@@ -225,11 +244,14 @@ async def start(
                     "--scheduler-name=default-scheduler", "--no-manage-claims", f"--port={port}"),
             f"http://127.0.0.1:{port}/readyz",
         ))
+        port = free_port()
+        probes.append((service("audit", "draplane_audit", f"--log-dir={audit_dir}", f"--port={port}"),
+                       f"http://127.0.0.1:{port}/readyz"))
         for profile, names in nodes.items():
             service(f"node-agent-{profile}", "draplane_node_agent", f"--profile={profile}", f"--nodes={len(names)}",
                     f"--node-prefix={profile}")
 
-        progress(f"starting inventory, {shards} allocator shards, binder and node agents for {node_count} nodes")
+        progress(f"starting inventory, {shards} allocator shards, binder, audit and node agents for {node_count} nodes")
         deadline = time.monotonic() + timeout
         for process, url in probes:
             await asyncio.to_thread(process.wait_ready, lambda url=url: _ready(url), max(1.0, deadline - time.monotonic()))
