@@ -2,7 +2,7 @@
 
 Every draplane process authenticates to NATS with its own nkey (an Ed25519 key pair): the server
 config holds only public keys, and a private seed never leaves the process, or the node, that
-uses it. The four services share one account (DRAPLANE). Node agents are confined: the agent of
+uses it. The services share one account (DRAPLANE). Node agents are confined: the agent of
 node N may publish only N's snapshot and heartbeat subjects and read only its own inbox, so a
 compromised node can neither forge another node's inventory nor read anyone's traffic.
 
@@ -27,7 +27,7 @@ import yaml
 
 from draplane.messages.inventory import InventoryNames
 
-SERVICES = ("inventory", "allocator", "binder")
+SERVICES = ("inventory", "allocator", "binder", "audit")
 
 # Kubernetes node names are lowercase RFC 1123 subdomains. They may contain dots, which NATS
 # reads as token separators: InventoryNames puts the node last in the subject for that reason.

@@ -33,7 +33,7 @@ def issue(tmp_path: Path, capsys, *what: str, rotate: bool = False) -> tuple[int
 @pytest.fixture
 def issued(tmp_path, capsys) -> dict[str, str]:
     public = {}
-    for what in (("service", "inventory"), ("service", "allocator"), ("service", "binder"), ("system",),
+    for what in (("service", "inventory"), ("service", "allocator"), ("service", "binder"), ("service", "audit"), ("system",),
                  ("node", "gpu-1"), ("node", "gpu-2.rack-4")):
         code, out, err = issue(tmp_path, capsys, *what)
         assert code == 0, err
@@ -48,7 +48,7 @@ def test_issue_writes_a_private_seed_and_records_only_the_public_key(tmp_path, i
     assert key.public_key == issued["gpu-1"]
     registry = yaml.safe_load((tmp_path / "keys.yaml").read_text())
     assert registry == {
-        "services": {s: issued[s] for s in ("inventory", "allocator", "binder")},
+        "services": {s: issued[s] for s in ("inventory", "allocator", "binder", "audit")},
         "system": issued["system"],
         "nodes": {"gpu-1": issued["gpu-1"], "gpu-2.rack-4": issued["gpu-2.rack-4"]},
     }

@@ -184,6 +184,7 @@ JOBS = {
         (",events.k8s.io", "events", "create,patch"),
     ),
     "draplane-node-agent": set(),
+    "draplane-audit": set(),  # NATS only
 }
 
 WRITE_VERBS = {"create", "update", "patch", "delete", "deletecollection"}

@@ -18,7 +18,7 @@ from draplane.localenv.kustomize import object_id
 
 REPO = Path(__file__).resolve().parents[2]
 DEPLOY = REPO / "deploy"
-SERVICES = ("inventory", "allocator", "binder", "node-agent")
+SERVICES = ("inventory", "allocator", "binder", "node-agent", "audit")
 # The kinds in deploy/ that have no namespace.
 CLUSTER_SCOPED_KINDS = {"Namespace", "ClusterRole", "ClusterRoleBinding"}
 
@@ -55,7 +55,7 @@ def container_args(obj) -> dict[str, str]:
 
 
 def test_every_service_has_its_workload_kind(objects):
-    assert set(by_kind(objects, "Deployment")) == {"draplane-inventory", "draplane-binder"}
+    assert set(by_kind(objects, "Deployment")) == {"draplane-inventory", "draplane-binder", "draplane-audit"}
     assert set(by_kind(objects, "StatefulSet")) == {"draplane-allocator", "draplane-nats"}
     assert set(by_kind(objects, "DaemonSet")) == {"draplane-node-agent"}
     assert set(by_kind(objects, "ServiceAccount")) == {f"draplane-{s}" for s in SERVICES}
@@ -119,7 +119,8 @@ def test_containers_run_unprivileged(objects):
 
 def test_every_disruption_budget_selects_exactly_one_workload(objects):
     budgets = by_kind(objects, "PodDisruptionBudget")
-    assert set(budgets) == {"draplane-inventory", "draplane-allocator", "draplane-binder", "draplane-nats"}
+    assert set(budgets) == {"draplane-inventory", "draplane-allocator", "draplane-binder", "draplane-audit",
+                            "draplane-nats"}
     for budget in budgets.values():
         selector = budget["spec"]["selector"]["matchLabels"]
         matched = [
@@ -149,11 +150,13 @@ def test_service_accounts_roles_and_bindings_refer_to_each_other(objects):
             assert subject["kind"] == "ServiceAccount" and subject["name"] in accounts, object_id(binding)
             assert subject["namespace"] == accounts[subject["name"]]["metadata"]["namespace"]
             bound.add(subject["name"])
-    # The node agent holds no Kubernetes role at all, and has no token to use one with.
+    # The node agent and the audit subscriber hold no Kubernetes role at all, and have no token
+    # to use one with: they talk to NATS only.
     assert bound == {"draplane-inventory", "draplane-allocator", "draplane-binder"}
-    assert accounts["draplane-node-agent"]["automountServiceAccountToken"] is False
-    node_agent = pod_spec(by_kind(objects, "DaemonSet")["draplane-node-agent"])
-    assert node_agent["automountServiceAccountToken"] is False
+    for account in ("draplane-node-agent", "draplane-audit"):
+        assert accounts[account]["automountServiceAccountToken"] is False
+    assert pod_spec(by_kind(objects, "DaemonSet")["draplane-node-agent"])["automountServiceAccountToken"] is False
+    assert pod_spec(by_kind(objects, "Deployment")["draplane-audit"])["automountServiceAccountToken"] is False
 
 
 def test_binder_role_has_the_binding_subresource_kubernetes_1_36_requires(objects):
@@ -215,6 +218,7 @@ ENTRY_MODULES = {
     "draplane-allocator": "draplane_allocator.__main__",
     "draplane-binder": "draplane_binder.__main__",
     "draplane-node-agent": "draplane_node_agent.__main__",
+    "draplane-audit": "draplane_audit.__main__",
 }
 
 

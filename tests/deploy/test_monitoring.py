@@ -22,7 +22,7 @@ from test_manifests import DEPLOY, by_kind, container_args, pod_spec, workloads
 
 MONITORING = DEPLOY / "monitoring"
 DASHBOARD = MONITORING / "draplane-dashboard.json"
-SERVICES = {"draplane-inventory", "draplane-allocator", "draplane-binder", "draplane-node-agent"}
+SERVICES = {"draplane-inventory", "draplane-allocator", "draplane-binder", "draplane-node-agent", "draplane-audit"}
 SUFFIXES = {"counter": ("_total",), "histogram": ("_bucket", "_count", "_sum"), "gauge": ("",)}
 
 

@@ -92,7 +92,7 @@ def test_a_key_shared_by_two_users_is_refused(keys):
 
 def test_missing_service_key_and_unknown_template_variable_are_named(keys):
     auth, user = _templates()
-    with pytest.raises(AuthConfigError, match=r"no public key for the services \['binder'\]"):
+    with pytest.raises(AuthConfigError, match=r"no public key for the services \['binder', 'audit'\]"):
         natsauth.render_auth_config(
             auth, user, service_keys={"inventory": keys["inventory"].public_key, "allocator": keys["allocator"].public_key},
             system_key=keys["system"].public_key, node_keys={},

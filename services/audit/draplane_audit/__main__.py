@@ -29,6 +29,7 @@ from draplane.entrypoints import (
     add_http_arguments, add_nats_arguments, add_stream_replicas_argument, nats_connect_options, serve,
 )
 from draplane.messages.audit import DEFAULT_PREFIX
+from draplane.structured_logs import add_log_format_argument
 from draplane_audit.metrics import AuditMetrics, ClusterMetrics
 from draplane_audit.subscriber import AuditSubscriber
 
@@ -52,6 +53,7 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--metrics-interval", type=float, default=5.0,
                         help="seconds between recomputations of the cluster metrics while NATS changes")
     add_http_arguments(parser, default_port=8083)
+    add_log_format_argument(parser)
     parser.add_argument("-v", "--verbose", action="count", default=0)
     return parser
 
@@ -158,7 +160,7 @@ def main(argv: list[str] | None = None) -> int:
     if args.metrics_interval <= 0:
         print("draplane-audit: --metrics-interval must be positive", file=sys.stderr)
         return 2
-    serve(build_app(args), host=args.host, port=args.port, verbose=args.verbose)
+    serve(build_app(args), host=args.host, port=args.port, verbose=args.verbose, log_format=args.log_format)
     return 0
 
 

@@ -26,7 +26,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     issue.add_argument("--seed-out", type=Path, required=True, help="where to write the private seed (must not exist)")
     issue.add_argument("--rotate", action="store_true", help="replace an existing key for the same service or node")
     issue.add_argument("role", choices=("service", "node", "system"))
-    issue.add_argument("name", nargs="?", help="the service (inventory|allocator|binder) or the node name")
+    issue.add_argument("name", nargs="?", help="the service (inventory|allocator|binder|audit) or the node name")
     issue.set_defaults(handler=run_issue)
 
     render = commands.add_parser("render", help="the nats-server accounts config for every key in the keys file")
