@@ -113,6 +113,21 @@ def free_capacity(
                         nodes=rows)
 
 
+def device_state(cluster: Cluster, record: DeviceRecord, pool: Pool | None) -> str:
+    """One device's state (DEVICE_STATES) in `cluster`, as `draplane free`, the metrics and the
+    device map count it. `pool` None: its counters are not looked at (it cannot be UNAVAILABLE)."""
+    state = cluster.state
+    if state.in_use(record.id):
+        return ALLOCATED
+    if state.shared_capacity(record.id) is not None:
+        return SHARED
+    if taint_blocks(record, None):
+        return TAINTED
+    if record.consumes and pool is not None and not cluster.allocator.counters_left(record, pool):
+        return UNAVAILABLE  # its counters are used by other partitions of the same GPU
+    return FREE
+
+
 def _holder(key: str, allocation: AllocationResult) -> ResourceClaim:
     return ResourceClaim(metadata=ObjectMeta(namespace="held", name=key, uid=key),
                          status=ResourceClaimStatus(allocation=allocation))
@@ -188,15 +203,7 @@ class _Counter:
         return row
 
     def device_state(self, record: DeviceRecord, pool: Pool) -> str:
-        if self.state.in_use(record.id):
-            return ALLOCATED
-        if self.state.shared_capacity(record.id) is not None:
-            return SHARED
-        if taint_blocks(record, None):
-            return TAINTED
-        if record.consumes and not self.allocator.counters_left(record, pool):
-            return UNAVAILABLE  # its counters are used by other partitions of the same GPU
-        return FREE
+        return device_state(self.cluster, record, pool)
 
     def _shared(self, records: list[tuple[DeviceRecord, Pool]]) -> list[SharedCapacity]:
         by_name: dict[str, SharedCapacity] = {}
