@@ -53,6 +53,7 @@ async def _up(args: argparse.Namespace) -> int:
         f"  logs:       tail -f {env.logs}/*.log\n"
         f"  free:       draplane free        (devices still free, by class and node; from NATS)\n"
         f"  audit:      draplane audit       (every placement, release, rejection and taint)\n"
+        f"  map:        draplane dashboard   (the devices and pending pods, live: http://127.0.0.1:8090/)\n"
         f"A service or server that dies is restarted (with backoff); Ctrl-C stops everything.",
         flush=True,
     )
