@@ -7,7 +7,7 @@ VENV := .venv
 STAMP := $(VENV)/.installed-stamp
 PYTEST_ARGS ?=
 
-.PHONY: setup servers test test-unit demo bench clean
+.PHONY: setup servers chromium test test-unit demo bench clean
 
 $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -20,7 +20,20 @@ setup: $(STAMP) servers
 servers: $(STAMP)
 	$(VENV)/bin/python -m draplane.localenv.binaries
 
+# Headless Chromium for the dashboard's browser test: Debian's package, installed when missing
+# where we are root with apt (a CI machine); elsewhere install it, or set DRAPLANE_CHROMIUM. The
+# test runs this target itself too, and fails (under CI) or skips with its output when it fails.
+CHROMIUM_PACKAGES := chromium fonts-dejavu-core
+chromium:
+	@if [ -n "$$DRAPLANE_CHROMIUM" ] || command -v chromium >/dev/null 2>&1; then exit 0; fi; \
+	if [ "$$(id -u)" != 0 ] || ! command -v apt-get >/dev/null 2>&1; then \
+	  echo "chromium is missing: install Debian's chromium package, or set DRAPLANE_CHROMIUM" >&2; exit 1; fi; \
+	export DEBIAN_FRONTEND=noninteractive; \
+	apt-get install -y --no-install-recommends $(CHROMIUM_PACKAGES) \
+	  || { apt-get update && apt-get install -y --no-install-recommends $(CHROMIUM_PACKAGES); }
+
 test: setup
+	-@$(MAKE) --no-print-directory chromium
 	$(VENV)/bin/pytest $(PYTEST_ARGS)
 
 # Pure-core tests only: no servers, a few seconds.

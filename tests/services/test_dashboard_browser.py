@@ -1,0 +1,195 @@
+"""`draplane dashboard` in headless Chromium, against live services.
+
+The binder and two shards run in-process (the `scheduling` fixture) on the session's real
+apiserver and NATS; `draplane dashboard` runs as its own process, as a user starts it; Chromium
+(Debian's package, tests/chromium.py) loads the page and is driven over the DevTools protocol.
+The cluster is an H100 node with four GPUs, one of them tainted, and an A100 node with MIG
+(8 GPUs, 120 devices). Checked: every device is on the map; a claim's cell turns allocated
+within 2 s of the claim being allocated in Kubernetes, with its claim, pod and score on hover;
+a pod that cannot be placed is listed with the reason Kubernetes shows for it. The screenshot is
+saved under the test's tmp dir (and copied to $DRAPLANE_SCREENSHOT_DIR when that is set).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import shutil
+import sys
+import time
+import urllib.request
+import uuid
+
+import msgspec
+import pytest
+
+from draplane.api.core import Pod
+from draplane.api.resource import DeviceTaint, ResourceClaim, ResourceSlice
+from draplane.audit_publisher import ensure_audit_stream
+from draplane.localenv.processes import ServerProcess, free_port
+from draplane.messages import audit
+from draplane.scheduling import scenario
+from draplane_inventory.slices import NodeRef, plan_node
+from draplane_node_agent.hardware import driver_devices
+from draplane_node_agent.profile import load_profile, profile_hardware
+from chromium import BrowserMissing, Chromium  # noqa: E402  (tests/chromium.py)
+from conftest import ensure_class, pod_scheduled_false  # noqa: E402  (tests/services/conftest.py)
+
+pytestmark = pytest.mark.integration
+
+H100 = 'device.attributes["gpu.nvidia.com"].productName == "NVIDIA H100 80GB HBM3"'
+# Whole GPUs have no profile: CEL's && is false, not an error, when its type test is false.
+MIG_1G = 'device.attributes["gpu.nvidia.com"].type == "mig" && device.attributes["gpu.nvidia.com"].profile == "1g.5gb"'
+ALLOCATED_WITHIN_SECONDS = 2.0
+
+
+def profile_slices(profile: str, node: str) -> list[ResourceSlice]:
+    drivers = driver_devices(profile_hardware(load_profile(profile), node))
+    return [s for plan in plan_node(NodeRef(node, f"uid-{node}"), drivers, []) for s in plan.creates]
+
+
+def with_taint(slice_: ResourceSlice, device: str) -> ResourceSlice:
+    taint = DeviceTaint(key="example.com/fan-failure", value="true", effect="NoSchedule")
+    devices = [msgspec.structs.replace(d, taints=[taint]) if d.name == device else d for d in slice_.spec.devices]
+    return msgspec.structs.replace(slice_, spec=msgspec.structs.replace(slice_.spec, devices=devices))
+
+
+class DashboardProcess:
+    def __init__(self, control_plane, prefix: str, tmp_path):
+        self.port = free_port()
+        self.url = f"http://127.0.0.1:{self.port}/"
+        self.process = ServerProcess(
+            "dashboard", [sys.executable, "-m", "draplane.cli", "-v", "dashboard", f"--nats={control_plane.nats_url}",
+                          f"--prefix={prefix}", f"--port={self.port}"],
+            tmp_path / "dashboard.log", env=dict(os.environ, PYTHONUNBUFFERED="1"))
+
+    def _ready(self) -> bool:
+        with urllib.request.urlopen(f"{self.url}readyz", timeout=2) as response:
+            return response.status == 200
+
+    async def start(self) -> None:
+        self.process.start()
+        await asyncio.to_thread(self.process.wait_ready, self._ready, 60)
+
+    def stop(self) -> None:
+        self.process.stop()
+
+
+@pytest.fixture
+async def browser(tmp_path):
+    try:
+        chromium = await Chromium.start(tmp_path)
+    except BrowserMissing as exc:
+        if os.environ.get("CI"):
+            pytest.fail(str(exc))  # CI installs it (make chromium): a skip there would hide the test
+        pytest.skip(str(exc))
+    yield chromium
+    await chromium.close()
+
+
+# Records, in the page, when each cell was first drawn allocated (the page's own clock: rows are
+# redrawn whole, so an observer on the map sees every change the moment it is made).
+WATCH_ALLOCATED = """
+window.allocatedAt = {};
+new MutationObserver(() => {
+  for (const cell of document.querySelectorAll('.cell[data-state="allocated"]'))
+    if (!(cell.dataset.id in window.allocatedAt)) window.allocatedAt[cell.dataset.id] = Date.now() / 1000;
+}).observe(document.getElementById("map"), {childList: true, subtree: true, attributes: true});
+true
+"""
+
+
+def js(value) -> str:
+    return json.dumps(value)
+
+
+@pytest.mark.timeout(300)
+async def test_the_map_shows_every_device_follows_an_allocation_and_lists_a_pending_pod(
+        scheduling, kube, nats, namespace, subject_prefix, control_plane, browser, tmp_path):
+    tag = uuid.uuid4().hex[:6]
+    gpu_class, mig_class = f"dash-h100-{tag}", f"dash-mig-{tag}"
+    await ensure_class(kube, scenario.device_class(gpu_class, H100))
+    await ensure_class(kube, scenario.device_class(mig_class, MIG_1G))
+    h100, a100 = f"dash-{tag}-h100", f"dash-{tag}-a100"
+    await scheduling.put_node(scenario.gpu_node(h100), [with_taint(scenario.gpu_slice(h100, 4, "80Gi"), "gpu-3")])
+    await scheduling.put_node(scenario.gpu_node(a100), profile_slices("a100-mig", a100))
+    await scheduling.start(shards=2)
+    await ensure_audit_stream(nats.jetstream(), audit.AuditNames(prefix=subject_prefix))
+    dashboard = DashboardProcess(control_plane, subject_prefix, tmp_path)
+    await dashboard.start()
+    try:
+        await browser.navigate(dashboard.url)
+        # Every device of the feed, in its node's row: 4 H100s; 8 A100s, each whole and in 14 MIG placements.
+        counts = await browser.wait_for(
+            "(() => { const rows = {}; for (const r of document.querySelectorAll('.row')) "
+            "rows[r.dataset.node] = r.querySelectorAll('.cell').length; "
+            f"return Object.keys(rows).length === 2 && rows; }})()", 30, "both rows")
+        assert counts == {h100: 4, a100: 8 * 15}
+        assert await browser.evaluate("document.querySelectorAll('.cell').length") == 124
+        assert await browser.evaluate(
+            f"document.querySelector('[data-id=\"gpu.nvidia.com/{h100}/gpu-3\"]').dataset.state") == "tainted"
+        assert await browser.evaluate("document.querySelector('[data-total=\"free\"]').textContent") == "123"
+        assert await browser.evaluate(WATCH_ALLOCATED)
+
+        # One GPU for a pod: its cell turns allocated within 2 s of the claim's allocation.
+        await kube.create(scenario.claim(namespace, "train", gpu_class))
+        await kube.create(scheduling.pod(namespace, "trainer", claim_name="train"))
+
+        async def allocated_claim():
+            claim = await kube.get(ResourceClaim, "train", namespace)
+            return claim if claim.status and claim.status.allocation else None
+
+        claim = await scheduling.wait_for(allocated_claim, 60, "claim train to be allocated", interval=0.05)
+        allocated_in_kubernetes = time.time()
+        (result,) = claim.status.allocation.devices.results
+        cell_id = f"{result.driver}/{result.pool}/{result.device}"
+        drawn_at = await browser.wait_for(f"window.allocatedAt[{js(cell_id)}]", ALLOCATED_WITHIN_SECONDS + 1,
+                                          f"cell {cell_id} to turn allocated")
+        lag = drawn_at - allocated_in_kubernetes
+        print(f"cell {cell_id} drawn allocated {lag:+.3f} s from the claim's allocation seen in Kubernetes")
+        assert lag <= ALLOCATED_WITHIN_SECONDS
+
+        # On hover: the claim, the pod and the policy's score, as the shard placed it.
+        title = await browser.wait_for(
+            f"(() => {{ const t = document.querySelector('[data-id={js(cell_id)}]').title; "
+            "return t.includes('score draplane') && t; })()", 10, "the placement's score on the cell")
+        assert f"claim {namespace}/train" in title and f"pod {namespace}/trainer" in title
+
+        # A MIG slice for another pod: allocated, and the placements it overlaps blocked.
+        await kube.create(scenario.claim(namespace, "slice", mig_class))
+        await kube.create(scheduling.pod(namespace, "notebook", claim_name="slice"))
+        await scheduling.bound_pod(namespace, "notebook", timeout=60)
+        await browser.wait_for("document.querySelector('[data-total=\"unavailable\"]').textContent === '5'", 10,
+                               "the MIG slice's GPU and overlapping placements blocked")
+
+        # Four GPUs where only two are left untainted and free: pending, with Kubernetes' reason.
+        await kube.create(scenario.claim(namespace, "big", gpu_class, count=4))
+        await kube.create(scheduling.pod(namespace, "waits", claim_name="big"))
+
+        async def condition():
+            return pod_scheduled_false(await kube.get(Pod, "waits", namespace))
+
+        reason = (await scheduling.wait_for(condition, 60, "pod waits to be unschedulable")).message
+        listed = await browser.wait_for(
+            f"(() => {{ const li = document.querySelector('#pending li[data-pod={js(namespace + '/waits')}]'); "
+            "return li && li.querySelector('.reason').textContent; })()", 10, "pod waits in the pending list")
+        assert listed == reason
+        assert "cannot allocate all claims" in reason
+        assert await browser.evaluate("document.getElementById('pending-count').textContent") == "1"
+
+        # The screenshot, with the first pod's GPU in the inspector.
+        await browser.evaluate(f"document.querySelector('[data-id={js(cell_id)}]')"
+                               ".dispatchEvent(new MouseEvent('mouseover', {bubbles: true}))")
+        inspected = await browser.evaluate(
+            "Object.fromEntries([...document.querySelectorAll('#inspector [data-field]')]"
+            ".map(e => [e.dataset.field, e.textContent]))")
+        assert inspected["state"] == "allocated" and inspected["claim"] == f"{namespace}/train"
+        assert inspected["pod"] == f"{namespace}/trainer" and inspected["score"].startswith("draplane ")
+        shot = await browser.screenshot(tmp_path / "dashboard.png")
+        print(f"screenshot: {shot}")
+        if os.environ.get("DRAPLANE_SCREENSHOT_DIR"):
+            shutil.copy(shot, os.environ["DRAPLANE_SCREENSHOT_DIR"])
+        assert not [line for line in browser.console if line.startswith("exception")], browser.console
+    finally:
+        dashboard.stop()
