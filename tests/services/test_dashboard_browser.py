@@ -1,13 +1,15 @@
 """`draplane dashboard` in headless Chromium, against live services.
 
-The binder and two shards run in-process (the `scheduling` fixture) on the session's real
-apiserver and NATS; `draplane dashboard` runs as its own process, as a user starts it; Chromium
-(Debian's package, tests/chromium.py) loads the page and is driven over the DevTools protocol.
-The cluster is an H100 node with four GPUs, one of them tainted, and an A100 node with MIG
-(8 GPUs, 120 devices). Checked: every device is on the map; a claim's cell turns allocated
-within 2 s of the claim being allocated in Kubernetes, with its claim, pod and score on hover;
-a pod that cannot be placed is listed with the reason Kubernetes shows for it. The screenshot is
-saved under the test's tmp dir (and copied to $DRAPLANE_SCREENSHOT_DIR when that is set).
+Node agents (a simulated fleet, from the shipped profiles) publish to the inventory service,
+which writes the ResourceSlices and the inventory feed; the binder and two shards run in-process
+(the `scheduling` fixture) on the session's real apiserver and NATS; `draplane dashboard` runs as
+its own process, as a user starts it; Chromium (Debian's package, tests/chromium.py) loads the
+page and is driven over the DevTools protocol. The cluster: a DGX H100 node (8 GPUs, 8 NICs) and
+an A100 node with MIG (8 GPUs, 120 devices). Checked: every device is on the map; a
+DeviceTaintRule taints its device there; a claim's cell turns allocated within 2 s of the claim
+being allocated in Kubernetes, with its claim, pod and score on hover; a MIG slice blocks its
+GPU; a pod that cannot be placed is listed with the reason Kubernetes shows for it. The
+screenshot is saved under the test's tmp dir (and copied to $DRAPLANE_SCREENSHOT_DIR when set).
 """
 
 from __future__ import annotations
@@ -23,18 +25,20 @@ import uuid
 
 import msgspec
 import pytest
+from aiohttp import web
 
 from draplane.api.core import Pod
-from draplane.api.resource import DeviceTaint, ResourceClaim, ResourceSlice
+from draplane.api.resource import DeviceTaintRule, ResourceClaim
 from draplane.audit_publisher import ensure_audit_stream
 from draplane.localenv.processes import ServerProcess, free_port
 from draplane.messages import audit
+from draplane.messages.inventory import InventoryNames
 from draplane.scheduling import scenario
-from draplane_inventory.slices import NodeRef, plan_node
-from draplane_node_agent.hardware import driver_devices
-from draplane_node_agent.profile import load_profile, profile_hardware
+from draplane_inventory.__main__ import build_app as inventory_app, parse_args as inventory_args
+from draplane_node_agent.__main__ import ProfileDiscovery
+from draplane_node_agent.agent import AgentFleet, SimulatedAgent
 from chromium import BrowserMissing, Chromium  # noqa: E402  (tests/chromium.py)
-from conftest import ensure_class, pod_scheduled_false  # noqa: E402  (tests/services/conftest.py)
+from conftest import ensure_class, make_ready, pod_scheduled_false  # noqa: E402  (tests/services/conftest.py)
 
 pytestmark = pytest.mark.integration
 
@@ -44,15 +48,27 @@ MIG_1G = 'device.attributes["gpu.nvidia.com"].type == "mig" && device.attributes
 ALLOCATED_WITHIN_SECONDS = 2.0
 
 
-def profile_slices(profile: str, node: str) -> list[ResourceSlice]:
-    drivers = driver_devices(profile_hardware(load_profile(profile), node))
-    return [s for plan in plan_node(NodeRef(node, f"uid-{node}"), drivers, []) for s in plan.creates]
+class Inventory:
+    """The inventory service in-process, as its entry point builds it, and a fleet of node agents."""
 
+    def __init__(self, control_plane, prefix: str, nodes: dict[str, str]):
+        self.args = inventory_args(["--nats", control_plane.nats_url, "--kubeconfig", str(control_plane.kubeconfig),
+                                    "--prefix", prefix, "--listen", "127.0.0.1:0"])
+        self.fleet = AgentFleet(control_plane.nats_url,
+                                [SimulatedAgent(node, ProfileDiscovery(profile, node)) for node, profile in nodes.items()],
+                                names=InventoryNames(prefix), heartbeat_interval=1.0)
+        self.runner: web.AppRunner | None = None
 
-def with_taint(slice_: ResourceSlice, device: str) -> ResourceSlice:
-    taint = DeviceTaint(key="example.com/fan-failure", value="true", effect="NoSchedule")
-    devices = [msgspec.structs.replace(d, taints=[taint]) if d.name == device else d for d in slice_.spec.devices]
-    return msgspec.structs.replace(slice_, spec=msgspec.structs.replace(slice_.spec, devices=devices))
+    async def start(self) -> None:
+        self.runner = web.AppRunner(inventory_app(self.args))
+        await self.runner.setup()  # the app's cleanup_ctx starts the service
+        await web.TCPSite(self.runner, "127.0.0.1", 0).start()
+        await self.fleet.start()
+
+    async def stop(self) -> None:
+        await self.fleet.stop()
+        if self.runner is not None:
+            await self.runner.cleanup()
 
 
 class DashboardProcess:
@@ -104,6 +120,10 @@ def js(value) -> str:
     return json.dumps(value)
 
 
+async def _true(value: bool) -> bool:
+    return value
+
+
 @pytest.mark.timeout(300)
 async def test_the_map_shows_every_device_follows_an_allocation_and_lists_a_pending_pod(
         scheduling, kube, nats, namespace, subject_prefix, control_plane, browser, tmp_path):
@@ -112,24 +132,45 @@ async def test_the_map_shows_every_device_follows_an_allocation_and_lists_a_pend
     await ensure_class(kube, scenario.device_class(gpu_class, H100))
     await ensure_class(kube, scenario.device_class(mig_class, MIG_1G))
     h100, a100 = f"dash-{tag}-h100", f"dash-{tag}-a100"
-    await scheduling.put_node(scenario.gpu_node(h100), [with_taint(scenario.gpu_slice(h100, 4, "80Gi"), "gpu-3")])
-    await scheduling.put_node(scenario.gpu_node(a100), profile_slices("a100-mig", a100))
-    await scheduling.start(shards=2)
-    await ensure_audit_stream(nats.jetstream(), audit.AuditNames(prefix=subject_prefix))
+    for node in (h100, a100):
+        await kube.create(scenario.gpu_node(node))
+        await make_ready(kube, node)
+        scheduling.nodes.append(node)  # deleted after the test; the inventory's slices go with them
+    inventory = Inventory(control_plane, subject_prefix, {h100: "dgx-h100", a100: "a100-mig"})
     dashboard = DashboardProcess(control_plane, subject_prefix, tmp_path)
-    await dashboard.start()
+    rule = f"dash-{tag}"
     try:
+        await inventory.start()
+        await scheduling.start(shards=2)
+        await ensure_audit_stream(nats.jetstream(), audit.AuditNames(prefix=subject_prefix))
+        await dashboard.start()
         await browser.navigate(dashboard.url)
-        # Every device of the feed, in its node's row: 4 H100s; 8 A100s, each whole and in 14 MIG placements.
+        # Every device of the feed, in its node's row: 8 H100s and 8 NICs; 8 A100s, each whole
+        # and in 14 MIG placements.
         counts = await browser.wait_for(
             "(() => { const rows = {}; for (const r of document.querySelectorAll('.row')) "
             "rows[r.dataset.node] = r.querySelectorAll('.cell').length; "
-            f"return Object.keys(rows).length === 2 && rows; }})()", 30, "both rows")
-        assert counts == {h100: 4, a100: 8 * 15}
-        assert await browser.evaluate("document.querySelectorAll('.cell').length") == 124
-        assert await browser.evaluate(
-            f"document.querySelector('[data-id=\"gpu.nvidia.com/{h100}/gpu-3\"]').dataset.state") == "tainted"
-        assert await browser.evaluate("document.querySelector('[data-total=\"free\"]').textContent") == "123"
+            f"return Object.keys(rows).length === 2 && rows[{js(h100)}] === 16 && rows[{js(a100)}] === 120 && rows; }})()",
+            60, "both nodes' devices from the node agents, through the inventory")
+        assert counts == {h100: 16, a100: 8 * 15}
+        assert await browser.evaluate("document.querySelectorAll('.cell').length") == 136
+
+        # A DeviceTaintRule on one GPU: the shards tell the audit stream which devices it
+        # selects (from their inventory, so once they have the nodes), the map taints them.
+        await scheduling.wait_for(
+            lambda: _true(all(s.state.cluster.inventory.node_names() >= {h100, a100} for s in scheduling.shards)),
+            30, "the shards to know both nodes' devices")
+        tainted = f"gpu.nvidia.com/{h100}/gpu-7"
+        await kube.create(msgspec.convert({
+            "metadata": {"name": rule},
+            "spec": {"deviceSelector": {"driver": scenario.GPU_DRIVER, "pool": h100, "device": "gpu-7"},
+                     "taint": {"key": "example.com/fan-failure", "value": "true", "effect": "NoSchedule"}},
+        }, DeviceTaintRule))
+        await browser.wait_for(f"document.querySelector('[data-id={js(tainted)}]').dataset.state === 'tainted'", 30,
+                               "the rule's device to be drawn tainted")
+        assert "example.com/fan-failure=true:NoSchedule (devicetaintrule " in await browser.evaluate(
+            f"document.querySelector('[data-id={js(tainted)}]').title")
+        assert await browser.evaluate("document.querySelector('[data-total=\"free\"]').textContent") == "135"
         assert await browser.evaluate(WATCH_ALLOCATED)
 
         # One GPU for a pod: its cell turns allocated within 2 s of the claim's allocation.
@@ -163,8 +204,8 @@ async def test_the_map_shows_every_device_follows_an_allocation_and_lists_a_pend
         await browser.wait_for("document.querySelector('[data-total=\"unavailable\"]').textContent === '5'", 10,
                                "the MIG slice's GPU and overlapping placements blocked")
 
-        # Four GPUs where only two are left untainted and free: pending, with Kubernetes' reason.
-        await kube.create(scenario.claim(namespace, "big", gpu_class, count=4))
+        # Eight GPUs where six are left untainted and free: pending, with Kubernetes' reason.
+        await kube.create(scenario.claim(namespace, "big", gpu_class, count=8))
         await kube.create(scheduling.pod(namespace, "waits", claim_name="big"))
 
         async def condition():
@@ -193,3 +234,8 @@ async def test_the_map_shows_every_device_follows_an_allocation_and_lists_a_pend
         assert not [line for line in browser.console if line.startswith("exception")], browser.console
     finally:
         dashboard.stop()
+        await inventory.stop()
+        try:
+            await kube.delete(DeviceTaintRule, rule)
+        except Exception:  # noqa: BLE001 - not made when an earlier step failed
+            pass
