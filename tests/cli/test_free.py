@@ -45,7 +45,7 @@ def test_the_tables_name_classes_nodes_and_what_still_fits():
     print_tables(free, Console(file=out, width=200, color_system=None))
     text = out.getvalue()
     assert "Free devices by DeviceClass" in text and "By node" in text
-    assert "3g.20gb 15" in text and "7g.40gb 7" in text
+    assert "15×3g.20gb" in text and "7×7g.40gb" in text
     gpus = next(line for line in text.splitlines() if line.startswith("│ gpu.nvidia.com"))
     # 7 A100s whole and 4 L4s; the A100 with a 3g.20gb slice cannot be given whole: blocked
     assert [cell.strip() for cell in gpus.split("│")[2:6]] == ["2", "12", "11", "1 blocked"]

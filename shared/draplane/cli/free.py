@@ -135,7 +135,8 @@ def free_json(free: FreeCapacity) -> dict:
 
 
 def _partitions_text(partitions: dict[str, int]) -> str:
-    return "  ".join(f"{profile} {count}" for profile, count in partitions.items()) or "-"
+    # count×profile, no space inside, so that a narrow table wraps between profiles, not in one
+    return "  ".join(f"{count}×{profile}" for profile, count in partitions.items()) or "-"
 
 
 def _shared_text(shared: list[SharedCapacity]) -> str:
