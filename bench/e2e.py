@@ -44,8 +44,8 @@ conflicts_per_pod=...`,
 `BENCH name=e2e_setups_<pods>x<nodes>_cpu setup=S round=R <component>=<CPU ms per measured pod> ...`,
 `BENCH name=e2e_setups_<pods>x<nodes>_writes setup=S round=R <verb>.<resource>=<writes per measured pod> ...`
 and `BENCH name=e2e_setups_<pods>x<nodes>_idle setup=S round=R writes_per_s=... cpu_ms_per_s.<component>=...`,
-then a side-by-side table of the medians. kube-controller-manager runs with its own client limits
-(`--kube-api-qps` 20, burst 30) unless `--kcm-api-qps` says otherwise.
+then a side-by-side table of the medians. kube-controller-manager runs with the client limits
+`draplane up` gives it (`--kube-api-qps` 100, burst 150) unless `--kcm-api-qps` says otherwise.
 """
 
 from __future__ import annotations
@@ -628,7 +628,7 @@ def main(argv: list[str] | None = None) -> int:
                         help="after the warm-up, measure each component's CPU with no pod moving this long (0: skip)")
     parser.add_argument("--kcm-api-qps", type=float, default=None,
                         help="kube-controller-manager's --kube-api-qps (burst 1.5x) in kcm+kwok; default: "
-                             "its own (20, burst 30), as draplane up runs it")
+                             "100, burst 150, as draplane up runs it")
     parser.add_argument("--skip-setups", action="store_true")
     parser.add_argument("--only-setups", action="store_true")
     args = parser.parse_args(argv)

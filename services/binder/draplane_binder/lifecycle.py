@@ -166,6 +166,12 @@ def resolve_pod_claims(
             None,
         )
         if existing is not None:
+            if not manage_templates:
+                # kube-controller-manager made it and records it in the pod's status itself, next:
+                # writing it here too costs a write per pod and collides with its own.
+                problems.append(ClaimProblem(pod_claim=pod_claim.name, waiting=True,
+                                             message="waiting for the claim to be recorded in the pod's status"))
+                continue
             to_record.append(PodResourceClaimStatus(name=pod_claim.name, resource_claim_name=existing.metadata.name))
             continue
         template = templates.get(pod_claim.resource_claim_template_name)

@@ -37,6 +37,11 @@ def controller_manager(plane: ControlPlane, log_path: Path, *, controllers: str 
         "--use-service-account-credentials=false",
         # KWOK renews the nodes' leases; a node it stopped renewing is NotReady after this
         "--node-monitor-grace-period=60s",
+        # Its client's default 20 requests/s (burst 30) caps a cluster at ~10 template pods/s,
+        # as the resourceclaim controller makes two writes per pod (bench/e2e.py measured 10.5);
+        # one machine's apiserver takes more, as many production clusters allow.
+        "--kube-api-qps=100",
+        "--kube-api-burst=150",
         *([f"--feature-gates={gates}"] if gates else []),
         "--v=1",
     ]

@@ -76,6 +76,21 @@ def test_resolve_creates_missing_template_claims_once():
     assert resolved.ready and resolved.names == {"gpu": "web-gpu-abcde"}
 
 
+def test_without_manage_claims_a_template_claim_is_waited_for_until_the_pod_records_it():
+    # kube-controller-manager creates the claim and then records it in the pod's status: the
+    # binder writes neither, and tells nobody about the wait (kube-scheduler's PreEnqueue).
+    p = pod(claims=[PodResourceClaim(name="gpu", resource_claim_template_name="gpu-template")])
+    resolved = lc.resolve_pod_claims(p, {}, {"gpu-template": template()}, manage_templates=False)
+    assert resolved.to_create == [] and [problem.waiting for problem in resolved.problems] == [True]
+    made = lc.claim_from_template(p, "gpu", template())
+    made.metadata.name = "web-gpu-abcde"
+    resolved = lc.resolve_pod_claims(p, {"web-gpu-abcde": made}, {"gpu-template": template()}, manage_templates=False)
+    assert resolved.statuses_to_record == [] and [problem.waiting for problem in resolved.problems] == [True]
+    p.status.resource_claim_statuses = [PodResourceClaimStatus(name="gpu", resource_claim_name="web-gpu-abcde")]
+    resolved = lc.resolve_pod_claims(p, {"web-gpu-abcde": made}, {}, manage_templates=False)
+    assert resolved.ready and resolved.names == {"gpu": "web-gpu-abcde"}
+
+
 def test_missing_template_and_missing_claim_are_problems():
     p = pod(
         claims=[
