@@ -278,3 +278,55 @@ def manifests() -> list[dict]:
     of the shipped profiles, a Node, claims with every request shape, one allocated, classes, a
     taint rule and a template. A fresh copy each call."""
     return copy.deepcopy(list(_manifests()))
+
+
+def render(tree: Any, style: str) -> str:
+    """A tree as YAML (block or flow) or JSON, the ways a manifest is written."""
+    import json
+
+    import yaml
+
+    if style == "json":
+        return json.dumps(tree)
+    if style == "flow":
+        return yaml.safe_dump(tree, default_flow_style=True, width=1 << 30)
+    return yaml.safe_dump(tree, sort_keys=False)
+
+
+@st.composite
+def manifest_files(draw) -> list[bytes]:
+    """The contents of one to three manifest files for `draplane allocate` or `lint`: the valid set
+    (or a few of its objects) with one object mutated, or its text edited, or random bytes (not
+    UTF-8 at all, sometimes)."""
+    objects = manifests()
+    if draw(st.integers(0, 2)):  # mostly a few objects: reading YAML is what takes the time
+        chosen = draw(st.lists(st.integers(0, len(objects) - 1), min_size=1, max_size=5, unique=True))
+        objects = [objects[i] for i in sorted(chosen)]
+    kind = draw(st.sampled_from(["mutated", "edited", "bytes"]))
+    if kind == "bytes":
+        return [draw(st.binary(max_size=300))]
+    if kind == "mutated":
+        index = draw(st.integers(0, len(objects) - 1))
+        objects[index] = draw(mutated(objects[index], values=awkward_values(binary=False), max_mutations=2))
+    style = draw(st.sampled_from(["yaml", "json", "flow"]))
+    split = draw(st.integers(1, 3))
+    files = []
+    for part in range(split):
+        chunk = objects[part::split]
+        try:
+            if style == "json":
+                text = "\n".join(render(o, "json") for o in chunk)  # JSON documents back to back
+            else:
+                text = "---\n".join(render(o, style) for o in chunk)
+        except (ValueError, TypeError, RecursionError):
+            text = ""
+        files.append(text.encode())
+    if kind == "edited":
+        which = draw(st.integers(0, len(files) - 1))
+        data = files[which]
+        for _ in range(draw(st.integers(1, 3))):
+            at = draw(st.integers(0, len(data)))
+            piece = draw(st.sampled_from([b":", b"-", b"[", b"{", b"&x ", b"*x", b"\n", b"  ", b"\xff", b"'", b"#"]))
+            data = data[:at] + piece + data[at + draw(st.integers(0, 10)):]
+        files[which] = data
+    return files

@@ -17,7 +17,7 @@ from hypothesis import assume, example, given
 from hypothesis import strategies as st
 
 from draplane.api.codec import MAX_ALIAS_EXPANSION, MAX_DEPTH, DecodeError, decode_object, iter_documents, load_objects
-from fuzzing import awkward_values, bounded, fuzz, manifests, mutated
+from fuzzing import awkward_values, bounded, fuzz, manifests, mutated, render
 
 
 def read(text: str) -> list[msgspec.Struct]:
@@ -29,14 +29,6 @@ def read(text: str) -> list[msgspec.Struct]:
             message = str(exc)
             assert message.startswith("input.yaml") and "\n" not in message and "Traceback" not in message
             return []
-
-
-def render(tree, style: str) -> str:
-    if style == "json":
-        return json.dumps(tree)
-    if style == "flow":
-        return yaml.safe_dump(tree, default_flow_style=True, width=1 << 30)
-    return yaml.safe_dump(tree, sort_keys=False)
 
 
 # YAML's own punctuation, so random text reaches the parser's corners (anchors, tags, flow, blocks).
