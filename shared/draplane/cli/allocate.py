@@ -143,8 +143,9 @@ def load_inputs(paths: list[str]) -> list[msgspec.Struct]:
     for path in paths:
         try:
             text = Path(path).read_text()
-        except OSError as exc:
-            raise InputError(f"{path}: cannot read: {exc.strerror}") from None
+        except (OSError, UnicodeDecodeError) as exc:
+            reason = exc.strerror if isinstance(exc, OSError) and exc.strerror else str(exc)
+            raise InputError(f"{path}: cannot read: {reason}") from None
         try:
             documents = list(iter_documents(text, source=path))
         except DecodeError as exc:
