@@ -70,6 +70,10 @@ def check_pod(raw: dict[str, Any], findings: Findings) -> None:
                 ref = ref if isinstance(ref, dict) else {}
                 ref_name, request = ref.get("name") or "", ref.get("request") or ""
                 path = f"spec.{list_name}[{c_index}].resources.claims[{r_index}]"
+                wrong = [key for key, value in (("name", ref_name), ("request", request)) if not isinstance(value, str)]
+                if wrong:
+                    findings.add(f"{path}.{wrong[0]}", "Invalid type", "must be a string")
+                    continue
                 if not ref_name:
                     findings.required(path, "a container's claim reference names one of the pod's spec.resourceClaims",
                                       fix=f"name: {claim_names[0]}" if claim_names else None)
