@@ -18,7 +18,6 @@ import asyncio
 import logging
 import time
 
-import msgspec
 import nats.errors
 import nats.js.errors
 from nats.aio.client import Client as NatsClient
@@ -31,6 +30,7 @@ from draplane.audit_publisher import AuditPublisher
 from draplane.kube import KubeApiError, KubeClient, watch_objects
 from draplane.messages import audit
 from draplane.messages.inventory import InventoryNames, decode_feed_entry
+from draplane.messages.inventory import MessageError as InventoryMessageError
 from draplane.metrics import sample_value
 from draplane.scheduling import reservations as rv
 from draplane.scheduling import streams
@@ -259,7 +259,7 @@ class Shard:
                     continue
                 try:
                     entry = decode_feed_entry(update.value)
-                except (msgspec.DecodeError, msgspec.ValidationError) as exc:
+                except InventoryMessageError as exc:  # malformed, or another schema version
                     self.log.error("shard %d: unreadable inventory feed entry %s: %s", self.index, update.key, exc)
                     continue
                 self.state.set_feed_entry(update.key, entry.slices)

@@ -159,11 +159,29 @@ def decode_agent_message(data: bytes) -> NodeSnapshot | Heartbeat:
 
 
 def decode_feed_entry(data: bytes) -> FeedEntry:
-    return _feed_decoder.decode(data)
+    """A value of the inventory feed bucket, or raise MessageError(reason in malformed|version)."""
+    return _decode_feed(_feed_decoder, data, "inventory feed entry")
 
 
 def decode_feed_change(data: bytes) -> FeedChange:
-    return _change_decoder.decode(data)
+    """A feed change announcement, or raise MessageError(reason in malformed|version)."""
+    return _decode_feed(_change_decoder, data, "inventory feed change")
+
+
+def _decode_feed(decoder: msgspec.msgpack.Decoder, data: bytes, what: str):
+    # No size limit: a node's entry grows with its slices and the bucket is written by the
+    # inventory service alone. The version is read first, as for agent messages.
+    try:
+        envelope = _envelope_decoder.decode(data)
+    except (msgspec.DecodeError, msgspec.ValidationError) as exc:
+        raise MessageError("malformed", f"not an {what}: {exc}") from None
+    if envelope.schema_version != SCHEMA_VERSION:
+        raise MessageError("version", f"{what} has schemaVersion {envelope.schema_version!r}; "
+                           f"this service reads version {SCHEMA_VERSION}")
+    try:
+        return decoder.decode(data)
+    except (msgspec.DecodeError, msgspec.ValidationError) as exc:
+        raise MessageError("malformed", f"{what}: {exc}") from None
 
 
 # --- names -------------------------------------------------------------------------------------
