@@ -49,7 +49,7 @@ from draplane_inventory.liveness import Liveness, NodeLivenessTable
 from draplane.structured_logs import fields
 from draplane_inventory.metrics import InventoryMetrics
 from draplane_inventory.slicecache import SliceCache
-from draplane_inventory.slices import STALE_TAINT_KEY, NodeRef, PoolPlan, is_managed, plan_node
+from draplane_inventory.slices import STALE_TAINT_KEY, NodeRef, PoolPlan, check_snapshot, is_managed, plan_node
 
 log = logging.getLogger(__name__)
 
@@ -248,6 +248,8 @@ class InventoryService:
             if (kind == "snapshot") != isinstance(message, NodeSnapshot):
                 raise MessageError("malformed", f"a {type(message).__name__} on the {kind} subject")
             NodeLivenessTable.check_subject(node, message)
+            if isinstance(message, NodeSnapshot):
+                check_snapshot(message)
         except MessageError as exc:
             self.metrics.messages_rejected.labels(exc.reason).inc()
             log.warning("inventory: rejected message on %s (%s): %s", subject, exc.reason, exc)

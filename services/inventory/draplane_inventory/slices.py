@@ -34,7 +34,7 @@ from draplane.api.resource import (
     ResourceSlice,
     ResourceSliceSpec,
 )
-from draplane.messages.inventory import DriverDevices
+from draplane.messages.inventory import DriverDevices, MessageError, NodeSnapshot
 
 MAX_DEVICES = 128
 MAX_DEVICES_WITH_TAINTS_OR_COUNTERS = 64
@@ -236,3 +236,25 @@ def plan_node(
 def is_managed(slice_: ResourceSlice, managed_by: str = MANAGED_BY) -> bool:
     """Written by this inventory service (the label's value names the instance)."""
     return (slice_.metadata.labels or {}).get(MANAGED_BY_LABEL) == managed_by
+
+
+def check_snapshot(snapshot: NodeSnapshot) -> None:
+    """Raise MessageError("invalid") for a snapshot whose slices the apiserver would refuse (a
+    device name that is not a DNS label, an attribute string over 64 bytes, one driver twice).
+
+    Such a snapshot decodes, but writing its slices fails every time: taken, it was retried every
+    half second for ever and never acknowledged. Refused here, the node keeps the slices of its last
+    good snapshot and the agent's bug is said once, by name."""
+    from draplane.validation import validate_typed
+
+    try:
+        plans = plan_node(NodeRef(snapshot.node, "uid"), snapshot.drivers, [], taint=stale_taint("2006-01-02T15:04:05Z"))
+    except ValueError as exc:
+        raise MessageError("invalid", f"snapshot from node {snapshot.node!r}: {exc}") from None
+    for plan in plans:
+        for slice_ in plan.creates:
+            problems = validate_typed(slice_)
+            if problems:
+                more = f" (and {len(problems) - 1} more)" if len(problems) > 1 else ""
+                raise MessageError("invalid", f"snapshot from node {snapshot.node!r}, driver {plan.driver}: the slice "
+                                   f"would be refused: {problems[0]}{more}")

@@ -227,7 +227,7 @@ async def _feed_stale(service, node):
 
 @pytest.mark.parametrize(
     "case",
-    ["malformed", "oversized", "wrong-version", "wrong-node-snapshot", "wrong-node-heartbeat"],
+    ["malformed", "oversized", "wrong-version", "wrong-node-snapshot", "wrong-node-heartbeat", "invalid-devices"],
 )
 async def test_bad_messages_are_rejected_logged_and_counted(kube, control_plane, subject_prefix, nats, caplog, case):
     node = f"bad-{uuid.uuid4().hex[:6]}"
@@ -236,7 +236,8 @@ async def test_bad_messages_are_rejected_logged_and_counted(kube, control_plane,
     good = NodeSnapshot(schema_version=SCHEMA_VERSION, node=node, agent_id="a", sequence=1, sent_at=time.time(),
                         drivers=driver_devices(load_profile("l4").hardware(node)))
     js = nats.jetstream()
-    reason = {"malformed": "malformed", "oversized": "oversized", "wrong-version": "version"}.get(case, "node-mismatch")
+    reason = {"malformed": "malformed", "oversized": "oversized", "wrong-version": "version",
+              "invalid-devices": "invalid"}.get(case, "node-mismatch")
     async with running_inventory(kube, control_plane.nats_url, subject_prefix, f"inv-{node}") as service:
         caplog.set_level(logging.WARNING, logger="draplane_inventory.service")
         if case == "malformed":
@@ -245,6 +246,10 @@ async def test_bad_messages_are_rejected_logged_and_counted(kube, control_plane,
             await js.publish(names.snapshot_subject(node), b"\x00" * (MAX_MESSAGE_BYTES + 10))
         elif case == "wrong-version":
             await js.publish(names.snapshot_subject(node), encode(msgspec.structs.replace(good, schema_version=SCHEMA_VERSION + 1)))
+        elif case == "invalid-devices":  # slices the apiserver would refuse: once retried for ever
+            bad = msgspec.structs.replace(good.drivers[0], devices=[msgspec.structs.replace(good.drivers[0].devices[0],
+                                                                                            name="GPU_0")])
+            await js.publish(names.snapshot_subject(node), encode(msgspec.structs.replace(good, drivers=[bad])))
         elif case == "wrong-node-snapshot":
             await js.publish(names.snapshot_subject(node), encode(msgspec.structs.replace(good, node="someone-else")))
         else:

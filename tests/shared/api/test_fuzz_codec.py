@@ -12,7 +12,6 @@ import json
 
 import msgspec
 import pytest
-import yaml
 from hypothesis import assume, example, given
 from hypothesis import strategies as st
 
