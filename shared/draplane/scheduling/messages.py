@@ -115,8 +115,17 @@ class ClaimReleased(msgspec.Struct, tag="released", kw_only=True):
 
 SchedulingMessage = PendingPod | Placement | Unschedulable | ClaimReleased
 
+class _Envelope(msgspec.Struct):
+    # Read first, with nothing else, so that a message of another version is reported as such even
+    # when its fields changed shape (which the full decode would report as a field error).
+    type: str | None = None
+    version: int | None = None
+
+
 _encoder = msgspec.msgpack.Encoder()
 _decoder = msgspec.msgpack.Decoder(SchedulingMessage)
+_envelope_decoder = msgspec.msgpack.Decoder(_Envelope)
+_NAMES = {"pending": "PendingPod", "placement": "Placement", "unschedulable": "Unschedulable", "released": "ClaimReleased"}
 
 
 def encode_message(message: SchedulingMessage) -> bytes:
@@ -125,14 +134,13 @@ def encode_message(message: SchedulingMessage) -> bytes:
 
 def decode_message(data: bytes) -> SchedulingMessage:
     try:
-        message = _decoder.decode(data)
+        envelope = _envelope_decoder.decode(data)
+        if envelope.version is not None and envelope.version != SCHEMA_VERSION:
+            name = _NAMES.get(envelope.type or "", "scheduling message")
+            raise MessageError(f"{name}: field version is {envelope.version}, this build reads {SCHEMA_VERSION}")
+        return _decoder.decode(data)
     except msgspec.DecodeError as exc:
         raise MessageError(f"scheduling message: {exc}") from None
-    if message.version != SCHEMA_VERSION:
-        raise MessageError(
-            f"{type(message).__name__}: field version is {message.version}, this build reads {SCHEMA_VERSION}"
-        )
-    return message
 
 
 # --- subjects and partitioning ---------------------------------------------------------------------
