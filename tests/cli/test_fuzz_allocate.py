@@ -50,7 +50,7 @@ def manifest_files_valid() -> list[bytes]:
     return ["---\n".join(render(o, "yaml") for o in manifests()).encode()]
 
 
-@fuzz(150)
+@fuzz(100)
 @given(manifest_files())
 @example([b"\xff\xfe not UTF-8"])  # UnicodeDecodeError reached the "internal error" fallback
 @example([b"kind: List\napiVersion: v1\nitems: 5"])

@@ -40,7 +40,7 @@ def lint_files(contents: list[bytes], output: str) -> int:
     return code
 
 
-@fuzz(100)
+@fuzz(60)
 @given(manifest_files())
 @example([b"\xff\xfe not UTF-8"])
 @example([b"kind: List\napiVersion: v1\nitems: 5"])
@@ -51,7 +51,7 @@ def test_lint_answers_every_input_in_text(contents):
     lint_files(contents, "text")
 
 
-@fuzz(60)
+@fuzz(40)
 @given(manifest_files())
 def test_lint_answers_every_input_in_json(contents):
     lint_files(contents, "json")

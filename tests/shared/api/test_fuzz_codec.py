@@ -57,7 +57,7 @@ def test_random_text_is_read_or_rejected(text):
     read(text)
 
 
-@fuzz(100)
+@fuzz(60)
 @given(st.sampled_from(manifests()).flatmap(lambda m: mutated(m, values=awkward_values(binary=False))),
        st.sampled_from(["yaml", "json", "flow"]))
 def test_near_valid_manifests_are_read_or_rejected(tree, style):

@@ -123,7 +123,7 @@ def test_random_bytes_as_agent_messages(data):
     decode_agent(data)
 
 
-@fuzz(200)
+@fuzz(120)
 @given(st.sampled_from([snapshot(), heartbeat()]).flatmap(near_valid))
 @example(encode(msgspec.structs.replace(snapshot(), drivers=snapshot().drivers * 2)))  # one driver twice: ValueError
 @example(encode(msgspec.structs.replace(snapshot(), drivers=[msgspec.structs.replace(  # refused by the apiserver:
@@ -139,13 +139,13 @@ def test_random_bytes_as_feed_entries_and_changes(data):
     decode_feed(decode_feed_change, data)
 
 
-@fuzz(150)
+@fuzz(80)
 @given(near_valid(feed_entry()))
 def test_near_valid_feed_entries(data):
     decode_feed(decode_feed_entry, data)
 
 
-@fuzz(100)
+@fuzz(60)
 @given(near_valid(feed_change()))
 def test_near_valid_feed_changes(data):
     decode_feed(decode_feed_change, data)

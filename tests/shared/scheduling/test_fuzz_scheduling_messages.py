@@ -148,7 +148,7 @@ def test_random_bytes_as_scheduling_messages(data):
     decode_scheduling(data)
 
 
-@fuzz(300)
+@fuzz(150)
 @given(st.sampled_from(MESSAGES).flatmap(lambda m: near_valid(m, msgspec.msgpack.encode)))
 def test_near_valid_scheduling_messages(data):
     decode_scheduling(data)
@@ -162,7 +162,7 @@ def test_random_bytes_as_reservation_entries(data):
     decode_reservations(data)
 
 
-@fuzz(200)
+@fuzz(100)
 @given(near_valid(entry(), msgspec.json.encode))
 def test_near_valid_reservation_entries(data):
     decode_reservations(data)
