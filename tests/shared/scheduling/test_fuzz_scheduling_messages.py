@@ -13,7 +13,9 @@ import msgspec
 from hypothesis import example, given, reject
 from hypothesis import strategies as st
 
-from draplane.api.core import PodSpec
+from draplane.allocation.nodefit import NodeFitError, pod_requests
+from draplane.api.core import Pod, PodSpec
+from draplane.api.meta import ObjectMeta
 from draplane.api.resource import AllocationResult, DeviceAllocationResult, DeviceRequestAllocationResult
 from draplane.scheduling import reservations as rv
 from draplane.scheduling.messages import (
@@ -91,6 +93,12 @@ def first_uses(message) -> None:
     if isinstance(message, PendingPod):
         shard_for(partition_key(message), 3)
         message.pod.key()
+        if message.spec is not None:  # the shard's node fit reads the requests the spec carries
+            pod = Pod(metadata=ObjectMeta(name=message.pod.name, namespace=message.pod.namespace), spec=message.spec)
+            try:
+                pod_requests(pod)
+            except NodeFitError as exc:
+                assert message.pod.name in str(exc)
     elif isinstance(message, Placement):
         for placed in message.claims:
             rv.devices_of(placed.allocation)
