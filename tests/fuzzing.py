@@ -151,13 +151,31 @@ def _get(tree: Any, path: tuple) -> Any:
     return tree
 
 
-MUTATIONS = ("replace", "delete", "add-field", "duplicate", "nest", "grow")
+MUTATIONS = ("replace", "same-type", "same-type", "delete", "add-field", "duplicate", "nest", "grow")
+
+
+def same_type_values(value: Any) -> st.SearchStrategy[Any]:
+    """Another value of the same JSON type: such a change passes the decoder and tests what is after."""
+    if isinstance(value, bool):
+        return st.just(not value)
+    if isinstance(value, int):
+        return st.sampled_from(AWKWARD_INTS) | st.integers(min_value=-(2**63), max_value=2**63 - 1)
+    if isinstance(value, float):
+        return st.sampled_from(AWKWARD_FLOATS) | st.floats()
+    if isinstance(value, str):
+        return st.sampled_from(AWKWARD_STRINGS) | st.text(max_size=70) | st.just(value + value)
+    if isinstance(value, list):
+        return st.just([]) | st.permutations(value) | st.just(value + value)
+    if isinstance(value, dict):
+        return st.just({})
+    return st.just(value)
 
 
 @st.composite
 def mutated(draw, tree: Any, *, values: st.SearchStrategy[Any] | None = None, max_mutations: int = 3,
             protect: tuple[tuple, ...] = ()) -> Any:
-    """`tree` with 1..max_mutations changes: a value replaced by an awkward one, a field or element
+    """`tree` with 1..max_mutations changes: a value replaced by an awkward one (of any type, or of
+    its own type, so that the decoder takes it and what comes after sees it), a field or element
     removed, an unknown field added, an element duplicated, a value nested deeper, or a list or
     string grown to an oversized one. Paths in `protect` (and below them) are left alone."""
     values = values if values is not None else awkward_values()
@@ -171,6 +189,8 @@ def mutated(draw, tree: Any, *, values: st.SearchStrategy[Any] | None = None, ma
         target = _get(tree, path)
         if mutation == "replace" or not path and mutation in ("delete", "duplicate"):
             new = draw(values)
+        elif mutation == "same-type":
+            new = draw(same_type_values(target))
         elif mutation == "delete":
             parent = _get(tree, path[:-1])
             del parent[path[-1]]

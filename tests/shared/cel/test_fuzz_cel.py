@@ -9,6 +9,8 @@ tests/fuzzing.py.
 
 from __future__ import annotations
 
+import re
+
 import pytest
 from hypothesis import example, given
 from hypothesis import strategies as st
@@ -82,15 +84,29 @@ def test_random_selectors_compile_or_fail_cleanly(expression):
     check(expression)
 
 
+_LITERAL = re.compile(r'"(?:[^"\\]|\\.)*"|\'(?:[^\'\\]|\\.)*\'|\b\d+(?:\.\d+)?u?\b')
+LITERALS = {
+    "string": ['""', '"a"', '"' + "a" * 64 + '"', '"(a+)+$"', '"["', '"\\u0000"', '"💥"', '"1.0.0"', '"1.0.0-rc.1+b"',
+               '"40Gi"', '"1e3"', '"-1"', '"0.000001m"', '"9223372036854775807"', '"x.example.com"', '"10.0.0.1"',
+               '"::1"', '"10.0.0.0/8"'],
+    "number": ["0", "1", "-1", "2", "9223372036854775807", "18446744073709551615u", "1.5", "1e308", "0u", "64"],
+}
+
+
 @st.composite
 def edited_selectors(draw):
     """A selector Kubernetes' own tests use, with a few tokens inserted, deleted or swapped."""
     text = draw(st.sampled_from(SEEDS))
     for _ in range(draw(st.integers(1, 3))):
         at = draw(st.integers(0, len(text)))
-        op = draw(st.sampled_from(["insert", "delete", "replace", "repeat"]))
+        op = draw(st.sampled_from(["insert", "delete", "replace", "repeat", "literal", "literal"]))
         token = draw(st.sampled_from(TOKENS))
-        if op == "insert":
+        literals = list(_LITERAL.finditer(text))
+        if op == "literal" and literals:  # another literal of the same kind: still compiles, mostly
+            found = draw(st.sampled_from(literals))
+            kind = "string" if found.group(0)[0] in "\"'" else "number"
+            text = text[:found.start()] + draw(st.sampled_from(LITERALS[kind])) + text[found.end():]
+        elif op == "insert":
             text = text[:at] + token + text[at:]
         elif op == "delete":
             text = text[:at] + text[at + draw(st.integers(1, 8)):]
