@@ -77,7 +77,7 @@ class KubernetesYamlLoader(yaml.SafeLoader):
         self._depth = 0
         self._open_anchors: set[str] = set()
         self._alias_expansion = 0
-        self._node_sizes: dict[int, int] = {}
+        self._node_sizes: dict[int, tuple[int, int]] = {}
         return super().compose_document()
 
     def compose_node(self, parent, index):
@@ -87,11 +87,15 @@ class KubernetesYamlLoader(yaml.SafeLoader):
                 raise YamlLimitError(None, None, f"the value of anchor {event.anchor!r} contains itself",
                                      event.start_mark)
             node = super().compose_node(parent, index)
-            self._alias_expansion += self._size(node)
+            size, depth = self._measure(node)
+            self._alias_expansion += size
             if self._alias_expansion > MAX_ALIAS_EXPANSION:
                 raise YamlLimitError(
                     None, None, f"the document's aliases expand to more than {MAX_ALIAS_EXPANSION:,} nodes "
                     "(a YAML bomb?); write the repeated parts out", event.start_mark)
+            if self._depth + depth > MAX_DEPTH:
+                raise YamlLimitError(None, None, f"the document is nested more than {MAX_DEPTH} levels deep "
+                                     f"(through alias {event.anchor!r})", event.start_mark)
             return node
         collection = isinstance(event, (yaml.SequenceStartEvent, yaml.MappingStartEvent))
         if collection:
@@ -108,18 +112,23 @@ class KubernetesYamlLoader(yaml.SafeLoader):
             if collection:
                 self._depth -= 1
 
-    def _size(self, node: yaml.Node) -> int:
-        """Nodes in `node` with every alias in it expanded (memoized: aliased nodes are shared)."""
-        size = self._node_sizes.get(id(node))
-        if size is None:
+    def _measure(self, node: yaml.Node) -> tuple[int, int]:
+        """(nodes, levels of collections) in `node` with every alias in it expanded; memoized, as
+        aliased nodes are shared."""
+        measured = self._node_sizes.get(id(node))
+        if measured is None:
             if isinstance(node, yaml.SequenceNode):
-                size = 1 + sum(self._size(child) for child in node.value)
+                children = [self._measure(child) for child in node.value]
             elif isinstance(node, yaml.MappingNode):
-                size = 1 + sum(self._size(k) + self._size(v) for k, v in node.value)
+                children = [self._measure(n) for pair in node.value for n in pair]
             else:
-                size = 1
-            self._node_sizes[id(node)] = size
-        return size
+                children = None
+            if children is None:
+                measured = (1, 0)
+            else:
+                measured = (1 + sum(size for size, _ in children), 1 + max((depth for _, depth in children), default=0))
+            self._node_sizes[id(node)] = measured
+        return measured
 
     # --- constructing: JSON's types only --------------------------------------------------------
 

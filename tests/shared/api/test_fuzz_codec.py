@@ -151,6 +151,7 @@ spec:
     ("a: &x {b: [1, *x]}", "contains itself"),
     ("[" * (MAX_DEPTH + 1) + "]" * (MAX_DEPTH + 1), f"nested more than {MAX_DEPTH} levels"),
     ("{a: " * (MAX_DEPTH + 1) + "1" + "}" * (MAX_DEPTH + 1), f"nested more than {MAX_DEPTH} levels"),
+    ("a: &x " + "[" * 60 + "]" * 60 + "\nb: " + "[" * 60 + "*x" + "]" * 60, "through alias 'x'"),
     ("a: " + "9" * 5000, "integer"),
     ("? [a]\n: 1", "not a sequence"),
     ("? {a: 1}\n: 1", "not a mapping"),
