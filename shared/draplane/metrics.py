@@ -45,6 +45,13 @@ def sample_value(registry: CollectorRegistry, name: str, **labels: str) -> float
     return total
 
 
+def counter_value(counter, **labels: str) -> float:
+    """A counter's count (summed over the children whose labels include `labels`), read from the
+    counter itself: unlike reading the registry, it runs none of the collectors computed at scrape."""
+    return sum(sample.value for family in counter.collect() for sample in family.samples
+               if sample.name.endswith("_total") and all(sample.labels.get(k) == v for k, v in labels.items()))
+
+
 class ConsumerLag:
     """NATS consumer lag per stream: messages not yet delivered to a durable consumer
     (`num_pending`) and delivered but not acknowledged (`num_ack_pending`), polled from consumer

@@ -31,7 +31,7 @@ from draplane.kube import KubeApiError, KubeClient, watch_objects
 from draplane.messages import audit
 from draplane.messages.inventory import InventoryNames, decode_feed_entry
 from draplane.messages.inventory import MessageError as InventoryMessageError
-from draplane.metrics import sample_value
+from draplane.metrics import counter_value
 from draplane.scheduling import reservations as rv
 from draplane.scheduling import streams
 from draplane.scheduling.messages import (
@@ -95,14 +95,14 @@ class Shard:
     @property
     def counters(self) -> dict[str, int]:
         """This shard's counts, read back from its metrics (diagnostics and tests)."""
-        registry, shard = self.metrics.registry, str(self.index)
+        m, shard = self.metrics, str(self.index)
 
-        def count(name: str, **labels: str) -> int:
-            return int(sample_value(registry, f"draplane_allocator_{name}_total", shard=shard, **labels))
+        def count(counter, **labels: str) -> int:
+            return int(counter_value(counter, shard=shard, **labels))
 
-        return {"placed": count("placements"), "unschedulable": count("unschedulable"),
-                "commit_conflicts": count("reservation_conflicts", kind="compare_and_set"),
-                "republished": count("placements_republished"), "errors": count("errors"), "gone": count("pods_gone")}
+        return {"placed": count(m.placements), "unschedulable": count(m.unschedulable),
+                "commit_conflicts": count(m.conflicts, kind="compare_and_set"),
+                "republished": count(m.republished), "errors": count(m.errors), "gone": count(m.pods_gone)}
 
     # --- service lifecycle -------------------------------------------------------------------------
 

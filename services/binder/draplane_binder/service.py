@@ -49,7 +49,7 @@ from draplane.scheduling.messages import (
 )
 from draplane.scheduling.placing import allocation_node
 from draplane.scheduling.reservation_store import ReservationStore
-from draplane.metrics import sample_value
+from draplane.metrics import counter_value
 from draplane.scheduling.unschedulable import (
     CLAIM_ERROR, CONDITION_REASON, ERROR_CONDITION_REASON, EVENT_REASON, claim_problem, failure_label,
 )
@@ -175,9 +175,13 @@ class Binder:
     @property
     def counters(self) -> dict[str, int]:
         """The binder's counts, read back from its metrics (diagnostics and tests)."""
-        names = ("pods_bound", "claims_allocated", "placements_abandoned", "scheduling_failures", "claims_released",
-                 "claims_created", "pending_published", "pending_publish_failures", "errors")
-        return {name: int(sample_value(self.metrics.registry, f"draplane_binder_{name}_total")) for name in names}
+        m = self.metrics
+        counters = {"pods_bound": m.pods_bound, "claims_allocated": m.claims_allocated,
+                    "placements_abandoned": m.placements_abandoned, "scheduling_failures": m.failures,
+                    "claims_released": m.claims_released, "claims_created": m.claims_created,
+                    "pending_published": m.pending_published, "pending_publish_failures": m.pending_publish_failures,
+                    "errors": m.errors}
+        return {name: int(counter_value(counter)) for name, counter in counters.items()}
 
     def _waiting_claims(self):
         """Per pending pod of ours: (its claims not allocated yet, why its last attempt failed)."""
