@@ -32,6 +32,12 @@ _QUANTITY_RE = re.compile(
     r"(?P<suffix>Ki|Mi|Gi|Ti|Pi|Ei|[numkMGTPE]|[eE][+-]?[0-9]+)?$"
 )
 _NANO = Fraction(1, 10**9)
+# Values are exact, so their cost grows with their size: "1e9999999" took 12 s to parse and
+# "1e99999" 7 s to format, and 5,000 digits overflow int()'s conversion limit (ValueError). Within
+# these bounds every value, and every integer made from one, has fewer digits than that limit. No
+# device has a capacity anywhere near them.
+_MAX_DIGITS = 1_000
+_MAX_EXPONENT = 1_000
 
 
 @total_ordering
@@ -94,10 +100,14 @@ def _parse_cached(text: str) -> Quantity:
             f"quantities must match the regular expression "
             f"'^([+-]?[0-9.]+)([eEinumkKMGTP]*[-+]?[0-9]*)$': {text!r}"
         )
+    suffix = match["suffix"] or ""
+    if len(match["number"]) > _MAX_DIGITS:
+        raise QuantityError(f"quantity {text[:20]!r}... has {len(match['number'])} digits; at most {_MAX_DIGITS} are read")
+    if suffix[:1] in ("e", "E") and len(suffix) > 1 and (len(suffix) > 8 or abs(int(suffix[1:])) > _MAX_EXPONENT):
+        raise QuantityError(f"quantity {text[:20]!r}: the exponent is beyond ±{_MAX_EXPONENT}")
     number = Fraction(match["number"] if not match["number"].endswith(".") else match["number"][:-1])
     if match["sign"] == "-":
         number = -number
-    suffix = match["suffix"] or ""
     if suffix in _BINARY_SUFFIXES:
         return Quantity(number * (2 ** _BINARY_SUFFIXES[suffix]), QuantityFormat.BINARY_SI)
     if suffix[:1] in ("e", "E") and len(suffix) > 1:  # a lone "E" is the exa suffix

@@ -43,3 +43,19 @@ def test_precision_beyond_nano_rounds_up():
 def test_invalid_quantities_are_rejected(bad):
     with pytest.raises(QuantityError):
         parse_quantity(bad)
+
+
+@pytest.mark.parametrize("text, words", [
+    ("3" * 12_000, "12000 digits"),  # int()'s conversion limit: a ValueError escaped validation
+    ("1e1001", "exponent"),
+    ("1e-1001", "exponent"),
+    ("1e99999999999", "exponent"),  # 1e9999999 took 12 s
+])
+def test_quantities_too_large_to_handle_exactly_are_refused(text, words):
+    with pytest.raises(QuantityError, match=words):
+        parse_quantity(text)
+
+
+def test_the_largest_quantities_read_still_format():
+    assert str(parse_quantity("1e1000")) == "10e999"  # exponents in multiples of three, as Kubernetes writes them
+    assert len(str(parse_quantity("9" * 1000 + "E"))) == 1001

@@ -14,7 +14,7 @@ import msgspec
 from hypothesis import example, given, reject
 from hypothesis import strategies as st
 
-from draplane.api.resource import Device
+from draplane.api.resource import Device, DeviceCapacity
 from draplane.messages.inventory import (
     SCHEMA_VERSION,
     FeedChange,
@@ -128,7 +128,9 @@ def test_random_bytes_as_agent_messages(data):
 @example(encode(msgspec.structs.replace(snapshot(), drivers=snapshot().drivers * 2)))  # one driver twice: ValueError
 @example(encode(msgspec.structs.replace(snapshot(), drivers=[msgspec.structs.replace(  # refused by the apiserver:
     snapshot().drivers[0], devices=[Device(name="GPU_0")])])))  # the writes failed and were retried for ever
-def test_near_valid_agent_messages(data):
+@example(encode(msgspec.structs.replace(snapshot(), drivers=[msgspec.structs.replace(  # found by a long run: a
+    snapshot().drivers[0], devices=[Device(name="gpu-0", capacity={"memory": DeviceCapacity(value="3" * 12_000)})])])))
+def test_near_valid_agent_messages(data):  # quantity of 12,000 digits, ValueError from int() in validation
     decode_agent(data)
 
 
