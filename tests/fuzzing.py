@@ -66,7 +66,8 @@ def bounded(seconds: float = 30.0):
 
     Generous on purpose: a legitimate input takes milliseconds to a second, and a machine shared by
     several workers can be slow by a factor of ten and more. What this catches is exponential or
-    endless work."""
+    endless work in Python code; work inside one C call (a backtracking regex did that) sees the
+    alarm only when it returns, and is caught by pytest-timeout instead."""
     started = time.monotonic()
     fired = []
 
