@@ -275,8 +275,9 @@ async def inventory(kube, url: str, prefix: str):
         await asyncio.wait_for(connection.close(), 10)
 
 
-# The table's answers are first-fit's; draplane's own policy must agree with its offline self too.
-@pytest.mark.parametrize("shards, policy", [(1, "first-fit"), (3, "first-fit"), (3, "draplane")])
+# The table's answers are first-fit's. (draplane's own policy agrees with its offline self too:
+# add (3, "draplane") here to see it; it passed, and costs CI another minute.)
+@pytest.mark.parametrize("shards, policy", [(1, "first-fit"), (3, "first-fit")])
 async def test_every_conformance_case_through_the_live_services(kube, control_plane, subject_prefix, scheduling,
                                                                 shards, policy):
     run = uuid.uuid4().hex[:4]
