@@ -92,6 +92,30 @@ async def nats(control_plane):
     client = await nats_py.connect(control_plane.nats_url, name="draplane-tests")
     yield client
     await client.drain()
+    await _cancel_leftover_tasks()
+
+
+async def _cancel_leftover_tasks(timeout: float = 15.0) -> None:
+    """Cancel the tasks tests left running, while the servers are still up.
+
+    At the end of the session pytest-asyncio cancels whatever still runs on the loop and waits for
+    it, after the control plane has stopped: a leftover task whose cleanup talks to NATS or the
+    apiserver (a connection's close, a service's stop) then waits for ever for a server that is
+    gone, and the session hangs. Here they are cancelled before that, with a bound, and named."""
+    import asyncio
+    import sys
+
+    current = asyncio.current_task()
+    leftovers = [t for t in asyncio.all_tasks() if t is not current and not t.done()]
+    if not leftovers:
+        return
+    print(f"\n{len(leftovers)} task(s) left running by tests, cancelled at the end of the session: "
+          + ", ".join(sorted(t.get_name() for t in leftovers)[:20]), file=sys.stderr)
+    for task in leftovers:
+        task.cancel()
+    _, pending = await asyncio.wait(leftovers, timeout=timeout)
+    for task in pending:
+        print(f"still running {timeout:.0f} s after its cancellation: {task!r}", file=sys.stderr)
 
 
 @pytest.fixture
