@@ -224,7 +224,9 @@ async def test_the_map_shows_every_device_follows_an_allocation_and_lists_a_pend
         reason = (await scheduling.wait_for(condition, 60, "pod waits to be unschedulable")).message
         listed = await browser.wait_for(
             f"(() => {{ const li = document.querySelector('#pending li[data-pod={js(namespace + '/waits')}]'); "
-            "return li && li.querySelector('.reason').textContent; })()", 10, "pod waits in the pending list")
+            # until the shard's answer has come (the map says "waiting for allocator shard N" first)
+            "const text = li && li.querySelector('.reason').textContent; "
+            "return text && !text.startsWith('waiting for') && text; })()", 10, "pod waits in the pending list")
         assert listed == reason
         assert "cannot allocate all claims" in reason
         assert await browser.evaluate("document.getElementById('pending-count').textContent") == "1"
