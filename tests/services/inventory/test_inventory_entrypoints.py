@@ -131,8 +131,11 @@ async def test_entry_points_authenticate_with_nkey_seeds_as_deployed(kube, contr
         )
         await eventually(lambda: _ready(agent_port), timeout=60, interval=0.3)
         assert (await asyncio.to_thread(_get, f"http://127.0.0.1:{agent_port}/healthz"))[0] == 200
-        await eventually(lambda: node_slices(kube, node), timeout=60, interval=0.5)
-        assert len(await node_slices(kube, node)) == 2
+        # A dgx-h100 node has two drivers, so two slices, written one after the other: wait for both.
+        async def both_slices():
+            return len(await node_slices(kube, node)) == 2
+
+        await eventually(both_slices, timeout=60, interval=0.5)
     finally:
         for process in (agent, inventory):
             if process is not None:
