@@ -27,6 +27,13 @@ log = logging.getLogger(__name__)
 # The resource.k8s.io versions served next to v1: older clients and DeviceTaintRules still use them.
 RESOURCE_API_VERSIONS = ("v1beta1", "v1beta2", "v1alpha3")
 
+# The Workload API (KEP-4671) that gangs are read from: Workload and PodGroup in
+# scheduling.k8s.io/v1beta1 and the pod's spec.schedulingGroup (GenericWorkload, beta in 1.37 and
+# off by default), a PodGroup's schedulingConstraints.topology (TopologyAwareWorkloadScheduling,
+# alpha) and its resourceClaims (DRAWorkloadResourceClaims, beta, which needs GenericWorkload).
+WORKLOAD_FEATURE_GATES = ("GenericWorkload", "TopologyAwareWorkloadScheduling", "DRAWorkloadResourceClaims")
+WORKLOAD_API_VERSION = "scheduling.k8s.io/v1beta1"
+
 _FEATURE_GATE_RE = re.compile(r"^\s+(?:kube:)?(\w+)=true\|false \((ALPHA|BETA) - default=(true|false)\)", re.M)
 
 
@@ -57,7 +64,8 @@ class Ports:
 
 
 def dra_feature_gates(apiserver: Path) -> dict[str, bool]:
-    """Every DRA feature gate this kube-apiserver knows that is not locked on, switched on.
+    """Every DRA feature gate this kube-apiserver knows that is not locked on, switched on, and
+    the Workload API's gates (`WORKLOAD_FEATURE_GATES`) that it knows.
 
     Read from the binary's own --help, so the list is right for whatever version is built; a gate
     that the version does not know would make the apiserver refuse to start.
@@ -69,7 +77,7 @@ def dra_feature_gates(apiserver: Path) -> dict[str, bool]:
     gates = {
         name: True
         for name, _stage, _default in _FEATURE_GATE_RE.findall(help_text)
-        if name.startswith("DRA") or name == "DynamicResourceAllocation"
+        if name.startswith("DRA") or name == "DynamicResourceAllocation" or name in WORKLOAD_FEATURE_GATES
     }
     cached.parent.mkdir(parents=True, exist_ok=True)
     cached.write_text(json.dumps(gates, sort_keys=True))
@@ -77,7 +85,8 @@ def dra_feature_gates(apiserver: Path) -> dict[str, bool]:
 
 
 def _feature_gate_cache(apiserver: Path) -> Path:
-    return binaries.cache_dir() / "feature-gates" / f"{apiserver.name}-{apiserver.stat().st_size}.json"
+    # "-workload": the lists cached before the Workload API's gates joined them lack those gates.
+    return binaries.cache_dir() / "feature-gates" / f"{apiserver.name}-{apiserver.stat().st_size}-workload.json"
 
 
 @dataclasses.dataclass
@@ -210,8 +219,8 @@ _UNMET_DEPENDENCY_RE = re.compile(r"(\w+) is enabled, but depends on features th
 def _start_apiserver_dropping_unmet_gates(
     binary: Path, workdir: Path, ports: Ports, certs: pki.Pki, plane: ControlPlane, timeout: float
 ) -> ServerProcess:
-    """Start kube-apiserver; a DRA gate that needs a non-DRA feature (e.g. GenericWorkload) is
-    switched off and remembered, rather than switching on unrelated features."""
+    """Start kube-apiserver; a DRA gate that needs a feature we do not switch on is switched off
+    and remembered, rather than switching on unrelated features."""
     for _ in range(len(plane.feature_gates) + 1):
         try:
             return _start_apiserver(binary, workdir, ports, certs, plane, timeout)
@@ -230,6 +239,9 @@ def _start_apiserver(
 ) -> ServerProcess:
     gates = ",".join(f"{name}={'true' if on else 'false'}" for name, on in sorted(plane.feature_gates.items()))
     runtime_config = ",".join(f"resource.k8s.io/{v}=true" for v in RESOURCE_API_VERSIONS)
+    if plane.feature_gates.get("GenericWorkload"):
+        # A beta API version is not served unless asked for, even with its gate on.
+        runtime_config += f",{WORKLOAD_API_VERSION}=true"
     argv = [
         str(binary),
         f"--etcd-servers=http://127.0.0.1:{ports.etcd_client}",

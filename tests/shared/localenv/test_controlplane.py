@@ -1,3 +1,4 @@
+import json
 import os
 import signal
 import socket
@@ -94,3 +95,38 @@ async def test_kubeconfig_authenticates_with_a_token_as_cluster_admin(control_pl
     identity = review["status"]["userInfo"]
     assert identity["username"] == "draplane-admin"
     assert "system:masters" in identity["groups"]
+
+
+@pytest.mark.integration
+async def test_control_plane_serves_the_workload_api(control_plane, kubectl):
+    # KEP-4671's gang API, as gangs are read from it: `kubectl api-resources` lists Workload and
+    # PodGroup in scheduling.k8s.io/v1beta1, and a pod keeps its spec.schedulingGroup and a
+    # PodGroup its gang minCount and topology key (each dropped silently if its gate were off).
+    listed = await kubectl("api-resources", "--api-group=scheduling.k8s.io", "-o", "name")
+    assert {"workloads.scheduling.k8s.io", "podgroups.scheduling.k8s.io"} <= set(listed.split())
+    namespace = "workload-api-check"
+    await kubectl("create", "namespace", namespace)
+    try:
+        await kubectl.apply(f"""
+apiVersion: scheduling.k8s.io/v1beta1
+kind: PodGroup
+metadata: {{name: workers, namespace: {namespace}}}
+spec:
+  schedulingPolicy: {{gang: {{minCount: 2}}}}
+  schedulingConstraints: {{topology: [{{key: topology.kubernetes.io/rack}}]}}
+---
+apiVersion: v1
+kind: Pod
+metadata: {{name: worker-0, namespace: {namespace}}}
+spec:
+  schedulerName: nobody
+  schedulingGroup: {{podGroupName: workers}}
+  containers: [{{name: c, image: registry.k8s.io/pause:3.10}}]
+""")
+        group = json.loads(await kubectl("get", "podgroup", "workers", "-n", namespace, "-o", "json"))
+        assert group["spec"]["schedulingPolicy"] == {"gang": {"minCount": 2}}
+        assert group["spec"]["schedulingConstraints"] == {"topology": [{"key": "topology.kubernetes.io/rack"}]}
+        pod = json.loads(await kubectl("get", "pod", "worker-0", "-n", namespace, "-o", "json"))
+        assert pod["spec"]["schedulingGroup"] == {"podGroupName": "workers"}
+    finally:
+        await kubectl("delete", "namespace", namespace, "--wait=false")
