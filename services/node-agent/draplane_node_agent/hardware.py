@@ -19,6 +19,8 @@ import re
 
 from draplane.api.quantity import Quantity, QuantityFormat
 from draplane.api.resource import (
+    CapacityRequestPolicy,
+    CapacityRequestPolicyRange,
     Counter,
     CounterSet,
     Device,
@@ -82,6 +84,8 @@ class GpuInfo:
     pcie_root: str | None  # pci0000:15
     numa_node: int | None
     mig: MigCapability | None = None  # set when MIG mode is enabled
+    # Shared by several claims, each taking memory in multiples of this many bytes (None: whole only)
+    share_memory_step: int | None = None
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
@@ -196,6 +200,20 @@ def _placement_counters(profile: MigProfile, start: int, size: int) -> dict[str,
     return {k: v for k, v in counters.items() if v.value != "0"}
 
 
+def _share(whole: Device, gpu: GpuInfo, what: str) -> None:
+    """Claims share the GPU: each consumes memory in steps, the default one step, as the
+    allocator's consumable capacity (allowMultipleAllocations and a request policy) counts it."""
+    step = gpu.share_memory_step
+    if gpu.mig is not None:
+        raise HardwareError(f"{what}: a GPU is either partitioned (MIG) or shared, not both")
+    if step is None or step <= 0 or step > gpu.memory:
+        raise HardwareError(f"{what}: share memory step must be between 1 byte and the GPU's memory, got {step}")
+    quantity = _bytes(step).value
+    whole.allow_multiple_allocations = True
+    whole.capacity["memory"].request_policy = CapacityRequestPolicy(
+        default=quantity, valid_range=CapacityRequestPolicyRange(min=quantity, step=quantity))
+
+
 def gpu_devices(gpus: tuple[GpuInfo, ...] | list[GpuInfo]) -> DriverDevices:
     devices: list[Device] = []
     counter_sets: list[CounterSet] = []
@@ -212,6 +230,8 @@ def gpu_devices(gpus: tuple[GpuInfo, ...] | list[GpuInfo]) -> DriverDevices:
         _topology(attrs, gpu.pci_bus_id, gpu.pcie_root, gpu.numa_node)
         whole = Device(name=f"gpu-{gpu.index}", attributes=attrs, capacity={"memory": _bytes(gpu.memory)})
         devices.append(whole)
+        if gpu.share_memory_step is not None:
+            _share(whole, gpu, what)
         if gpu.mig is None:
             continue
         mig = gpu.mig

@@ -66,6 +66,13 @@ class MigSpec(_Spec, kw_only=True):
     profiles: list[MigProfileSpec]
 
 
+class SharedGpuSpec(_Spec, kw_only=True):
+    """A GPU that several claims share (time-slicing or MPS), each taking a part of its memory in
+    whole `memoryStep`s: published as a device with consumable capacity."""
+
+    memory_step: str
+
+
 class GpuGroupSpec(_Spec, kw_only=True):
     count: int
     product_name: str
@@ -74,6 +81,7 @@ class GpuGroupSpec(_Spec, kw_only=True):
     cuda_compute_capability: str
     memory: str
     mig: MigSpec | None = None
+    shared: SharedGpuSpec | None = None
 
 
 class NicGroupSpec(_Spec, kw_only=True):
@@ -140,9 +148,11 @@ def _check(profile: HardwareProfile, source: str) -> None:
     for i, group in enumerate(profile.gpus):
         if group.count < 1:
             raise ProfileError(f"{source}: gpus[{i}].count must be at least 1, got {group.count}")
+        if group.mig is not None and group.shared is not None:
+            raise ProfileError(f"{source}: gpus[{i}]: a GPU is either partitioned (mig) or shared, not both")
         for field, value in (("memory", group.memory),) + tuple(
             (f"mig.profiles[{j}].memory", p.memory) for j, p in enumerate(group.mig.profiles if group.mig else ())
-        ):
+        ) + ((("shared.memoryStep", group.shared.memory_step),) if group.shared else ()):
             try:
                 q = parse_quantity(value)
             except QuantityError as exc:
@@ -221,6 +231,7 @@ def profile_hardware(profile: HardwareProfile, node: str) -> NodeHardware:
                     pcie_root=pcie_root,
                     numa_node=numa,
                     mig=mig,
+                    share_memory_step=_bytes(group.shared.memory_step) if group.shared else None,
                 )
             )
     nic_total = sum(n.count for n in profile.nics)

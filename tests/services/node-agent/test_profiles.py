@@ -1,5 +1,6 @@
 from __future__ import annotations
 
+import msgspec
 import pytest
 
 from draplane.api.quantity import parse_quantity
@@ -117,3 +118,39 @@ gpus:
 def test_unknown_profile_name():
     with pytest.raises(ProfileError, match="not a shipped profile"):
         load_profile("no-such-profile")
+
+
+SHARED = """
+name: shared
+driverVersion: '1.2.3'
+gpus:
+  - {count: 2, productName: NVIDIA L4, architecture: Ada Lovelace, cudaComputeCapability: '8.9', memory: 23034Mi,
+     shared: {memoryStep: 4Gi}}
+"""
+
+
+def test_shared_gpus_are_consumable_capacity_devices_the_apiserver_accepts():
+    from draplane.validation import validate_object
+
+    (gpus,) = driver_devices(parse_profile(SHARED).hardware("node-a"))
+    for device in gpus.devices:
+        assert device.allow_multiple_allocations is True
+        policy = device.capacity["memory"].request_policy
+        assert (policy.default, policy.valid_range.min, policy.valid_range.step) == ("4Gi", "4Gi", "4Gi")
+        assert device.capacity["memory"].value == "23034Mi"
+    slice_ = {"apiVersion": "resource.k8s.io/v1", "kind": "ResourceSlice", "metadata": {"name": "node-a-gpu"},
+              "spec": {"driver": GPU_DRIVER, "nodeName": "node-a", "pool": {"name": "node-a", "generation": 1,
+                                                                             "resourceSliceCount": 1},
+                       "devices": [msgspec.to_builtins(d) for d in gpus.devices]}}
+    assert validate_object(slice_) == []
+
+
+@pytest.mark.parametrize("extra, message", [
+    ("shared: {memoryStep: 0}", "shared.memoryStep"),
+    ("shared: {memoryStep: 4Gi}\n    mig: {memorySlices: 8, multiprocessors: 98, profiles: []}", "either partitioned"),
+])
+def test_bad_shared_gpus_are_reported_by_field(extra, message):
+    text = ("name: x\ndriverVersion: '1.2.3'\ngpus:\n  - count: 1\n    productName: p\n    architecture: a\n"
+            f"    cudaComputeCapability: '9.0'\n    memory: 40Gi\n    {extra}\n")
+    with pytest.raises(ProfileError, match=message):
+        parse_profile(text, source="bad.yaml")
