@@ -93,6 +93,9 @@ class PodSpec(Base, kw_only=True):
     resource_claims: list[PodResourceClaim] | None = None
     overhead: dict[str, str] | None = None
     priority: int | None = None
+    priority_class_name: str | None = None
+    # PreemptLowerPriority (the default) or Never: whether this pod may evict others to fit.
+    preemption_policy: str | None = None
 
 
 class PodResourceClaimStatus(Base, kw_only=True):
@@ -105,6 +108,7 @@ class PodStatus(Base, kw_only=True):
     conditions: list[Condition] | None = None
     resource_claim_statuses: list[PodResourceClaimStatus] | None = None
     nominated_node_name: str | None = None
+    start_time: str | None = None
 
 
 class Pod(Base, kw_only=True):

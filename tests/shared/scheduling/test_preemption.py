@@ -1,0 +1,226 @@
+"""Preemption's pure core: who is evicted, where, and when nobody is."""
+
+from __future__ import annotations
+
+import pytest
+
+from draplane.allocation import Cluster, NodePlacement
+from draplane.api.meta import ObjectMeta
+from draplane.api.policy import LabelSelector, PodDisruptionBudget, PodDisruptionBudgetSpec, PodDisruptionBudgetStatus
+from draplane.api.resource import ResourceClaimConsumerReference, ResourceClaimStatus
+from draplane.scheduling import scenario
+from draplane.scheduling.preemption import (
+    NO_VICTIMS,
+    NOT_ELIGIBLE_NEVER,
+    NOT_HELPFUL,
+    NoPreemption,
+    PreemptionPlan,
+    RunningPod,
+    plan_preemption,
+)
+
+NOW = 1_000_000.0
+
+
+class Fleet:
+    """Nodes of 8 GPUs, each GPU held by a running one-GPU pod of the given priority."""
+
+    def __init__(self, nodes: int = 3, gpus: int = 8, cpu: str = "64"):
+        self.cluster = Cluster(classes=[scenario.device_class("gpu.nvidia.com")], policy="first-fit")
+        for i in range(nodes):
+            name = f"node-{i}"
+            self.cluster.set_node(scenario.gpu_node(name, cpu=cpu, labels={"rack": f"r{i % 2}"}))
+            self.cluster.apply_slice(scenario.gpu_slice(name, gpus, "80Gi"))
+        self.running: dict[str, list[RunningPod]] = {}
+        self.claims = {}
+
+    def run(self, node: str, name: str, *, priority: int = 0, gpus: int = 1, cpu: int = 1000,
+            started: float = NOW - 3600, labels: dict | None = None, shared_with: RunningPod | None = None) -> RunningPod:
+        uid = f"uid-{name}"
+        if shared_with is not None:
+            key = shared_with.claims[0]
+            claim = self.claims[key]
+            claim.status.reserved_for.append(ResourceClaimConsumerReference(resource="pods", name=name, uid=uid))
+        else:
+            claim = scenario.claim("ns", f"claim-{name}", "gpu.nvidia.com", count=gpus)
+            claim.metadata.uid = f"cuid-{name}"
+            placement = self.cluster.allocate_on_node([claim], node)
+            assert isinstance(placement, NodePlacement), placement
+            claim.status = ResourceClaimStatus(
+                allocation=placement.allocations[0],
+                reserved_for=[ResourceClaimConsumerReference(resource="pods", name=name, uid=uid)])
+            self.cluster.add_allocated_claim(claim)
+            key = f"ns/claim-{name}"
+            self.claims[key] = claim
+        pod = RunningPod(namespace="ns", name=name, uid=uid, node=node, priority=priority,
+                         requests={"cpu": cpu}, labels=labels or {}, claims=(key,), started=started)
+        self.running.setdefault(node, []).append(pod)
+        return pod
+
+    def fill(self, *, priority: int = 0, started_by_node: dict[str, float] | None = None, labels=None) -> None:
+        for node in sorted(self.cluster.nodes):
+            for g in range(8):
+                self.run(node, f"{node}-p{g}", priority=priority,
+                         started=(started_by_node or {}).get(node, NOW - 3600), labels=labels)
+
+    def plan(self, pod, claims, budgets=()):
+        return plan_preemption(self.cluster, pod, claims, running=self.running, claims_in_use=self.claims,
+                               budgets=budgets, now=NOW)
+
+
+def preemptor(gpus: int = 8, priority: int = 1000, cpu: str | None = None, policy: str | None = None):
+    pod = scenario.pod("ns", "big", claim_name="big-claim", cpu=cpu)
+    pod.metadata.uid = "uid-big"
+    pod.spec.priority = priority
+    pod.spec.preemption_policy = policy
+    claim = scenario.claim("ns", "big-claim", "gpu.nvidia.com", count=gpus)
+    claim.metadata.uid = "cuid-big"
+    return pod, [claim]
+
+
+def budget(name: str, labels: dict, allowed: int) -> PodDisruptionBudget:
+    return PodDisruptionBudget(
+        metadata=ObjectMeta(namespace="ns", name=name),
+        spec=PodDisruptionBudgetSpec(selector=LabelSelector(match_labels=labels)),
+        status=PodDisruptionBudgetStatus(disruptions_allowed=allowed))
+
+
+def test_an_eight_gpu_pod_on_a_full_cluster_evicts_exactly_one_nodes_pods():
+    fleet = Fleet()
+    # node-1's pods started last: evicting them loses the least work.
+    fleet.fill(started_by_node={"node-1": NOW - 60})
+    pod, claims = preemptor()
+    assert not isinstance(fleet.cluster.allocate(claims), NodePlacement)  # full
+    plan = fleet.plan(pod, claims)
+    assert isinstance(plan, PreemptionPlan)
+    assert plan.node == "node-1"
+    assert sorted(v.name for v in plan.victims) == [f"node-1-p{g}" for g in range(8)]
+    assert plan.placement.node == "node-1" and len(plan.placement.allocations[0].devices.results) == 8
+    assert "preempting 8 pod(s) on node node-1 for ns/big (priority 1000)" in plan.explain()
+    # The core's state is as it was: the cluster is still full.
+    assert not isinstance(fleet.cluster.allocate(claims), NodePlacement)
+
+
+def test_only_as_many_victims_as_needed_and_the_fewest_win():
+    fleet = Fleet(nodes=2)
+    for g in range(6):  # node-0: 6 of 8 GPUs in use
+        fleet.run("node-0", f"a{g}")
+    for g in range(8):
+        fleet.run("node-1", f"b{g}")
+    pod, claims = preemptor(gpus=4)
+    plan = fleet.plan(pod, claims)
+    assert plan.node == "node-0" and len(plan.victims) == 2
+
+
+def test_lower_priority_victims_are_preferred_when_counts_tie():
+    fleet = Fleet(nodes=2)
+    for node, priority in (("node-0", 50), ("node-1", 10)):
+        for g in range(8):
+            fleet.run(node, f"{node}-{g}", priority=priority)
+    plan = fleet.plan(*preemptor(gpus=1))
+    assert plan.node == "node-1" and [v.priority for v in plan.victims] == [10]
+
+
+def test_the_least_important_pods_go_first_on_a_node():
+    fleet = Fleet(nodes=1)
+    for g in range(8):
+        fleet.run("node-0", f"p{g}", priority=g * 10)
+    plan = fleet.plan(*preemptor(gpus=3))
+    assert sorted(v.priority for v in plan.victims) == [0, 10, 20]
+
+
+def test_equal_or_higher_priority_pods_are_never_victims():
+    fleet = Fleet(nodes=2)
+    fleet.fill(priority=1000)
+    outcome = fleet.plan(*preemptor())
+    assert isinstance(outcome, NoPreemption)
+    assert outcome.reason == f"preemption: 0/2 nodes are available: 2 {NO_VICTIMS.rstrip('.')}."
+
+
+def test_preemption_policy_never_waits():
+    fleet = Fleet()
+    fleet.fill()
+    outcome = fleet.plan(*preemptor(policy="Never"))
+    assert isinstance(outcome, NoPreemption) and outcome.reason == f"preemption: {NOT_ELIGIBLE_NEVER}"
+
+
+def test_nobody_is_evicted_for_a_pod_that_would_not_fit_after_eviction():
+    fleet = Fleet(nodes=2)
+    fleet.fill()
+    outcome = fleet.plan(*preemptor(gpus=9))
+    assert isinstance(outcome, NoPreemption)
+    assert outcome.reason.startswith("preemption: 0/2 nodes are available: 2 ")
+    assert set(outcome.per_node.values()) == {next(iter(outcome.per_node.values()))}
+
+
+def test_a_budget_moves_the_choice_to_another_node():
+    fleet = Fleet(nodes=2)
+    fleet.fill(started_by_node={"node-0": NOW - 60})  # node-0 would lose the least work
+    for pod in fleet.running["node-0"]:
+        object.__setattr__(pod, "labels", {"app": "train"})
+    plan = fleet.plan(*preemptor(), budgets=[budget("train", {"app": "train"}, 0)])
+    assert isinstance(plan, PreemptionPlan) and plan.node == "node-1"
+
+
+def test_a_budget_that_protects_every_node_leaves_the_pod_pending_with_its_name():
+    fleet = Fleet(nodes=2)
+    fleet.fill(labels={"app": "train"})
+    outcome = fleet.plan(*preemptor(), budgets=[budget("train", {"app": "train"}, 3)])
+    assert isinstance(outcome, NoPreemption)
+    assert "would violate PodDisruptionBudget ns/train" in outcome.reason
+    # Three disruptions were allowed: a pod needing three GPUs may preempt.
+    plan = fleet.plan(*preemptor(gpus=3), budgets=[budget("train", {"app": "train"}, 3)])
+    assert isinstance(plan, PreemptionPlan) and len(plan.victims) == 3
+
+
+def test_a_budget_with_an_empty_selector_protects_nothing():
+    fleet = Fleet(nodes=1)
+    fleet.fill()
+    empty = budget("all", {}, 0)
+    assert isinstance(fleet.plan(*preemptor(), budgets=[empty]), PreemptionPlan)
+
+
+def test_a_claim_shared_with_a_pod_that_stays_keeps_its_device():
+    fleet = Fleet(nodes=1)
+    low = fleet.run("node-0", "low", priority=0)
+    fleet.run("node-0", "high-sharer", priority=2000, shared_with=low)
+    for g in range(7):
+        fleet.run("node-0", f"p{g}", priority=0)
+    # Evicting "low" frees nothing: its claim stays reserved for the priority-2000 pod.
+    outcome = fleet.plan(*preemptor(gpus=8))
+    assert isinstance(outcome, NoPreemption)
+    plan = fleet.plan(*preemptor(gpus=7))
+    assert isinstance(plan, PreemptionPlan) and "low" not in {v.name for v in plan.victims}
+
+
+def test_cpu_counts_too():
+    fleet = Fleet(nodes=1, cpu="8")
+    for g in range(4):
+        fleet.run("node-0", f"p{g}", cpu=2000)  # all 8 CPUs in use, 4 GPUs free
+    plan = fleet.plan(*preemptor(gpus=1, cpu="3"))
+    assert isinstance(plan, PreemptionPlan) and len(plan.victims) == 2
+
+
+def test_nodes_the_pod_cannot_use_are_not_helped_by_preemption():
+    fleet = Fleet(nodes=2)
+    fleet.fill()
+    pod, claims = preemptor()
+    pod.spec.node_selector = {"rack": "r1"}
+    plan = fleet.plan(pod, claims)
+    assert isinstance(plan, PreemptionPlan) and plan.node == "node-1"
+    pod.spec.node_selector = {"rack": "nowhere"}
+    outcome = fleet.plan(pod, claims)
+    assert outcome.reason == f"preemption: 0/2 nodes are available: 2 {NOT_HELPFUL.rstrip('.')}."
+
+
+@pytest.mark.parametrize("start", ["2026-12-01T10:00:00Z", None, "garbage"])
+def test_running_pod_from_a_pod_object(start):
+    pod = scenario.pod("ns", "p", claim_name="c", cpu="2")
+    pod.metadata.uid = "u"
+    pod.spec.node_name = "node-0"
+    pod.spec.priority = 7
+    from draplane.api.core import PodStatus
+    pod.status = PodStatus(start_time=start)
+    running = RunningPod.from_pod(pod)
+    assert running.priority == 7 and running.requests == {"cpu": 2000} and running.claims == ("ns/c",)
+    assert (running.started is not None) == (start == "2026-12-01T10:00:00Z")
