@@ -47,6 +47,22 @@ def add_stream_replicas_argument(parser: argparse.ArgumentParser) -> None:
                              "3-server NATS cluster, so one server can fail without loss (default %(default)s)")
 
 
+def add_kube_rate_arguments(parser: argparse.ArgumentParser, *, qps: float, burst: int) -> None:
+    """client-go's flags for the client-side rate limit of the service's apiserver requests."""
+    parser.add_argument("--kube-api-qps", type=float, default=qps,
+                        help="apiserver requests a second on average, retries and watches included "
+                             "(0: no client-side limit; default %(default)g)")
+    parser.add_argument("--kube-api-burst", type=int, default=burst,
+                        help="apiserver requests allowed at once above --kube-api-qps (default %(default)s)")
+
+
+def check_kube_rate_arguments(args: argparse.Namespace) -> str | None:
+    """What is wrong with --kube-api-qps/--kube-api-burst, said for the user; None when they are fine."""
+    if args.kube_api_qps > 0 and args.kube_api_burst < 1:
+        return f"--kube-api-burst must be at least 1 when --kube-api-qps is {args.kube_api_qps:g}"
+    return None
+
+
 def add_http_arguments(parser: argparse.ArgumentParser, *, default_port: int) -> None:
     parser.add_argument("--host", default=os.environ.get("DRAPLANE_HTTP_HOST", "127.0.0.1"),
                         help="address for /metrics, /healthz and /readyz (0.0.0.0 in a pod; default %(default)s)")

@@ -18,7 +18,8 @@ import nats
 from aiohttp import web
 
 from draplane.entrypoints import (
-    add_http_arguments, add_nats_arguments, add_stream_replicas_argument, nats_connect_options, serve,
+    add_http_arguments, add_kube_rate_arguments, add_nats_arguments, add_stream_replicas_argument,
+    check_kube_rate_arguments, nats_connect_options, serve,
 )
 from draplane.kube import KubeClient
 from draplane.kube.metrics import ApiserverMetrics
@@ -49,6 +50,9 @@ def build_parser() -> argparse.ArgumentParser:
                         help="the shard(s) this process runs (repeatable); default: all of them")
     parser.add_argument("--policy", default=None, help="scoring policy (default: the core's default)")
     parser.add_argument("--lease-seconds", type=float, default=DEFAULT_LEASE_SECONDS)
+    # kube-scheduler's own defaults: the shards watch, and read the apiserver only for what a
+    # watch has not delivered yet (a redelivered pod, a claim made a moment ago)
+    add_kube_rate_arguments(parser, qps=50.0, burst=100)
     add_http_arguments(parser, default_port=8081)
     parser.add_argument("-v", "--verbose", action="count", default=0)
     add_log_format_argument(parser)
@@ -60,6 +64,7 @@ async def clients(app: web.Application):
     app[NATS] = await nats.connect(**nats_connect_options(args.nats, args.nkey_seed, name="draplane-allocator"))
     app[KUBE] = await KubeClient.from_environment(args.kubeconfig)
     app[KUBE].metrics = ApiserverMetrics(app[METRICS].registry)
+    app[KUBE].limit_rate(args.kube_api_qps, args.kube_api_burst)
     yield
     await app[KUBE].close()
     await app[NATS].drain()
@@ -109,6 +114,9 @@ def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     if args.shards < 1:
         print("draplane-allocator: --shards must be at least 1", file=sys.stderr)
+        return 2
+    if problem := check_kube_rate_arguments(args):
+        print(f"draplane-allocator: {problem}", file=sys.stderr)
         return 2
     serve(build_app(args), host=args.host, port=args.port, verbose=args.verbose, log_format=args.log_format)
     return 0

@@ -16,7 +16,8 @@ import nats
 from aiohttp import web
 
 from draplane.entrypoints import (
-    add_http_arguments, add_nats_arguments, add_stream_replicas_argument, nats_connect_options, serve,
+    add_http_arguments, add_kube_rate_arguments, add_nats_arguments, add_stream_replicas_argument,
+    check_kube_rate_arguments, nats_connect_options, serve,
 )
 from draplane.kube import KubeClient
 from draplane.kube.metrics import ApiserverMetrics
@@ -50,6 +51,7 @@ def build_parser() -> argparse.ArgumentParser:
                              "kube-controller-manager; default off)")
     parser.add_argument("--lease-seconds", type=float, default=DEFAULT_LEASE_SECONDS)
     parser.add_argument("--concurrency", type=int, default=32)
+    add_kube_rate_arguments(parser, qps=BinderSettings().kube_api_qps, burst=BinderSettings().kube_api_burst)
     add_http_arguments(parser, default_port=8082)
     parser.add_argument("-v", "--verbose", action="count", default=0)
     add_log_format_argument(parser)
@@ -61,6 +63,7 @@ async def clients(app: web.Application):
     app[NATS] = await nats.connect(**nats_connect_options(settings.nats_url, settings.nats_nkey_seed, name="draplane-binder"))
     app[KUBE] = await KubeClient.from_environment(settings.kubeconfig)
     app[KUBE].metrics = ApiserverMetrics(app[METRICS].registry)
+    app[KUBE].limit_rate(settings.kube_api_qps, settings.kube_api_burst)
     yield
     await app[KUBE].close()
     await app[NATS].drain()
@@ -95,6 +98,8 @@ def settings_from(args: argparse.Namespace) -> BinderSettings:
         concurrency=args.concurrency,
         lease_seconds=args.lease_seconds,
         stream_replicas=args.stream_replicas,
+        kube_api_qps=args.kube_api_qps,
+        kube_api_burst=args.kube_api_burst,
         http_host=args.host,
         http_port=args.port,
     )
@@ -115,6 +120,9 @@ def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     if args.shards < 1:
         print("draplane-binder: --shards must be at least 1", file=sys.stderr)
+        return 2
+    if problem := check_kube_rate_arguments(args):
+        print(f"draplane-binder: {problem}", file=sys.stderr)
         return 2
     settings = settings_from(args)
     serve(build_app(settings), host=settings.http_host, port=settings.http_port, verbose=args.verbose,

@@ -31,5 +31,10 @@ class BinderSettings:
     retry_max_seconds: float = 20.0
     retry_flush_seconds: float = 0.2
     stream_replicas: int = 1  # 3 on a 3-server NATS cluster
+    # Client-side limit of apiserver requests (--kube-api-qps/--kube-api-burst). Above the most the
+    # binder wrote in bench/e2e.py (138 pods/s at 6 writes a pod, about 830 a second), so it caps a
+    # runaway, not the work; the server's API Priority and Fairness is the finer guard.
+    kube_api_qps: float = 1000.0
+    kube_api_burst: int = 2000
     http_host: str = "127.0.0.1"
     http_port: int = 0

@@ -10,7 +10,6 @@ from __future__ import annotations
 import asyncio
 import dataclasses
 import logging
-import random
 import time
 from pathlib import Path
 from typing import Any, AsyncIterator, TypeVar
@@ -25,6 +24,7 @@ from kubernetes_asyncio import config as k8s_config
 
 from draplane.api import core, resource
 from draplane.kube.metrics import ApiserverMetrics
+from draplane.kube.ratelimit import TokenBucket, retry_after_seconds, retry_delay
 
 log = logging.getLogger(__name__)
 T = TypeVar("T", bound=msgspec.Struct)
@@ -119,14 +119,31 @@ _status_decoder = msgspec.json.Decoder(Status)
 
 
 class KubeClient:
-    """One connection pool to one apiserver. Use as an async context manager or call close()."""
+    """One connection pool to one apiserver. Use as an async context manager or call close().
 
-    def __init__(self, api_client: k8s_client.ApiClient, *, max_retries: int = 5):
+    Every attempt, retries and watches included, first takes a token of the client-side rate
+    limit (`qps`/`burst`, as client-go's `--kube-api-qps`/`--kube-api-burst`; `qps` 0, the
+    default here, is no limit: tests and the CLI; each service sets its own, see `limit_rate`).
+    """
+
+    def __init__(self, api_client: k8s_client.ApiClient, *, max_retries: int = 5, qps: float = 0.0, burst: int = 1):
         self._api = api_client
         self._max_retries = max_retries
+        self._bucket = TokenBucket(qps, burst, now=time.monotonic())
         self._proxy, self._proxy_auth = _environment_proxy_once(api_client)
         # Set by a service to count its requests in its own registry (draplane.kube.metrics).
         self.metrics: ApiserverMetrics | None = None
+
+    def limit_rate(self, qps: float, burst: int) -> None:
+        """From now on at most `qps` requests a second on average, `burst` at once (qps <= 0: no limit)."""
+        self._bucket = TokenBucket(qps, burst, now=time.monotonic())
+
+    async def _throttle(self, method: str, path: str, *, watch: bool) -> None:
+        wait = self._bucket.reserve(time.monotonic())
+        if self.metrics is not None:
+            self.metrics.observe_throttle(method, path, wait, watch=watch)
+        if wait > 0:
+            await asyncio.sleep(wait)
 
     @classmethod
     async def from_kubeconfig(cls, path: str | Path | None = None, *, impersonate: str | None = None) -> "KubeClient":
@@ -164,7 +181,9 @@ class KubeClient:
     async def _open(
         self, method: str, path: str, *, query: dict[str, Any] | None, body: bytes | None,
         content_type: str, timeout: aiohttp.ClientTimeout | None, extra_headers: dict[str, str] | None = None,
+        watch: bool = False,
     ) -> aiohttp.ClientResponse:
+        await self._throttle(method, path, watch=watch)
         headers = dict(self._api.default_headers)
         headers["Content-Type"] = content_type
         headers["Accept"] = "application/json"
@@ -182,11 +201,19 @@ class KubeClient:
         self, method: str, path: str, *, query: dict[str, Any] | None = None, body: Any = None,
         content_type: str = "application/json", headers: dict[str, str] | None = None,
     ) -> bytes:
-        """One request, retried with backoff on 429/5xx (honouring Retry-After); raises KubeApiError."""
+        """One request, retried with backoff on 429/5xx and on no answer; raises KubeApiError.
+
+        A 429 or 5xx with Retry-After (API Priority and Fairness sends one with its 429s) waits
+        that long, bounded (draplane.kube.ratelimit); without it, jittered exponential backoff. A
+        POST whose connection broke after it was sent is not sent again: the apiserver may have
+        done it, and a second create of a generateName object would make two. A connection that
+        could not be opened is always retried: nothing was sent.
+        """
         payload = body if body is None or isinstance(body, bytes) else _encoder.encode(body)
         attempt = 0
         while True:
             started = time.monotonic()
+            retry_after = None
             try:
                 async with await self._open(
                     method, path, query=query, body=payload, content_type=content_type, timeout=None, extra_headers=headers
@@ -197,17 +224,17 @@ class KubeClient:
                     if response.status < 400:
                         return data
                     error = _api_error(response.status, data, method, path)
-                    retry_after = response.headers.get("Retry-After")
+                    retry_after = retry_after_seconds(response.headers.get("Retry-After"))
+                    retryable = error.retryable
             except (aiohttp.ClientConnectionError, asyncio.TimeoutError) as exc:
                 if self.metrics is not None:
                     self.metrics.observe(method, path, None, time.monotonic() - started)
                 error = KubeApiError(503, "Unavailable", f"connection failed: {exc}", method, path)
-                retry_after = None
-            if not error.retryable or attempt >= self._max_retries:
+                retryable = method != "POST" or isinstance(exc, aiohttp.ClientConnectorError)
+            if not retryable or attempt >= self._max_retries:
                 raise error
             attempt += 1
-            delay = float(retry_after) if retry_after and retry_after.isdigit() else min(8.0, 0.1 * 2**attempt)
-            delay *= 1 + random.random() * 0.2
+            delay = retry_delay(attempt, retry_after)
             log.debug("retrying %s %s in %.2fs after %s", method, path, delay, error)
             await asyncio.sleep(delay)
 
@@ -218,7 +245,7 @@ class KubeClient:
         try:
             opened = await self._open(
                 "GET", path, query=query, body=None, content_type="application/json",
-                timeout=aiohttp.ClientTimeout(total=None, sock_connect=10, sock_read=timeout),
+                timeout=aiohttp.ClientTimeout(total=None, sock_connect=10, sock_read=timeout), watch=True,
             )
         except (aiohttp.ClientConnectionError, asyncio.TimeoutError):
             if self.metrics is not None:

@@ -44,7 +44,7 @@ def request_labels(method: str, path: str, *, watch: bool = False) -> tuple[str,
 
 
 class ApiserverMetrics:
-    __slots__ = ("requests", "errors", "duration")
+    __slots__ = ("requests", "errors", "duration", "throttled", "throttled_seconds")
 
     def __init__(self, registry: CollectorRegistry):
         self.requests = Counter("draplane_apiserver_requests", "Requests sent to the apiserver, retries included",
@@ -55,6 +55,13 @@ class ApiserverMetrics:
         self.duration = Histogram("draplane_apiserver_request_duration_seconds",
                                   "Time to the apiserver's whole answer (watches are not timed)",
                                   ["verb", "resource"], buckets=DURATION_BUCKETS, registry=registry)
+        # client-go's rest_client_rate_limiter_duration_seconds, as two counters: only waits count
+        self.throttled = Counter("draplane_apiserver_throttled_requests",
+                                 "Requests that waited for the client-side rate limit (--kube-api-qps)",
+                                 ["verb", "resource"], registry=registry)
+        self.throttled_seconds = Counter("draplane_apiserver_throttled_seconds",
+                                         "Seconds requests waited for the client-side rate limit",
+                                         ["verb", "resource"], registry=registry)
 
     def observe(self, method: str, path: str, status: int | None, seconds: float | None, *,
                 watch: bool = False) -> None:
@@ -65,3 +72,11 @@ class ApiserverMetrics:
             self.errors.labels(verb, resource, CONNECTION_FAILED if status is None else str(status)).inc()
         if seconds is not None:
             self.duration.labels(verb, resource).observe(seconds)
+
+    def observe_throttle(self, method: str, path: str, seconds: float, *, watch: bool = False) -> None:
+        """The wait one attempt had for the rate limit (0: none, and nothing is counted)."""
+        if seconds <= 0:
+            return
+        verb, resource = request_labels(method, path, watch=watch)
+        self.throttled.labels(verb, resource).inc()
+        self.throttled_seconds.labels(verb, resource).inc(seconds)
