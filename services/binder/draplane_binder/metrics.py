@@ -67,6 +67,9 @@ class BinderMetrics:
                                                 "PendingPods JetStream did not take (retried)", registry=r)
         self.errors = Counter("draplane_binder_errors", "Unexpected errors (logged, retried with backoff)",
                               registry=r)
+        self.events_dropped = Counter("draplane_binder_events_dropped",
+                                      "Scheduled Events not written: the queue of events to write was full",
+                                      registry=r)
         self.create_to_bound = Histogram("draplane_binder_create_to_bound_seconds",
                                          "From the pod's creationTimestamp to its binding",
                                          buckets=CREATE_TO_BOUND_BUCKETS, registry=r)

@@ -54,6 +54,7 @@ from draplane.scheduling.unschedulable import (
     CLAIM_ERROR, CONDITION_REASON, ERROR_CONDITION_REASON, EVENT_REASON, claim_problem, failure_label,
 )
 from draplane.structured_logs import fields
+from draplane_binder import in_flight as inf
 from draplane_binder import lifecycle as lc
 from draplane_binder.metrics import BinderMetrics, seconds_since
 from draplane_binder.settings import BinderSettings
@@ -61,6 +62,11 @@ from draplane_binder.settings import BinderSettings
 log = logging.getLogger(__name__)
 
 Key = tuple[str, str]  # (namespace, name)
+MAX_QUEUED_EVENTS = 1000
+EVENT_WRITERS = 4
+# How often PendingPods unanswered for long are looked for: with 20,000 pods queued, looking at
+# each of them ten times a second cost more CPU than the rest of the retry loop.
+IN_FLIGHT_CHECK_SECONDS = 5.0
 
 
 def _now_rfc3339() -> str:
@@ -154,8 +160,8 @@ class Binder:
 
         self.pod_queue = WorkQueue()
         self.claim_queue = WorkQueue()
-        # pod uid -> when its PendingPod was published and not yet answered
-        self.in_flight: dict[str, float] = {}
+        # pod uid -> its PendingPod, published and not yet answered
+        self.in_flight: dict[str, inf.InFlight] = {}
         # pod uid -> (retry at, current backoff)
         self.retry: dict[str, tuple[float, float]] = {}
         # pod uid -> first time seen pending, carried to the shards for latency figures
@@ -168,6 +174,10 @@ class Binder:
         # node -> claim uids written to Kubernetes whose reservation is still under a lease
         self.to_confirm: dict[str, set[str]] = {}
         self._confirm_wanted = asyncio.Event()
+        # Events written aside, never holding up a binding: a bounded queue, as client-go's event
+        # broadcaster keeps one (1,000 deep) and drops what does not fit. One task per event would
+        # pile up without bound whenever the apiserver answers slower than pods are bound.
+        self.events: asyncio.Queue = asyncio.Queue(maxsize=MAX_QUEUED_EVENTS)
         self._tasks: list[asyncio.Task] = []
         self.metrics = metrics if metrics is not None else BinderMetrics()
         self.metrics.export_claims(self._waiting_claims)
@@ -216,6 +226,8 @@ class Binder:
             self._spawn(self._claim_worker, f"claim worker {i}")
         self._spawn(self._consume_results, "results consumer")
         self._spawn(self._retry_loop, "retry loop")
+        for i in range(EVENT_WRITERS):
+            self._spawn(self._write_events, f"event writer {i}")
         self._spawn(self._confirm_loop, "confirm loop")
         self._spawn(lambda: self.metrics.consumer_lag.poll_forever(self.js, [(self.subjects.results_stream, "binder")]),
                     "consumer lag")
@@ -448,9 +460,10 @@ class Binder:
             spec=pod.spec,
         )
         shard = shard_for(partition_key(pending), self.settings.shards)
-        self.in_flight[uid] = time.monotonic()
+        self.in_flight[uid] = sent = inf.InFlight(since=time.monotonic(), shard=shard)
         try:
-            await self.js.publish(self.subjects.pending(shard), encode_message(pending))
+            ack = await self.js.publish(self.subjects.pending(shard), encode_message(pending))
+            sent.sequence = ack.seq
         except (nats.errors.Error, asyncio.TimeoutError) as exc:
             # Not in the stream (its leader is being re-elected after a NATS server died, or the
             # connection is down): the pod is not in flight, so retry it soon rather than after the
@@ -529,6 +542,18 @@ class Binder:
         except KubeApiError as exc:
             log.warning("event for pod %s/%s not written: %s", namespace, name, exc)
 
+    def _queue_event(self, pod: Pod, reason: str, message: str, type_: str = "Warning") -> None:
+        try:
+            self.events.put_nowait((pod, reason, message, type_))
+        except asyncio.QueueFull:
+            self.metrics.events_dropped.inc()
+            log.debug("event %s for pod %s/%s dropped: %d events wait already", reason, *_key(pod), self.events.qsize())
+
+    async def _write_events(self) -> None:
+        while True:
+            pod, reason, message, type_ = await self.events.get()
+            await self._event(pod, reason, message, type_)
+
     # --- retries -----------------------------------------------------------------------------------
 
     def _flush_retries(self) -> None:
@@ -538,6 +563,7 @@ class Binder:
                 self.retry[uid] = (soon, backoff)
 
     async def _retry_loop(self) -> None:
+        next_backstop = time.monotonic() + IN_FLIGHT_CHECK_SECONDS
         while True:
             await asyncio.sleep(0.1)
             now = time.monotonic()
@@ -550,14 +576,26 @@ class Binder:
                     # keep the backoff, mark the moment passed
                     self.retry[uid] = (float("-inf"), self.retry[uid][1])
                     self.pod_queue.put(_key(pod))
-            # a PendingPod unanswered for long was lost with a crashed shard's in-memory work;
-            # JetStream redelivers unacknowledged ones, so this is only a backstop.
-            for uid, at in list(self.in_flight.items()):
-                if now - at > 60.0:
-                    self.in_flight.pop(uid, None)
-                    pod = self.pods_by_uid.get(uid)
-                    if pod is not None:
-                        self.pod_queue.put(_key(pod))
+            if now >= next_backstop:
+                next_backstop = now + IN_FLIGHT_CHECK_SECONDS
+                await self._send_lost_again(now)
+
+    async def _send_lost_again(self, now: float) -> None:
+        """PendingPods a shard acknowledged without an answer (draplane_binder.in_flight) are
+        sent again. JetStream redelivers unacknowledged ones, so this is only a backstop; one
+        that is still queued for a shard that has not reached it is never sent twice."""
+        floors: dict[int, int | None] = {}
+        for shard in inf.to_ask_about(self.in_flight, now):
+            try:
+                info = await self.js.consumer_info(self.subjects.pending_stream, f"shard-{shard}")
+                floors[shard] = info.ack_floor.stream_seq if info.ack_floor else None
+            except (nats.errors.Error, nats.js.errors.Error, asyncio.TimeoutError):
+                floors[shard] = None  # no consumer yet (no shard started) or NATS away: still queued
+        for uid in inf.lost(self.in_flight, floors, now):
+            self.in_flight.pop(uid, None)
+            pod = self.pods_by_uid.get(uid)
+            if pod is not None:
+                self.pod_queue.put(_key(pod))
 
     # --- results from the shards -------------------------------------------------------------------
 
@@ -739,8 +777,8 @@ class Binder:
         self._confirm_wanted.set()
         if not pod.spec.node_name:
             # kube-scheduler's Normal event for a binding; written aside, it never holds up the next one
-            self._spawn_once(self._event(pod, "Scheduled", f"Successfully assigned {placement.pod.key()} to "
-                                         f"{placement.node}", type_="Normal"), f"scheduled event {placement.pod.key()}")
+            self._queue_event(pod, "Scheduled", f"Successfully assigned {placement.pod.key()} to {placement.node}",
+                              type_="Normal")
         uid = placement.pod.uid
         log.info("pod %s bound to node %s with %s (shard %d, %.0f ms after it was first seen)",
                  placement.pod.key(), placement.node,
