@@ -50,9 +50,10 @@ def build_parser() -> argparse.ArgumentParser:
                         help="the shard(s) this process runs (repeatable); default: all of them")
     parser.add_argument("--policy", default=None, help="scoring policy (default: the core's default)")
     parser.add_argument("--lease-seconds", type=float, default=DEFAULT_LEASE_SECONDS)
-    # kube-scheduler's own defaults: the shards watch, and read the apiserver only for what a
-    # watch has not delivered yet (a redelivered pod, a claim made a moment ago)
-    add_kube_rate_arguments(parser, qps=50.0, burst=100)
+    # The shards watch, and read the apiserver only for what a watch has not delivered yet: a
+    # redelivered pod, a claim made a moment ago (up to one read a pod, at bench/e2e.py's 138 pods/s).
+    # kube-scheduler's 50/100 would throttle that; four times it does not.
+    add_kube_rate_arguments(parser, qps=200.0, burst=400)
     add_http_arguments(parser, default_port=8081)
     parser.add_argument("-v", "--verbose", action="count", default=0)
     add_log_format_argument(parser)

@@ -584,18 +584,31 @@ class Binder:
         """PendingPods a shard acknowledged without an answer (draplane_binder.in_flight) are
         sent again. JetStream redelivers unacknowledged ones, so this is only a backstop; one
         that is still queued for a shard that has not reached it is never sent twice."""
+        if not inf.waiting_for_answers(self.in_flight, now):
+            return
         floors: dict[int, int | None] = {}
         for shard in inf.to_ask_about(self.in_flight, now):
-            try:
-                info = await self.js.consumer_info(self.subjects.pending_stream, f"shard-{shard}")
-                floors[shard] = info.ack_floor.stream_seq if info.ack_floor else None
-            except (nats.errors.Error, nats.js.errors.Error, asyncio.TimeoutError):
-                floors[shard] = None  # no consumer yet (no shard started) or NATS away: still queued
-        for uid in inf.lost(self.in_flight, floors, now):
+            floors[shard] = await self._ack_floor(self.subjects.pending_stream, f"shard-{shard}")
+        # read after the floors: an answer published before a floor moved is at or below this
+        try:
+            results_last = (await self.js.stream_info(self.subjects.results_stream)).state.last_seq
+        except (nats.errors.Error, nats.js.errors.Error, asyncio.TimeoutError):
+            results_last = None
+        results_handled = await self._ack_floor(self.subjects.results_stream, "binder")
+        for uid in inf.lost(self.in_flight, floors, now, results_last=results_last, results_handled=results_handled):
             self.in_flight.pop(uid, None)
             pod = self.pods_by_uid.get(uid)
             if pod is not None:
                 self.pod_queue.put(_key(pod))
+
+    async def _ack_floor(self, stream: str, durable: str) -> int | None:
+        """The stream sequence a consumer has acknowledged everything up to; None when there is
+        no such consumer yet (no shard started) or NATS does not answer."""
+        try:
+            info = await self.js.consumer_info(stream, durable)
+        except (nats.errors.Error, nats.js.errors.Error, asyncio.TimeoutError):
+            return None
+        return info.ack_floor.stream_seq if info.ack_floor else None
 
     # --- results from the shards -------------------------------------------------------------------
 

@@ -1,32 +1,59 @@
-"""Which unanswered PendingPods the binder sends again: only those their shard acknowledged."""
+"""Which unanswered PendingPods the binder sends again: only those their shard acknowledged and
+whose answer, had there been one, the binder would have handled by now."""
 
-from draplane_binder.in_flight import ANSWER_EXPECTED_SECONDS, GIVE_UP_SECONDS, InFlight, lost, to_ask_about
+from draplane_binder.in_flight import (
+    ANSWER_EXPECTED_SECONDS,
+    GIVE_UP_SECONDS,
+    InFlight,
+    lost,
+    to_ask_about,
+    waiting_for_answers,
+)
 
 LATE = ANSWER_EXPECTED_SECONDS + 1
 
 
 def test_a_young_pending_pod_is_neither_asked_about_nor_lost():
     in_flight = {"a": InFlight(since=100.0, shard=0, sequence=5)}
-    assert to_ask_about(in_flight, 100.0 + ANSWER_EXPECTED_SECONDS) == set()
-    assert lost(in_flight, {0: 10}, 100.0 + ANSWER_EXPECTED_SECONDS) == []
+    now = 100.0 + ANSWER_EXPECTED_SECONDS
+    assert not waiting_for_answers(in_flight, now)
+    assert to_ask_about(in_flight, now) == set()
+    assert lost(in_flight, {0: 10}, now, results_last=3, results_handled=3) == []
 
 
 def test_a_backlog_no_shard_has_reached_is_not_sent_again():
-    # 20,000 queued and no shard running: no consumer, no floor; nothing is lost
+    # 20,000 queued and no shard running: no consumer, no floor; nothing is lost, look after look
     in_flight = {f"p{i}": InFlight(since=0.0, shard=i % 2, sequence=i + 1) for i in range(20000)}
     assert to_ask_about(in_flight, LATE) == {0, 1}
-    assert lost(in_flight, {}, LATE) == []
-    assert lost(in_flight, {0: None, 1: None}, LATE) == []
+    for now in (LATE, LATE + 5, LATE + 10):
+        assert lost(in_flight, {}, now, results_last=0, results_handled=0) == []
+        assert lost(in_flight, {0: None, 1: None}, now, results_last=0, results_handled=0) == []
 
 
-def test_acknowledged_and_unanswered_ones_are_sent_again_those_above_the_floor_wait():
+def test_acknowledged_ones_are_sent_again_once_the_answers_before_them_are_handled():
     in_flight = {
         "acked": InFlight(since=0.0, shard=0, sequence=7),
         "at-the-floor": InFlight(since=0.0, shard=0, sequence=9),
         "still-queued": InFlight(since=0.0, shard=0, sequence=10),
         "other-shard": InFlight(since=0.0, shard=1, sequence=3),
     }
-    assert sorted(lost(in_flight, {0: 9, 1: 2}, LATE)) == ["acked", "at-the-floor"]
+    # first look: the floors passed two of them; their answers may be among results 1..40
+    assert lost(in_flight, {0: 9, 1: 2}, LATE, results_last=40, results_handled=12) == []
+    assert in_flight["acked"].answer_by == 40 and in_flight["still-queued"].answer_by is None
+    assert to_ask_about(in_flight, LATE) == {0, 1}  # still-queued and other-shard wait for a floor
+    # the binder has not handled result 40 yet: an answer may be waiting behind its writes
+    assert lost(in_flight, {0: 9, 1: 2}, LATE + 5, results_last=55, results_handled=39) == []
+    # it has: no answer came, and none will
+    assert sorted(lost(in_flight, {0: 9, 1: 2}, LATE + 10, results_last=60, results_handled=40)) == [
+        "acked", "at-the-floor"]
+
+
+def test_an_unknown_results_sequence_decides_nothing():
+    in_flight = {"acked": InFlight(since=0.0, shard=0, sequence=7)}
+    assert lost(in_flight, {0: 9}, LATE, results_last=None, results_handled=None) == []
+    assert in_flight["acked"].answer_by is None
+    lost(in_flight, {0: 9}, LATE, results_last=5, results_handled=None)
+    assert lost(in_flight, {0: 9}, LATE + 5, results_last=5, results_handled=None) == []
 
 
 def test_an_unknown_sequence_or_a_very_old_one_is_sent_again():
@@ -36,6 +63,6 @@ def test_an_unknown_sequence_or_a_very_old_one_is_sent_again():
         "queued": InFlight(since=GIVE_UP_SECONDS - LATE, shard=0, sequence=51),
     }
     now = GIVE_UP_SECONDS + 1
-    assert sorted(lost(in_flight, {0: 1}, now)) == ["ancient", "no-ack"]
+    assert sorted(lost(in_flight, {0: 1}, now, results_last=0, results_handled=0)) == ["ancient", "no-ack"]
     # the one past giving up needs no floor, nor does one without a sequence
     assert to_ask_about(in_flight, now) == {0}
