@@ -143,7 +143,8 @@ async def setup_nodes(kube: KubeClient, nc, nodes: int, gpus: int, tag: str, *, 
 
 def start_services(plane: ControlPlane, shards: int, logdir: Path, *, manage_claims: bool = True) -> dict[str, subprocess.Popen]:
     """The shards and the binder, by component name."""
-    common = ["--nats", plane.nats_url, "--kubeconfig", str(plane.kubeconfig), "--prefix", PREFIX,
+    # The benchmark's own NATS takes any client (no auth config): said explicitly.
+    common = ["--nats", plane.nats_url, "--insecure-dev", "--kubeconfig", str(plane.kubeconfig), "--prefix", PREFIX,
               "--shards", str(shards), "--port", "0"]
     procs = {}
     for i in range(shards):

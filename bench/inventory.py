@@ -67,7 +67,7 @@ async def run(args: argparse.Namespace, plane: ControlPlane) -> None:
     cpu_start = time.process_time()
     t0 = time.monotonic()
     agents = subprocess.Popen(
-        [sys.executable, "-m", "draplane_node_agent", "--nats", plane.nats_url, "--prefix", prefix,
+        [sys.executable, "-m", "draplane_node_agent", "--nats", plane.nats_url, "--insecure-dev", "--prefix", prefix,
          "--profile", "dgx-h100", "--nodes", str(args.nodes), "--node-prefix", node_prefix,
          "--heartbeat-interval", str(args.heartbeat_interval)],
         stdout=subprocess.DEVNULL, stderr=open(os.path.join(args.workdir, "agents.log"), "wb"),

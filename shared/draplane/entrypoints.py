@@ -1,8 +1,13 @@
 """What the services' entry points share: how they reach NATS and how they serve their probes.
 
 In a pod the probe server must listen on the pod's address (`--host 0.0.0.0`, as deploy/ sets it);
-on a developer's machine it stays on loopback by default. NATS credentials are an nkey seed file
-issued by `draplane nats-auth issue` (deploy/ mounts it and names it in DRAPLANE_NATS_NKEY_SEED).
+on a developer's machine it stays on loopback by default.
+
+NATS: every service authenticates with an nkey seed file issued by `draplane nats-auth issue`
+(deploy/ mounts it and names it in DRAPLANE_NATS_NKEY_SEED) and connects over TLS, verifying the
+server with a CA file (`--nats-ca`, DRAPLANE_NATS_CA) or the system's CAs for a `tls://` URL. A
+service given neither refuses to start (exit 2, naming the flags), unless `--insecure-dev` says
+plainly that this is a development NATS without authentication.
 """
 
 from __future__ import annotations
@@ -11,6 +16,7 @@ import argparse
 import gc
 import os
 import socket
+import ssl
 from typing import Any
 
 from aiohttp import web
@@ -20,7 +26,43 @@ def add_nats_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--nats", default=os.environ.get("DRAPLANE_NATS_URL", "nats://127.0.0.1:4222"),
                         help="NATS server URL(s), comma-separated for a cluster")
     parser.add_argument("--nkey-seed", default=os.environ.get("DRAPLANE_NATS_NKEY_SEED"),
-                        help="file with this service's NATS nkey seed (draplane nats-auth issue)")
+                        help="file with this process' NATS nkey seed (draplane nats-auth issue); "
+                             "env DRAPLANE_NATS_NKEY_SEED")
+    parser.add_argument("--nats-ca", default=os.environ.get("DRAPLANE_NATS_CA"),
+                        help="CA certificate (PEM) that signed the NATS servers' TLS certificates; "
+                             "env DRAPLANE_NATS_CA (a tls:// URL without it uses the system's CAs)")
+    parser.add_argument("--insecure-dev", action="store_true",
+                        help="connect without credentials or TLS (a development NATS only)")
+
+
+def nats_credentials_problem(args: argparse.Namespace) -> str | None:
+    """Why the process must not start with these NATS settings, or None.
+
+    Without `--insecure-dev` a process needs its nkey seed and TLS (a CA file, or tls:// URLs);
+    the message names the flags and environment variables that would fix it."""
+    if args.insecure_dev:
+        return None
+    missing = []
+    if not args.nkey_seed:
+        missing.append("credentials: --nkey-seed FILE (or DRAPLANE_NATS_NKEY_SEED)")
+    elif not os.path.isfile(args.nkey_seed) or not os.access(args.nkey_seed, os.R_OK):
+        return f"--nkey-seed {args.nkey_seed}: no readable file there (DRAPLANE_NATS_NKEY_SEED names the same)"
+    tls_urls = all(url.startswith("tls://") for url in nats_servers(args.nats))
+    if not args.nats_ca and not tls_urls:
+        missing.append("TLS: --nats-ca FILE (or DRAPLANE_NATS_CA), or tls:// URLs in --nats")
+    elif args.nats_ca and not os.path.isfile(args.nats_ca):
+        return f"--nats-ca {args.nats_ca}: no file there (DRAPLANE_NATS_CA names the same)"
+    if not missing:
+        return None
+    return ("refusing to connect to NATS without " + " and ".join(missing)
+            + "; pass --insecure-dev to run against a development NATS without them")
+
+
+def require_nats_credentials(parser: argparse.ArgumentParser, args: argparse.Namespace) -> None:
+    """Exit 2 with the parser's usage and the reason when `nats_credentials_problem` finds one."""
+    problem = nats_credentials_problem(args)
+    if problem:
+        parser.error(problem)
 
 
 def nats_servers(url: str) -> list[str]:
@@ -28,8 +70,15 @@ def nats_servers(url: str) -> list[str]:
     return [server.strip() for server in url.split(",") if server.strip()]
 
 
-def nats_connect_options(url: str, nkey_seed: str | None, *, name: str) -> dict[str, Any]:
-    """Keyword arguments for nats.connect(): servers, identity, credentials, endless reconnects."""
+def nats_tls_context(ca_file: str) -> ssl.SSLContext:
+    return ssl.create_default_context(cafile=ca_file)
+
+
+def nats_connect_options(url: str, nkey_seed: str | None, *, name: str, ca_file: str | None = None,
+                         inbox_prefix: str | None = None) -> dict[str, Any]:
+    """Keyword arguments for nats.connect(): servers, identity, credentials, TLS, endless reconnects.
+
+    `inbox_prefix` is the role's (draplane.nats_roles): its credentials allow replies there only."""
     options: dict[str, Any] = {
         "servers": nats_servers(url),
         "name": name,
@@ -37,7 +86,19 @@ def nats_connect_options(url: str, nkey_seed: str | None, *, name: str) -> dict[
     }
     if nkey_seed:
         options["nkeys_seed"] = nkey_seed
+    if ca_file:
+        options["tls"] = nats_tls_context(ca_file)
+    if inbox_prefix:
+        options["inbox_prefix"] = inbox_prefix
     return options
+
+
+def role_connect_options(args: argparse.Namespace, role: str, *, name: str) -> dict[str, Any]:
+    """`nats_connect_options` from the arguments of `add_nats_arguments`, as service role `role`."""
+    from draplane.nats_roles import service_inbox_prefix
+
+    return nats_connect_options(args.nats, args.nkey_seed, name=name, ca_file=args.nats_ca,
+                                inbox_prefix=service_inbox_prefix(role))
 
 
 def add_stream_replicas_argument(parser: argparse.ArgumentParser) -> None:

@@ -2,13 +2,16 @@
 
 Every draplane process authenticates to NATS with its own nkey (an Ed25519 key pair): the server
 config holds only public keys, and a private seed never leaves the process, or the node, that
-uses it. The services share one account (DRAPLANE). Node agents are confined: the agent of
-node N may publish only N's snapshot and heartbeat subjects and read only its own inbox, so a
-compromised node can neither forge another node's inventory nor read anyone's traffic.
+uses it. The services share one account (DRAPLANE), each user with the least permissions its
+role needs (`draplane.nats_roles`, the one definition `draplane up` uses too): the subjects it
+publishes and reads, the JetStream API of its own streams and consumers, and the key-value
+buckets it may write. Node agents are confined: the agent of node N may publish only N's
+snapshot and heartbeat subjects and read only its own inbox, so a compromised node can neither
+forge another node's inventory nor read anyone's traffic.
 
-The subjects come from `draplane.messages.inventory.InventoryNames`, the one definition of the
-inventory contract; the text comes from the templates in deploy/nats/ (`auth.conf.tmpl`,
-`node-agent-user.conf.tmpl`). Rendering is pure; generating keys uses the OS's random source.
+The frame of the text comes from the templates in deploy/nats/ (`auth.conf.tmpl`,
+`node-agent-user.conf.tmpl`); the permissions are rendered into them from `draplane.nats_roles`.
+Rendering is pure; generating keys uses the OS's random source.
 """
 
 from __future__ import annotations
@@ -16,6 +19,7 @@ from __future__ import annotations
 import base64
 import binascii
 import dataclasses
+import json
 import os
 import re
 import string
@@ -26,8 +30,12 @@ import nkeys
 import yaml
 
 from draplane.messages.inventory import InventoryNames
+from draplane.nats_roles import node_agent_permissions, service_permissions
 
+# Every deployment runs these; `reader` (draplane free and dashboard, read-only) is optional.
 SERVICES = ("inventory", "allocator", "binder", "audit")
+OPTIONAL_SERVICES = ("reader",)
+KNOWN_SERVICES = (*SERVICES, *OPTIONAL_SERVICES)
 
 # Kubernetes node names are lowercase RFC 1123 subdomains. They may contain dots, which NATS
 # reads as token separators: InventoryNames puts the node last in the subject for that reason.
@@ -103,11 +111,20 @@ def render_node_agent_user(template: str, node: str, public_key: str, names: Inv
     values = {
         "node": node,
         "nkey": public_key,
+        "permissions": json.dumps(node_agent_permissions([node], names).config()),
         "snapshot_subject": names.snapshot_subject(node),
         "heartbeat_subject": names.heartbeat_subject(node),
         "inbox_prefix": names.agent_inbox_prefix(node),
     }
     return _substitute(template, values, "node-agent-user.conf.tmpl")
+
+
+def render_service_user(service: str, public_key: str, names: InventoryNames) -> str:
+    """One service's user: its key and its role's permissions (JSON, which nats-server reads)."""
+    permissions = json.dumps(service_permissions(service, names.prefix).config(), indent=2)
+    indented = permissions.replace("\n", "\n        ")
+    return (f"      # {service}: draplane.nats_roles.service_permissions({service!r}, {names.prefix!r})\n"
+            f"      {{\n        nkey: {public_key}\n        permissions: {indented}\n      }}")
 
 
 def render_auth_config(
@@ -121,14 +138,15 @@ def render_auth_config(
 ) -> str:
     """The nats-server `accounts` config: the services' users, and one confined user per node.
 
-    `service_keys` maps each of SERVICES to its public key, `node_keys` node name to public key.
+    `service_keys` maps each of SERVICES (and optionally OPTIONAL_SERVICES) to its public key,
+    `node_keys` node name to public key.
     """
     missing = [s for s in SERVICES if s not in service_keys]
     if missing:
         raise AuthConfigError(f"no public key for the services {missing}")
-    unknown = sorted(set(service_keys) - set(SERVICES))
+    unknown = sorted(set(service_keys) - set(KNOWN_SERVICES))
     if unknown:
-        raise AuthConfigError(f"public keys given for unknown services {unknown}; services are {list(SERVICES)}")
+        raise AuthConfigError(f"public keys given for unknown services {unknown}; services are {list(KNOWN_SERVICES)}")
     every_key: dict[str, str] = {}
     for owner, key in [*((f"service {s}", k) for s, k in service_keys.items()), ("system account", system_key),
                        *((f"node {n}", k) for n, k in node_keys.items())]:
@@ -141,6 +159,9 @@ def render_auth_config(
         render_node_agent_user(node_user_template, node, node_keys[node], names) for node in sorted(node_keys)
     )
     values = {f"{service}_nkey": service_keys[service] for service in SERVICES}
+    values["service_users"] = "\n".join(
+        render_service_user(service, service_keys[service], names) for service in KNOWN_SERVICES if service in service_keys
+    )
     values["system_nkey"] = system_key
     values["node_agent_users"] = node_users.rstrip("\n")
     return _substitute(auth_template, values, "auth.conf.tmpl")
@@ -167,8 +188,8 @@ def load_registry(text: str, source: str) -> KeyRegistry:
     except (yaml.YAMLError, msgspec.ValidationError) as exc:
         raise AuthConfigError(f"{source}: not a NATS key registry: {exc}") from None
     for service, key in registry.services.items():
-        if service not in SERVICES:
-            raise AuthConfigError(f"{source}: services.{service}: unknown service; services are {list(SERVICES)}")
+        if service not in KNOWN_SERVICES:
+            raise AuthConfigError(f"{source}: services.{service}: unknown service; services are {list(KNOWN_SERVICES)}")
         check_user_public_key(key, f"{source}: services.{service}")
     if registry.system is not None:
         check_user_public_key(registry.system, f"{source}: system")
@@ -192,8 +213,8 @@ def with_key(registry: KeyRegistry, role: str, name: str | None, public_key: str
     check_user_public_key(public_key, who)
     services, nodes, system = dict(registry.services), dict(registry.nodes), registry.system
     if role == "service":
-        if name not in SERVICES:
-            raise AuthConfigError(f"unknown service {name!r}; services are {list(SERVICES)}")
+        if name not in KNOWN_SERVICES:
+            raise AuthConfigError(f"unknown service {name!r}; services are {list(KNOWN_SERVICES)}")
         existing, services[name] = services.get(name), public_key
     elif role == "node":
         check_node_name(name)

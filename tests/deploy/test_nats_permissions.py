@@ -1,12 +1,16 @@
-"""deploy/nats auth templates: rendered for two nodes and enforced by a real nats-server.
+"""deploy/nats auth templates: rendered for two nodes and every service role, and enforced by a
+real nats-server over TLS.
 
 Node agent A must reach its own subjects and nothing else: not node B's subjects, not B's inbox,
-not the JetStream API. Subjects come from draplane.messages.inventory, the inventory contract.
+not the JetStream API, not the reservation bucket. A shard's credentials must not write what only
+the binder writes (pending pods, releases, the binder's audit events) nor the inventory feed. The
+reader (draplane free, the dashboard) writes nothing. The permissions are draplane.nats_roles'.
 """
 
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import json
 import subprocess
 import urllib.request
@@ -15,13 +19,18 @@ from pathlib import Path
 import nats
 import nats.errors
 import pytest
-from nats.js.api import StreamConfig
+from nats.js.api import KeyValueConfig, StreamConfig
 
-from draplane import natsauth
-from draplane.localenv import binaries
+from draplane import nats_roles, natsauth
+from draplane.audit_publisher import ensure_audit_stream
+from draplane.entrypoints import nats_tls_context
+from draplane.localenv import binaries, pki
 from draplane.localenv.processes import ServerProcess, free_port
+from draplane.messages.audit import AuditNames
 from draplane.messages.inventory import InventoryNames
 from draplane.natsauth import AuthConfigError
+from draplane.scheduling import streams
+from draplane.scheduling.messages import Subjects
 
 TEMPLATES = Path(__file__).resolve().parents[2] / "deploy" / "nats"
 NODE_A = "gpu-node-a"
@@ -34,14 +43,14 @@ def _templates() -> tuple[str, str]:
 
 @pytest.fixture(scope="module")
 def keys() -> dict[str, natsauth.UserKey]:
-    return {name: natsauth.new_user_key() for name in (*natsauth.SERVICES, "system", NODE_A, NODE_B)}
+    return {name: natsauth.new_user_key() for name in (*natsauth.KNOWN_SERVICES, "system", NODE_A, NODE_B)}
 
 
 def _render(keys, names=InventoryNames(), nodes=(NODE_A, NODE_B)) -> str:
     auth, user = _templates()
     return natsauth.render_auth_config(
         auth, user,
-        service_keys={s: keys[s].public_key for s in natsauth.SERVICES},
+        service_keys={s: keys[s].public_key for s in natsauth.KNOWN_SERVICES},
         system_key=keys["system"].public_key,
         node_keys={n: keys[n].public_key for n in nodes},
         names=names,
@@ -112,13 +121,16 @@ def test_seed_round_trips_and_garbage_is_refused(keys):
 
 @pytest.fixture
 def nats_server(tmp_path: Path, keys):
+    """nats-server with deploy/'s rendered accounts and TLS from a CA of its own, as deployed."""
     binary = binaries.require(binaries.NATS_SERVER)
     port, monitor = free_port(), free_port()
+    tls = pki.create_nats_tls(tmp_path / "tls")
     (tmp_path / "auth.conf").write_text(_render(keys))
     config = tmp_path / "nats.conf"
     config.write_text(
         f"listen: 127.0.0.1:{port}\nhttp: 127.0.0.1:{monitor}\n"
         f"jetstream {{ store_dir: {json.dumps(str(tmp_path / 'js'))} }}\n"
+        f"tls {json.dumps({'cert_file': str(tls.server_cert), 'key_file': str(tls.server_key)})}\n"
         "include ./auth.conf\n"
     )
     server = ServerProcess("nats-server (auth)", [str(binary), "-c", str(config)], tmp_path / "nats.log")
@@ -128,19 +140,28 @@ def nats_server(tmp_path: Path, keys):
             lambda: urllib.request.urlopen(f"http://127.0.0.1:{monitor}/healthz?js-enabled-only=true", timeout=2).status == 200,
             30,
         )
-        yield f"nats://127.0.0.1:{port}"
+        yield NatsServer(f"nats://127.0.0.1:{port}", tls.ca_cert)
     finally:
         server.stop()
 
 
-async def _connect(url: str, key: natsauth.UserKey, errors: list[str] | None = None, inbox_prefix: str | None = None):
+@dataclasses.dataclass(frozen=True)
+class NatsServer:
+    url: str
+    ca_cert: Path
+
+
+async def _connect(server: NatsServer, key: natsauth.UserKey, errors: list[str] | None = None,
+                   inbox_prefix: str | None = None, role: str | None = None):
+    """A client as the services connect: TLS verified against the CA, the key, the role's inbox."""
     async def on_error(exc):
         if errors is not None:
             errors.append(str(exc))
 
+    inbox_prefix = inbox_prefix or (nats_roles.service_inbox_prefix(role) if role else None)
     options = {"inbox_prefix": inbox_prefix} if inbox_prefix else {}
-    return await nats.connect(url, nkeys_seed_str=key.seed.decode(), error_cb=on_error,
-                              allow_reconnect=False, **options)
+    return await nats.connect(server.url, nkeys_seed_str=key.seed.decode(), error_cb=on_error,
+                              tls=nats_tls_context(str(server.ca_cert)), allow_reconnect=False, **options)
 
 
 async def _violation(errors: list[str], subject: str, operation: str) -> None:
@@ -152,10 +173,17 @@ async def _violation(errors: list[str], subject: str, operation: str) -> None:
     pytest.fail(f"no permissions violation for {operation} to {subject!r}; errors seen: {errors}")
 
 
+async def _refused_publish(client, errors: list[str], subject: str) -> None:
+    """`subject` is refused to `client`: the server says so, and a JetStream publish gets no ack."""
+    with pytest.raises((nats.errors.TimeoutError, nats.errors.NoRespondersError)):
+        await client.request(subject, b"forged", timeout=0.5)
+    await _violation(errors, subject, "Publish")
+
+
 @pytest.mark.integration
 async def test_node_agent_cannot_publish_or_read_as_another_node(nats_server, keys):
     names = InventoryNames()
-    inventory = await _connect(nats_server, keys["inventory"])
+    inventory = await _connect(nats_server, keys["inventory"], role="inventory")
     errors_a: list[str] = []
     agent_a = await _connect(nats_server, keys[NODE_A], errors_a, names.agent_inbox_prefix(NODE_A))
     agent_b = await _connect(nats_server, keys[NODE_B], [], names.agent_inbox_prefix(NODE_B))
@@ -191,17 +219,114 @@ async def test_node_agent_cannot_publish_or_read_as_another_node(nats_server, ke
 
         # A going around the subjects through the JetStream API (here: deleting the stream).
         delete = f"$JS.API.STREAM.DELETE.{names.stream}"
-        with pytest.raises((nats.errors.TimeoutError, nats.errors.NoRespondersError)):
-            await agent_a.request(delete, b"", timeout=0.5)
-        await _violation(errors_a, delete, "Publish")
+        await _refused_publish(agent_a, errors_a, delete)
         assert (await js.stream_info(names.stream)).state.messages == 2
 
-        # And a key the config does not list cannot connect at all.
+        # And a key the config does not list cannot connect at all, nor can a client without TLS.
         with pytest.raises(nats.errors.Error):
-            await nats.connect(nats_server, nkeys_seed_str=natsauth.new_user_key().seed.decode(),
+            await nats.connect(nats_server.url, nkeys_seed_str=natsauth.new_user_key().seed.decode(),
+                               tls=nats_tls_context(str(nats_server.ca_cert)),
+                               allow_reconnect=False, max_reconnect_attempts=0, connect_timeout=2)
+        with pytest.raises((nats.errors.Error, OSError)):
+            await nats.connect(nats_server.url, nkeys_seed_str=keys[NODE_A].seed.decode(),
                                allow_reconnect=False, max_reconnect_attempts=0, connect_timeout=2)
     finally:
         for client in (agent_a, agent_b, inventory):
+            await client.close()
+
+
+@pytest.mark.integration
+async def test_node_agent_cannot_touch_the_reservation_bucket(nats_server, keys):
+    """Node A's credentials neither write nor read the reservations, whose entries decide which
+    devices are free: not through $KV.<bucket>, not through the JetStream API."""
+    subjects = Subjects()
+    binder = await _connect(nats_server, keys["binder"], role="binder")
+    errors_a: list[str] = []
+    agent_a = await _connect(nats_server, keys[NODE_A], errors_a, InventoryNames().agent_inbox_prefix(NODE_A))
+    try:
+        bucket = await streams.reservation_bucket(binder.jetstream(), subjects)
+        revision = await bucket.put(f"node.{NODE_A}", b"held by the binder")
+        for subject in (f"$KV.{subjects.reservations_bucket}.node.{NODE_A}",
+                        f"$JS.API.STREAM.INFO.KV_{subjects.reservations_bucket}",
+                        f"$JS.API.DIRECT.GET.KV_{subjects.reservations_bucket}.$KV.{subjects.reservations_bucket}.node.{NODE_A}",
+                        f"$JS.API.STREAM.PURGE.KV_{subjects.reservations_bucket}"):
+            await _refused_publish(agent_a, errors_a, subject)
+        entry = await bucket.get(f"node.{NODE_A}")
+        assert (entry.value, entry.revision) == (b"held by the binder", revision)
+    finally:
+        for client in (agent_a, binder):
+            await client.close()
+
+
+@pytest.mark.integration
+async def test_a_shard_cannot_write_what_only_the_binder_and_the_inventory_write(nats_server, keys):
+    """Claim status is the binder's: on NATS, the binder alone sends pods to shards (pending),
+    announces releases and publishes placed/released/rejected audit events; the inventory alone
+    writes the feed. The shard's credentials do its own job and none of that. (In Kubernetes,
+    deploy/'s RBAC gives the shard no write at all: tests/deploy/test_deploy_apiserver.py has the
+    apiserver refuse its claim status update.)"""
+    subjects, names, audit = Subjects(), InventoryNames(), AuditNames()
+    binder = await _connect(nats_server, keys["binder"], role="binder")
+    inventory = await _connect(nats_server, keys["inventory"], role="inventory")
+    errors: list[str] = []
+    shard = await _connect(nats_server, keys["allocator"], errors, role="allocator")
+    try:
+        await streams.ensure_streams(binder.jetstream(), subjects)
+        reservations = await streams.reservation_bucket(binder.jetstream(), subjects)
+        await ensure_audit_stream(binder.jetstream(), audit)
+        feed = await inventory.jetstream().create_key_value(KeyValueConfig(bucket=names.feed_bucket, history=1))
+        await feed.put(f"node.{NODE_A}", b"the inventory's")
+
+        # Its own job: the streams exist (idempotent ensure), a reservation by compare-and-set, a
+        # placement for the binder, a taint audit event, and the feed read.
+        js = shard.jetstream()
+        await streams.ensure_streams(js, subjects)
+        own = await streams.reservation_bucket(js, subjects)
+        assert await own.create(f"node.{NODE_B}", b"reserved by the shard") > 0
+        assert (await js.publish(subjects.results, b"placement")).stream == subjects.results_stream
+        assert (await js.publish(audit.subject("tainted"), b"{}")).stream == audit.stream
+        assert (await (await js.key_value(names.feed_bucket)).get(f"node.{NODE_A}")).value == b"the inventory's"
+
+        # The binder's and the inventory's: refused, and nothing arrived.
+        for subject in (subjects.pending(0), subjects.pending(1), subjects.released,
+                        audit.subject("placed"), audit.subject("released"), audit.subject("rejected"),
+                        f"$KV.{names.feed_bucket}.node.{NODE_A}", f"$JS.API.STREAM.DELETE.{subjects.pending_stream}",
+                        f"$JS.API.CONSUMER.MSG.NEXT.{subjects.results_stream}.binder"):
+            await _refused_publish(shard, errors, subject)
+        binder_js = binder.jetstream()
+        assert (await binder_js.stream_info(subjects.pending_stream)).state.messages == 0
+        assert (await binder_js.stream_info(subjects.released_stream)).state.messages == 0
+        assert (await binder_js.stream_info(audit.stream)).state.messages == 1  # the shard's taint event only
+        assert (await feed.get(f"node.{NODE_A}")).value == b"the inventory's"
+        assert (await reservations.get(f"node.{NODE_B}")).value == b"reserved by the shard"
+    finally:
+        for client in (shard, inventory, binder):
+            await client.close()
+
+
+@pytest.mark.integration
+async def test_the_reader_reads_the_feed_and_reservations_and_writes_nothing(nats_server, keys):
+    """`draplane free` and the dashboard's identity: every bucket it shows, and no write anywhere,
+    not even an acknowledgement that would take work from the audit subscriber."""
+    subjects, names, audit = Subjects(), InventoryNames(), AuditNames()
+    binder = await _connect(nats_server, keys["binder"], role="binder")
+    errors: list[str] = []
+    reader = await _connect(nats_server, keys["reader"], errors, role="reader")
+    try:
+        reservations = await streams.reservation_bucket(binder.jetstream(), subjects)
+        await reservations.put(f"node.{NODE_A}", b"held")
+        view = await (reader.jetstream()).key_value(subjects.reservations_bucket)
+        assert (await view.get(f"node.{NODE_A}")).value == b"held"
+        watcher = await view.watchall()
+        assert (await watcher.updates(timeout=5)).value == b"held"
+        await watcher.stop()
+        for subject in (f"$KV.{subjects.reservations_bucket}.node.{NODE_A}", subjects.results, subjects.pending(0),
+                        names.snapshot_subject(NODE_A), f"$JS.API.STREAM.CREATE.{audit.stream}",
+                        f"$JS.API.CONSUMER.MSG.NEXT.{audit.stream}.{audit.consumer}"):
+            await _refused_publish(reader, errors, subject)
+        assert (await reservations.get(f"node.{NODE_A}")).value == b"held"
+    finally:
+        for client in (reader, binder):
             await client.close()
 
 

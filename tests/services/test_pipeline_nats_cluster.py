@@ -100,7 +100,8 @@ async def test_pipeline_loses_nothing_when_a_nats_server_is_killed(kube, control
         logs = tmp_path / "logs"
 
         def service(name: str, module: str, *args: str) -> ServerProcess:
-            process = ServerProcess(name, [sys.executable, "-m", module, f"--prefix={subject_prefix}", *args],
+            # The cluster's servers take any client (no auth config): said explicitly.
+            process = ServerProcess(name, [sys.executable, "-m", module, f"--prefix={subject_prefix}", "--insecure-dev", *args],
                                     logs / f"{name}.log", env=env)
             process.start()
             services.append(process)

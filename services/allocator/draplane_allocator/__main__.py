@@ -19,7 +19,7 @@ from aiohttp import web
 
 from draplane.entrypoints import (
     add_http_arguments, add_kube_rate_arguments, add_nats_arguments, add_stream_replicas_argument,
-    check_kube_rate_arguments, nats_connect_options, serve,
+    check_kube_rate_arguments, require_nats_credentials, role_connect_options, serve,
 )
 from draplane.kube import KubeClient
 from draplane.kube.metrics import ApiserverMetrics
@@ -62,7 +62,7 @@ def build_parser() -> argparse.ArgumentParser:
 
 async def clients(app: web.Application):
     args = app[ARGS]
-    app[NATS] = await nats.connect(**nats_connect_options(args.nats, args.nkey_seed, name="draplane-allocator"))
+    app[NATS] = await nats.connect(**role_connect_options(args, "allocator", name="draplane-allocator"))
     app[KUBE] = await KubeClient.from_environment(args.kubeconfig)
     app[KUBE].metrics = ApiserverMetrics(app[METRICS].registry)
     app[KUBE].limit_rate(args.kube_api_qps, args.kube_api_burst)
@@ -112,13 +112,15 @@ def build_app(args: argparse.Namespace) -> web.Application:
 
 
 def main(argv: list[str] | None = None) -> int:
-    args = build_parser().parse_args(argv)
+    parser = build_parser()
+    args = parser.parse_args(argv)
     if args.shards < 1:
         print("draplane-allocator: --shards must be at least 1", file=sys.stderr)
         return 2
     if problem := check_kube_rate_arguments(args):
         print(f"draplane-allocator: {problem}", file=sys.stderr)
         return 2
+    require_nats_credentials(parser, args)
     serve(build_app(args), host=args.host, port=args.port, verbose=args.verbose, log_format=args.log_format)
     return 0
 

@@ -26,7 +26,8 @@ from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, generate_l
 from draplane.allocation.free_capacity import free_capacity
 from draplane.cluster_view import ClusterView, follow_cluster
 from draplane.entrypoints import (
-    add_http_arguments, add_nats_arguments, add_stream_replicas_argument, nats_connect_options, serve,
+    add_http_arguments, add_nats_arguments, add_stream_replicas_argument, require_nats_credentials,
+    role_connect_options, serve,
 )
 from draplane.messages.audit import DEFAULT_PREFIX
 from draplane.structured_logs import add_log_format_argument
@@ -60,7 +61,7 @@ def build_parser() -> argparse.ArgumentParser:
 
 async def clients(app: web.Application):
     args = app[ARGS]
-    app[NATS] = await nats.connect(**nats_connect_options(args.nats, args.nkey_seed, name="draplane-audit"))
+    app[NATS] = await nats.connect(**role_connect_options(args, "audit", name="draplane-audit"))
     yield
     await app[NATS].drain()
 
@@ -156,10 +157,12 @@ def build_app(args: argparse.Namespace) -> web.Application:
 
 
 def main(argv: list[str] | None = None) -> int:
-    args = build_parser().parse_args(argv)
+    parser = build_parser()
+    args = parser.parse_args(argv)
     if args.metrics_interval <= 0:
         print("draplane-audit: --metrics-interval must be positive", file=sys.stderr)
         return 2
+    require_nats_credentials(parser, args)
     serve(build_app(args), host=args.host, port=args.port, verbose=args.verbose, log_format=args.log_format)
     return 0
 

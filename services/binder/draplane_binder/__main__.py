@@ -17,12 +17,13 @@ from aiohttp import web
 
 from draplane.entrypoints import (
     add_http_arguments, add_kube_rate_arguments, add_nats_arguments, add_stream_replicas_argument,
-    check_kube_rate_arguments, nats_connect_options, serve,
+    check_kube_rate_arguments, nats_connect_options, require_nats_credentials, serve,
 )
 from draplane.kube import KubeClient
 from draplane.kube.metrics import ApiserverMetrics
 from draplane.metrics import metrics_handler
 from draplane.scheduling.messages import DEFAULT_PREFIX
+from draplane.nats_roles import service_inbox_prefix
 from draplane.scheduling.reservations import DEFAULT_LEASE_SECONDS
 from draplane.structured_logs import add_log_format_argument
 from draplane_binder.metrics import BinderMetrics
@@ -60,7 +61,9 @@ def build_parser() -> argparse.ArgumentParser:
 
 async def clients(app: web.Application):
     settings = app[SETTINGS]
-    app[NATS] = await nats.connect(**nats_connect_options(settings.nats_url, settings.nats_nkey_seed, name="draplane-binder"))
+    app[NATS] = await nats.connect(**nats_connect_options(
+        settings.nats_url, settings.nats_nkey_seed, name="draplane-binder", ca_file=settings.nats_ca,
+        inbox_prefix=service_inbox_prefix("binder")))
     app[KUBE] = await KubeClient.from_environment(settings.kubeconfig)
     app[KUBE].metrics = ApiserverMetrics(app[METRICS].registry)
     app[KUBE].limit_rate(settings.kube_api_qps, settings.kube_api_burst)
@@ -90,6 +93,7 @@ def settings_from(args: argparse.Namespace) -> BinderSettings:
     return BinderSettings(
         nats_url=args.nats,
         nats_nkey_seed=args.nkey_seed,
+        nats_ca=args.nats_ca,
         kubeconfig=args.kubeconfig,
         prefix=args.prefix,
         scheduler_names=tuple(args.scheduler_names or ("draplane",)),
@@ -117,13 +121,15 @@ def build_app(settings: BinderSettings) -> web.Application:
 
 
 def main(argv: list[str] | None = None) -> int:
-    args = build_parser().parse_args(argv)
+    parser = build_parser()
+    args = parser.parse_args(argv)
     if args.shards < 1:
         print("draplane-binder: --shards must be at least 1", file=sys.stderr)
         return 2
     if problem := check_kube_rate_arguments(args):
         print(f"draplane-binder: {problem}", file=sys.stderr)
         return 2
+    require_nats_credentials(parser, args)
     settings = settings_from(args)
     serve(build_app(settings), host=settings.http_host, port=settings.http_port, verbose=args.verbose,
           log_format=args.log_format)

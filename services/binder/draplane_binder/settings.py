@@ -13,6 +13,7 @@ from draplane.scheduling.reservations import DEFAULT_LEASE_SECONDS
 class BinderSettings:
     nats_url: str = "nats://127.0.0.1:4222"
     nats_nkey_seed: str | None = None  # file with the binder's nkey seed (draplane nats-auth issue)
+    nats_ca: str | None = None  # CA file that signed the NATS servers' TLS certificates
     kubeconfig: Path | None = None
     prefix: str = DEFAULT_PREFIX
     # Pods whose spec.schedulerName is in this list are ours. The local environment adds

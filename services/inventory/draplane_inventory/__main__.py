@@ -15,7 +15,10 @@ import sys
 
 from aiohttp import web
 
-from draplane.entrypoints import add_stream_replicas_argument, tune_garbage_collector
+from draplane.entrypoints import (
+    add_nats_arguments, add_stream_replicas_argument, require_nats_credentials, role_connect_options,
+    tune_garbage_collector,
+)
 from draplane.messages.inventory import DEFAULT_PREFIX
 from draplane.metrics import metrics_handler
 from draplane.structured_logs import add_log_format_argument, configure_logging
@@ -26,13 +29,9 @@ SERVICE = web.AppKey("service", InventoryService)
 METRICS = web.AppKey("metrics", InventoryMetrics)
 
 
-def parse_args(argv: list[str] | None) -> argparse.Namespace:
+def parse_args(argv: list[str] | None, *, check_credentials: bool = False) -> argparse.Namespace:
     parser = argparse.ArgumentParser(prog="draplane-inventory", description=__doc__.splitlines()[0])
-    parser.add_argument("--nats", default=os.environ.get("DRAPLANE_NATS_URL", "nats://127.0.0.1:4222"))
-    parser.add_argument("--nkey-seed", default=os.environ.get("DRAPLANE_NATS_NKEY_SEED"),
-                        help="file with this service's NATS nkey seed (draplane nats-auth issue)")
-    parser.add_argument("--nats-user", default=os.environ.get("DRAPLANE_NATS_USER"))
-    parser.add_argument("--nats-password", default=os.environ.get("DRAPLANE_NATS_PASSWORD"))
+    add_nats_arguments(parser)
     parser.add_argument("--kubeconfig", default=os.environ.get("KUBECONFIG"))
     parser.add_argument("--prefix", default=DEFAULT_PREFIX)
     add_stream_replicas_argument(parser)
@@ -44,6 +43,8 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     args = parser.parse_args(argv)
     if not 0 < args.taint_after < args.remove_after:
         parser.error("--taint-after must be positive and smaller than --remove-after")
+    if check_credentials:
+        require_nats_credentials(parser, args)
     return args
 
 
@@ -59,9 +60,6 @@ def build_app(args: argparse.Namespace) -> web.Application:
 
         kube = await KubeClient.from_environment(args.kubeconfig)
         kube.metrics = ApiserverMetrics(app[METRICS].registry)
-        options = {"user": args.nats_user, "password": args.nats_password} if args.nats_user else {}
-        if args.nkey_seed:
-            options["nkeys_seed"] = args.nkey_seed
         log = logging.getLogger("draplane_inventory")
 
         async def on_error(exc: Exception) -> None:
@@ -73,11 +71,10 @@ def build_app(args: argparse.Namespace) -> web.Application:
         async def on_reconnected() -> None:
             log.info("NATS connection back")
 
-        # A comma-separated list names every server of a cluster, as for the allocator and binder.
-        servers = [server.strip() for server in args.nats.split(",") if server.strip()]
-        connection = await nats.connect(servers, name="draplane-inventory", max_reconnect_attempts=-1,
-                                        reconnect_time_wait=0.5, error_cb=on_error, disconnected_cb=on_disconnected,
-                                        reconnected_cb=on_reconnected, **options)
+        # A comma-separated --nats names every server of a cluster, as for the allocator and binder.
+        connection = await nats.connect(reconnect_time_wait=0.5, error_cb=on_error, disconnected_cb=on_disconnected,
+                                        reconnected_cb=on_reconnected,
+                                        **role_connect_options(args, "inventory", name="draplane-inventory"))
         service = InventoryService(kube, connection, InventorySettings(
             prefix=args.prefix, taint_after=args.taint_after, remove_after=args.remove_after, workers=args.workers,
             stream_replicas=args.stream_replicas), metrics=app[METRICS])
@@ -104,7 +101,7 @@ def build_app(args: argparse.Namespace) -> web.Application:
 
 
 def main(argv: list[str] | None = None) -> int:
-    args = parse_args(argv)
+    args = parse_args(argv, check_credentials=True)
     configure_logging(args.log_format)
     host, _, port = args.listen.rpartition(":")
     import uvloop

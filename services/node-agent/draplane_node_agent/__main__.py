@@ -15,7 +15,8 @@ import signal
 import sys
 from pathlib import Path
 
-from draplane.entrypoints import nats_servers
+from draplane.entrypoints import add_nats_arguments, nats_servers, nats_tls_context, require_nats_credentials
+from draplane.nats_roles import fleet_inbox_prefix
 from draplane.structured_logs import add_log_format_argument, configure_logging
 from draplane.messages.inventory import DEFAULT_PREFIX, InventoryNames
 from draplane_node_agent.agent import AgentFleet, SimulatedAgent
@@ -59,10 +60,9 @@ def simulated_node_names(prefix: str, count: int) -> list[str]:
     return [f"{prefix}-{i:0{width}d}" for i in range(count)]
 
 
-def parse_args(argv: list[str] | None) -> argparse.Namespace:
+def parse_args(argv: list[str] | None, *, check_credentials: bool = False) -> argparse.Namespace:
     parser = argparse.ArgumentParser(prog="draplane-node-agent", description=__doc__.splitlines()[0])
-    parser.add_argument("--nats", default=os.environ.get("DRAPLANE_NATS_URL", "nats://127.0.0.1:4222"),
-                        help="NATS server URL(s), comma-separated for a cluster")
+    add_nats_arguments(parser)
     parser.add_argument("--prefix", default=DEFAULT_PREFIX, help="NATS subject prefix (default %(default)s)")
     parser.add_argument("--backend", choices=["nvml", "profile"], default=None)
     parser.add_argument("--profile", help=f"profile name ({', '.join(shipped_profiles())}) or YAML path")
@@ -71,13 +71,9 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument("--node-prefix", default="sim", help="simulated node names: <prefix>-0000, ...")
     parser.add_argument("--heartbeat-interval", type=float, default=5.0)
     parser.add_argument("--rescan-interval", type=float, default=10.0)
-    parser.add_argument("--nkey-seed", default=os.environ.get("DRAPLANE_NATS_NKEY_SEED"),
-                        help="file with this node's NATS nkey seed (draplane nats-auth issue node NODE)")
     parser.add_argument("--listen", default=None,
                         help="host:port for /metrics, /readyz and /healthz; default 0.0.0.0:8080 for one node, "
                              "off for --nodes; '' turns it off")
-    parser.add_argument("--user", default=os.environ.get("DRAPLANE_NATS_USER"))
-    parser.add_argument("--password", default=os.environ.get("DRAPLANE_NATS_PASSWORD"))
     parser.add_argument("--print", action="store_true", help="print the discovered devices as JSON and exit")
     add_log_format_argument(parser)
     args = parser.parse_args(argv)
@@ -89,6 +85,8 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     if not args.nodes and not args.node:
         parser.error("name the node with --node (or NODE_NAME), or simulate with --nodes N")
     args.backend = backend
+    if check_credentials and not args.print:
+        require_nats_credentials(parser, args)
     if args.listen is None:
         args.listen = "" if args.nodes else "0.0.0.0:8080"
     return args
@@ -101,14 +99,14 @@ async def run(args: argparse.Namespace) -> int:
     else:
         agents = [SimulatedAgent(nodes[0], nvml_discovery)]
     names = InventoryNames(args.prefix)
-    options = {}
-    if args.user:
-        options.update(user=args.user, password=args.password)
+    # A node's credentials (a fleet's: its nodes') only let it read replies under its own inbox
+    # prefix (draplane.nats_roles.node_agent_permissions).
+    inbox_prefix = fleet_inbox_prefix(args.node_prefix) if args.nodes else names.agent_inbox_prefix(nodes[0])
+    options: dict = {"name": "draplane-node-agent", "inbox_prefix": inbox_prefix}
     if args.nkey_seed:
         options["nkeys_seed"] = args.nkey_seed
-    if options and len(nodes) == 1:
-        # A node's credentials only let it read replies under its own inbox prefix.
-        options["inbox_prefix"] = names.agent_inbox_prefix(nodes[0])
+    if args.nats_ca:
+        options["tls"] = nats_tls_context(args.nats_ca)
     fleet = AgentFleet(nats_servers(args.nats), agents, names=names, heartbeat_interval=args.heartbeat_interval,
                        rescan_interval=args.rescan_interval, connect_options=options)
     stop = asyncio.Event()
@@ -152,7 +150,7 @@ async def serve_probes(fleet: AgentFleet, listen: str):
 
 
 def main(argv: list[str] | None = None) -> int:
-    args = parse_args(argv)
+    args = parse_args(argv, check_credentials=True)
     configure_logging(args.log_format)
     try:
         if args.print:

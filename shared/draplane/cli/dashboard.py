@@ -13,7 +13,7 @@ import asyncio
 import signal
 import sys
 
-from draplane.cli.free import add_nats_source_arguments, nats_url
+from draplane.cli.free import add_nats_source_arguments, nats_url, reader_connect_options
 
 DEFAULT_PORT = 8090
 
@@ -42,10 +42,9 @@ async def _serve(args: argparse.Namespace) -> None:
     from aiohttp import web
 
     from draplane.dashboard.server import Dashboard, build_app
-    from draplane.entrypoints import nats_connect_options
 
     url = nats_url(args)
-    dashboard = Dashboard(nats_connect_options(url, args.nkey_seed, name="draplane-dashboard"), args.prefix)
+    dashboard = Dashboard(reader_connect_options(args, name="draplane-dashboard"), args.prefix)
     runner = web.AppRunner(build_app(dashboard), shutdown_timeout=5.0)
     await runner.setup()
     site = web.TCPSite(runner, args.host, args.port)

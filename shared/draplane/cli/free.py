@@ -38,21 +38,41 @@ def add_nats_source_arguments(parser: argparse.ArgumentParser) -> None:
                         help="NATS URL (default: $DRAPLANE_NATS_URL, else the running `draplane up`'s, "
                              "else nats://127.0.0.1:4222)")
     parser.add_argument("--nkey-seed", default=os.environ.get("DRAPLANE_NATS_NKEY_SEED"),
-                        help="file with a NATS nkey seed (draplane nats-auth issue)")
+                        help="file with a NATS nkey seed of the reader role (draplane nats-auth issue service "
+                             "reader; default: the running `draplane up`'s)")
+    parser.add_argument("--nats-ca", default=os.environ.get("DRAPLANE_NATS_CA"),
+                        help="CA certificate of the NATS servers' TLS (default: the running `draplane up`'s)")
     parser.add_argument("--prefix", default="draplane.", help="NATS subject prefix (default %(default)s)")
     parser.add_argument("--workdir", type=Path, default=None,
                         help="the `draplane up` to read (default ~/.local/state/draplane/up)")
 
 
 def nats_url(args: argparse.Namespace) -> str:
-    if args.nats:
-        return args.nats
-    if os.environ.get("DRAPLANE_NATS_URL"):
-        return os.environ["DRAPLANE_NATS_URL"]
-    from draplane.localenv.environment import running_up, state_dir
+    return nats_source(args)[0]
 
-    info = running_up(args.workdir or state_dir() / "up")
-    return (info or {}).get("nats_url") or "nats://127.0.0.1:4222"
+
+def nats_source(args: argparse.Namespace) -> tuple[str, str | None, str | None]:
+    """(URL, nkey seed file, CA file) to read NATS with: the ones given, else the running `draplane
+    up`'s (its reader credentials, which may read the feed, the reservations and the audit stream
+    and write nothing), else an open local NATS."""
+    url = args.nats or os.environ.get("DRAPLANE_NATS_URL")
+    info: dict = {}
+    if not url or not (args.nkey_seed and args.nats_ca):
+        from draplane.localenv.environment import running_up, state_dir
+
+        found = running_up(args.workdir or state_dir() / "up") or {}
+        if not url or url == found.get("nats_url"):
+            info = found
+    return (url or info.get("nats_url") or "nats://127.0.0.1:4222", args.nkey_seed or info.get("nats_reader_seed"),
+            args.nats_ca or info.get("nats_ca"))
+
+
+def reader_connect_options(args: argparse.Namespace, *, name: str) -> dict:
+    from draplane.entrypoints import nats_connect_options
+    from draplane.nats_roles import service_inbox_prefix
+
+    url, seed, ca = nats_source(args)
+    return nats_connect_options(url, seed, name=name, ca_file=ca, inbox_prefix=service_inbox_prefix("reader"))
 
 
 def run(args: argparse.Namespace) -> int:
@@ -81,12 +101,11 @@ async def _read(args: argparse.Namespace) -> FreeCapacity:
     import nats
 
     from draplane.cluster_view import read_cluster
-    from draplane.entrypoints import nats_connect_options
 
     async def quiet(exc: Exception) -> None:
         pass  # the failed connect is reported once, below, not as a traceback per attempt
 
-    options = nats_connect_options(nats_url(args), args.nkey_seed, name="draplane-free")
+    options = reader_connect_options(args, name="draplane-free")
     options.update(connect_timeout=2, allow_reconnect=False, error_cb=quiet)
     # nats-py retries a refused first connect on its own: the answer is bounded here instead.
     nc = await asyncio.wait_for(nats.connect(**options), CONNECT_SECONDS)

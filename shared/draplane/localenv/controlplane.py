@@ -102,6 +102,8 @@ class ControlPlane:
     processes: list[ServerProcess]
     feature_gates: dict[str, bool]
     _owns_workdir: bool = False
+    # The CA that signed nats-server's certificate, when it was started with TLS (`nats_security`).
+    nats_ca: Path | None = None
 
     @property
     def apiserver_url(self) -> str:
@@ -128,9 +130,12 @@ class ControlPlane:
         with_kubernetes: bool = True,
         startup_timeout: float = 90.0,
         logs: Path | None = None,
+        nats_security=None,
     ) -> "ControlPlane":
         """`logs`: where the servers' logs go (default `workdir/logs`); `draplane up` keeps them
-        per run, outside the workdir it clears."""
+        per run, outside the workdir it clears. `nats_security` (a `natssecurity.NatsSecurity`):
+        nats-server takes TLS and only its users, each with its role's permissions; without it
+        NATS is open to any client on loopback (the tests' shared server)."""
         owns = workdir is None
         workdir = Path(tempfile.mkdtemp(prefix="draplane-")) if workdir is None else Path(workdir)
         workdir.mkdir(parents=True, exist_ok=True)
@@ -157,7 +162,9 @@ class ControlPlane:
                 started.append(_start_apiserver_dropping_unmet_gates(apiserver_bin, workdir, ports, certs, plane, startup_timeout))
                 _write_kubeconfig(plane.kubeconfig, plane.apiserver_url, certs)
             if with_nats:
-                started.append(_start_nats(nats_bin, workdir, ports, startup_timeout))
+                extra = nats_security.server_config() if nats_security is not None else ""
+                started.append(_start_nats(nats_bin, workdir, ports, startup_timeout, extra))
+                plane.nats_ca = nats_security.tls.ca_cert if nats_security is not None else None
         except BaseException:
             plane.stop()
             raise
@@ -313,9 +320,9 @@ def nats_config(ports: Ports, store_dir: Path, extra: str = "") -> str:
     )
 
 
-def _start_nats(binary: Path, workdir: Path, ports: Ports, timeout: float) -> ServerProcess:
+def _start_nats(binary: Path, workdir: Path, ports: Ports, timeout: float, extra: str = "") -> ServerProcess:
     config = workdir / "nats.conf"
-    config.write_text(nats_config(ports, workdir / "jetstream"))
+    config.write_text(nats_config(ports, workdir / "jetstream", extra))
     process = ServerProcess("nats-server", [str(binary), "-c", str(config)], workdir / "logs" / "nats-server.log")
     process.start()
     process.wait_ready(

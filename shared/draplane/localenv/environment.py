@@ -22,11 +22,13 @@ import urllib.request
 from pathlib import Path
 from typing import Callable
 
-from draplane.localenv import binaries
+from draplane.localenv import binaries, natssecurity
 from draplane.localenv.controlplane import ControlPlane
 from draplane.localenv.controllermanager import controller_manager
 from draplane.localenv.kwok import KWOK_ANNOTATION, KwokProcess, kwok_arguments
 from draplane.localenv.processes import ServerProcess, StartupError, free_port
+from draplane.messages.inventory import DEFAULT_PREFIX
+from draplane.nats_roles import fleet_inbox_prefix
 
 log = logging.getLogger(__name__)
 
@@ -36,6 +38,7 @@ log = logging.getLogger(__name__)
 DEFAULT_PROFILES = ("l4", "a100-mig", "dgx-h100", "mixed")
 
 NVIDIA_DRIVER = "gpu.nvidia.com"
+NATS_PREFIX = DEFAULT_PREFIX  # the services' default subject prefix: `up` runs them with it
 
 
 def standard_device_classes() -> list[dict]:
@@ -108,7 +111,7 @@ class Environment:
 
 def running_up(workdir: Path) -> dict | None:
     """What a `draplane up` running in `workdir` wrote to up.json (pid, kubeconfig, nats_url,
-    audit_log), or None when none runs there: a file left by a crash names a dead pid."""
+    nats_ca and nats_reader_seed, audit_log), or None when none runs there: a file left by a crash names a dead pid."""
     try:
         info = json.loads((workdir / "up.json").read_text())
         os.kill(int(info["pid"]), 0)
@@ -194,14 +197,24 @@ async def start(
         # The logs are evidence, though: every run keeps its own folder.
         logs = new_run_logs(workdir)
         shutil.rmtree(workdir / "controlplane", ignore_errors=True)
+        shutil.rmtree(workdir / "nats-auth", ignore_errors=True)
         await asyncio.to_thread(binaries.ensure_all, progress=progress)
-        progress("starting etcd, kube-apiserver and NATS")
-        plane = await asyncio.to_thread(ControlPlane.start, workdir / "controlplane", logs=logs / "controlplane")
+        nodes = node_names(profiles, node_count)
+        # NATS as deploy/ runs it: TLS, and each process its own key with its role's permissions
+        # (draplane.nats_roles); each simulated fleet speaks for its own nodes only.
+        security = await asyncio.to_thread(
+            natssecurity.create, workdir / "nats-auth", prefix=NATS_PREFIX,
+            agents=[natssecurity.NodeAgentIdentity(f"node-agent-{profile}", tuple(names), fleet_inbox_prefix(profile))
+                    for profile, names in nodes.items()],
+        )
+        progress("starting etcd, kube-apiserver and NATS (TLS, a key per service)")
+        plane = await asyncio.to_thread(ControlPlane.start, workdir / "controlplane", logs=logs / "controlplane",
+                                        nats_security=security)
         audit_dir = logs / "audit"  # this run's: each run's NATS, and so its audit stream, is new
         (workdir / "up.json").write_text(json.dumps({"pid": os.getpid(), "kubeconfig": str(plane.kubeconfig),
-                                                     "nats_url": plane.nats_url,
+                                                     "nats_url": plane.nats_url, "nats_ca": str(security.tls.ca_cert),
+                                                     "nats_reader_seed": str(security.seed("reader")),
                                                      "audit_log": str(audit_dir / "audit.jsonl")}))
-        nodes = node_names(profiles, node_count)
         # KWOK plays the kubelets of the simulated nodes: node heartbeats and Ready, pods Running,
         # graceful deletion completed. It only takes the nodes annotated for it.
         kwok = KwokProcess("kwok", [str(binaries.require(binaries.KWOK)), *kwok_arguments(plane.kubeconfig, workdir / "kwok.yaml")],
@@ -222,33 +235,34 @@ async def start(
         env = dict(os.environ, KUBECONFIG=str(plane.kubeconfig), DRAPLANE_NATS_URL=plane.nats_url, PYTHONUNBUFFERED="1")
         python = sys.executable
 
-        def service(name: str, module: str, *args: str) -> ServerProcess:
-            process = ServerProcess(name, [python, "-m", module, *args], logs / f"{name}.log", env=env)
+        def service(name: str, identity: str, module: str, *args: str) -> ServerProcess:
+            process = ServerProcess(name, [python, "-m", module, *args], logs / f"{name}.log",
+                                    env={**env, **security.environment(identity)})
             process.start()
             services.append(process)
             return process
 
         probes: list[tuple[ServerProcess, str]] = []
         port = free_port()
-        probes.append((service("inventory", "draplane_inventory", f"--listen=127.0.0.1:{port}"), f"http://127.0.0.1:{port}/readyz"))
+        probes.append((service("inventory", "inventory", "draplane_inventory", f"--listen=127.0.0.1:{port}"), f"http://127.0.0.1:{port}/readyz"))
         for shard in range(shards):
             port = free_port()
             probes.append((
-                service(f"allocator-{shard}", "draplane_allocator", f"--shards={shards}", f"--shard-index={shard}", f"--port={port}"),
+                service(f"allocator-{shard}", "allocator", "draplane_allocator", f"--shards={shards}", f"--shard-index={shard}", f"--port={port}"),
                 f"http://127.0.0.1:{port}/readyz",
             ))
         port = free_port()
         probes.append((
             # kube-controller-manager's resourceclaim controller makes and cleans up claims here
-            service("binder", "draplane_binder", f"--shards={shards}", "--scheduler-name=draplane",
+            service("binder", "binder", "draplane_binder", f"--shards={shards}", "--scheduler-name=draplane",
                     "--scheduler-name=default-scheduler", "--no-manage-claims", f"--port={port}"),
             f"http://127.0.0.1:{port}/readyz",
         ))
         port = free_port()
-        probes.append((service("audit", "draplane_audit", f"--log-dir={audit_dir}", f"--port={port}"),
+        probes.append((service("audit", "audit", "draplane_audit", f"--log-dir={audit_dir}", f"--port={port}"),
                        f"http://127.0.0.1:{port}/readyz"))
         for profile, names in nodes.items():
-            service(f"node-agent-{profile}", "draplane_node_agent", f"--profile={profile}", f"--nodes={len(names)}",
+            service(f"node-agent-{profile}", f"node-agent-{profile}", "draplane_node_agent", f"--profile={profile}", f"--nodes={len(names)}",
                     f"--node-prefix={profile}")
 
         progress(f"starting inventory, {shards} allocator shards, binder, audit and node agents for {node_count} nodes")

@@ -1,4 +1,4 @@
-"""A throwaway certificate authority for the local kube-apiserver: serving, client and SA keys."""
+"""Throwaway certificate authorities: the local kube-apiserver's (serving, client and SA keys) and NATS' (serving)."""
 
 from __future__ import annotations
 
@@ -49,13 +49,14 @@ def _name(common_name: str, organization: str | None = None) -> x509.Name:
     return x509.Name(attrs)
 
 
-def create(directory: Path) -> Pki:
-    directory.mkdir(parents=True, exist_ok=True)
+def _validity() -> tuple[datetime.datetime, datetime.datetime]:
     now = datetime.datetime.now(datetime.timezone.utc) - datetime.timedelta(minutes=5)
-    expires = now + datetime.timedelta(days=30)
+    return now, now + datetime.timedelta(days=30)
 
+
+def _new_ca(common_name: str, now: datetime.datetime, expires: datetime.datetime):
     ca_key = _key()
-    ca_name = _name("draplane-local-ca")
+    ca_name = _name(common_name)
     ca = (
         x509.CertificateBuilder()
         .subject_name(ca_name)
@@ -68,13 +69,16 @@ def create(directory: Path) -> Pki:
         .add_extension(x509.KeyUsage(True, False, False, False, False, True, True, False, False), critical=True)
         .sign(ca_key, hashes.SHA256())
     )
+    return ca_key, ca
 
+
+def _signer(ca_key, ca, now: datetime.datetime, expires: datetime.datetime):
     def leaf(subject: x509.Name, usage, sans=None):
         key = _key()
         builder = (
             x509.CertificateBuilder()
             .subject_name(subject)
-            .issuer_name(ca_name)
+            .issuer_name(ca.subject)
             .public_key(key.public_key())
             .serial_number(x509.random_serial_number())
             .not_valid_before(now)
@@ -84,6 +88,41 @@ def create(directory: Path) -> Pki:
         if sans:
             builder = builder.add_extension(x509.SubjectAlternativeName(sans), critical=False)
         return key, builder.sign(ca_key, hashes.SHA256())
+
+    return leaf
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class NatsTls:
+    """A CA of its own and nats-server's serving certificate for loopback: clients verify the
+    server with `ca_cert` (`--nats-ca`)."""
+
+    ca_cert: Path
+    server_cert: Path
+    server_key: Path
+
+
+def create_nats_tls(directory: Path) -> NatsTls:
+    directory.mkdir(parents=True, exist_ok=True)
+    now, expires = _validity()
+    ca_key, ca = _new_ca("draplane-local-nats-ca", now, expires)
+    server_key, server = _signer(ca_key, ca, now, expires)(
+        _name("nats-server"), ExtendedKeyUsageOID.SERVER_AUTH,
+        [x509.DNSName("localhost"), x509.IPAddress(ipaddress.ip_address("127.0.0.1"))],
+    )
+    tls = NatsTls(ca_cert=directory / "nats-ca.crt", server_cert=directory / "nats-server.crt",
+                  server_key=directory / "nats-server.key")
+    tls.ca_cert.write_bytes(ca.public_bytes(serialization.Encoding.PEM))
+    tls.server_cert.write_bytes(server.public_bytes(serialization.Encoding.PEM))
+    _write_key(tls.server_key, server_key)
+    return tls
+
+
+def create(directory: Path) -> Pki:
+    directory.mkdir(parents=True, exist_ok=True)
+    now, expires = _validity()
+    ca_key, ca = _new_ca("draplane-local-ca", now, expires)
+    leaf = _signer(ca_key, ca, now, expires)
 
     serving_key, serving = leaf(
         _name("kube-apiserver"),

@@ -22,7 +22,7 @@ key means the node, pool or class is gone. Allocators watch the bucket (history 
 change) and never list ResourceSlices from Kubernetes.
 
 Node agents may publish only on their own two subjects (NATS permissions, see
-`agent_permissions`); the inventory service still checks that the body names the subject's node.
+`draplane.nats_roles.node_agent_permissions`); the inventory service still checks that the body names the subject's node.
 """
 
 from __future__ import annotations
@@ -259,10 +259,3 @@ class InventoryNames:
 
     def agent_inbox_prefix(self, node: str) -> str:
         return f"_INBOX_{_NAME_UNSAFE.sub('_', node)}"
-
-    def agent_permissions(self, node: str) -> dict:
-        """nats-server `permissions` for the agent of `node`: its own subjects, its own inbox."""
-        return {
-            "publish": {"allow": [self.snapshot_subject(node), self.heartbeat_subject(node)]},
-            "subscribe": {"allow": [f"{self.agent_inbox_prefix(node)}.>"]},
-        }

@@ -45,7 +45,7 @@ class AuditProcess:
         self.port = free_port()
         self.log_dir = tmp_path / "audit"
         self.process = ServerProcess(
-            "audit", [sys.executable, "-m", "draplane_audit", f"--nats={control_plane.nats_url}", f"--prefix={prefix}",
+            "audit", [sys.executable, "-m", "draplane_audit", f"--nats={control_plane.nats_url}", "--insecure-dev", f"--prefix={prefix}",
                       f"--log-dir={self.log_dir}", f"--port={self.port}", "--metrics-interval=0.5"],
             tmp_path / "audit.log", env=dict(os.environ, PYTHONUNBUFFERED="1"))
 

@@ -37,7 +37,8 @@ async def test_inventory_and_simulated_agents_as_processes(kube, control_plane, 
     port = free_port()
     env = {**os.environ, "KUBECONFIG": str(control_plane.kubeconfig)}
     inventory = subprocess.Popen(
-        [sys.executable, "-m", "draplane_inventory", "--nats", control_plane.nats_url, "--prefix", subject_prefix,
+        # The session's NATS takes any client: said explicitly, as a service needs.
+        [sys.executable, "-m", "draplane_inventory", "--nats", control_plane.nats_url, "--insecure-dev", "--prefix", subject_prefix,
          "--listen", f"127.0.0.1:{port}", "--taint-after", "20", "--remove-after", "60", "--log-format", "json"],
         env=env, stdout=subprocess.DEVNULL, stderr=open(tmp_path / "inventory.log", "wb"),
     )
@@ -45,7 +46,7 @@ async def test_inventory_and_simulated_agents_as_processes(kube, control_plane, 
     try:
         await eventually(lambda: _ready(port), timeout=60, interval=0.3)
         agents = subprocess.Popen(
-            [sys.executable, "-m", "draplane_node_agent", "--nats", control_plane.nats_url, "--prefix", subject_prefix,
+            [sys.executable, "-m", "draplane_node_agent", "--nats", control_plane.nats_url, "--insecure-dev", "--prefix", subject_prefix,
              "--profile", "mixed", "--nodes", "3", "--node-prefix", node_prefix, "--heartbeat-interval", "1"],
             stdout=subprocess.DEVNULL, stderr=open(tmp_path / "agents.log", "wb"),
         )
@@ -85,29 +86,20 @@ def test_inventory_arguments_are_checked():
 
 
 async def test_entry_points_authenticate_with_nkey_seeds_as_deployed(kube, control_plane, tmp_path):
-    """DRAPLANE_NATS_NKEY_SEED, as deploy/ sets it: the inventory with a service key, one real-style
-    agent (--node, probes on --listen) with its node's key, which only allows its own subjects."""
-    import json
-
-    from draplane import natsauth
-    from draplane.localenv import binaries
+    """DRAPLANE_NATS_NKEY_SEED and DRAPLANE_NATS_CA, as deploy/ sets them: over TLS, the inventory
+    with its role's key and permissions (draplane.nats_roles), one real-style agent (--node, probes
+    on --listen) with its node's key, which only allows its own subjects."""
+    from draplane.localenv import binaries, natssecurity
+    from draplane.localenv.controlplane import Ports, nats_config
     from draplane.localenv.processes import ServerProcess
-    from draplane.messages.inventory import InventoryNames
 
     node = f"nk-{uuid.uuid4().hex[:6]}"
     await create_nodes(kube, [node])
-    names = InventoryNames("draplane.")
-    service_key, node_key = natsauth.new_user_key(), natsauth.new_user_key()
-    (tmp_path / "inventory.seed").write_bytes(service_key.seed)
-    (tmp_path / "node.seed").write_bytes(node_key.seed)
+    security = natssecurity.create(tmp_path / "nats-auth", prefix="draplane.",
+                                   agents=[natssecurity.NodeAgentIdentity("agent", (node,))])
     nats_port, monitor = free_port(), free_port()
-    users = [{"nkey": service_key.public_key},
-             {"nkey": node_key.public_key, "permissions": names.agent_permissions(node)}]
-    (tmp_path / "nats.conf").write_text("\n".join([
-        f"listen: 127.0.0.1:{nats_port}", f"http: 127.0.0.1:{monitor}",
-        "jetstream { store_dir: " + json.dumps(str(tmp_path / "js")) + " }",
-        "authorization " + json.dumps({"users": users}),
-    ]))
+    (tmp_path / "nats.conf").write_text(nats_config(Ports(nats=nats_port, nats_monitor=monitor), tmp_path / "js",
+                                                    security.server_config()))
     server = ServerProcess("nats-server", [str(binaries.require(binaries.NATS_SERVER)), "-c", str(tmp_path / "nats.conf")],
                            tmp_path / "nats.log")
     server.start()
@@ -117,7 +109,7 @@ async def test_entry_points_authenticate_with_nkey_seeds_as_deployed(kube, contr
     env = {**os.environ, "KUBECONFIG": str(control_plane.kubeconfig)}
     inventory = subprocess.Popen(
         [sys.executable, "-m", "draplane_inventory", "--nats", url, "--listen", f"127.0.0.1:{inventory_port}"],
-        env={**env, "DRAPLANE_NATS_NKEY_SEED": str(tmp_path / "inventory.seed")},
+        env={**env, **security.environment("inventory")},
         stdout=subprocess.DEVNULL, stderr=open(tmp_path / "inventory.log", "wb"),
     )
     agent = None
@@ -126,7 +118,7 @@ async def test_entry_points_authenticate_with_nkey_seeds_as_deployed(kube, contr
         agent = subprocess.Popen(
             [sys.executable, "-m", "draplane_node_agent", "--nats", url, "--node", node, "--profile", "dgx-h100",
              "--listen", f"127.0.0.1:{agent_port}"],
-            env={**env, "DRAPLANE_NATS_NKEY_SEED": str(tmp_path / "node.seed")},
+            env={**env, **security.environment("agent")},
             stdout=subprocess.DEVNULL, stderr=open(tmp_path / "agent.log", "wb"),
         )
         await eventually(lambda: _ready(agent_port), timeout=60, interval=0.3)
@@ -143,3 +135,5 @@ async def test_entry_points_authenticate_with_nkey_seeds_as_deployed(kube, contr
                 process.wait(15)
         server.stop()
     assert agent.returncode == 0, (tmp_path / "agent.log").read_text()[-2000:]
+    # Each did its whole job within its role's permissions: the server refused them nothing.
+    assert "Violation" not in (tmp_path / "nats.log").read_text()

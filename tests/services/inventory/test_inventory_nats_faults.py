@@ -15,6 +15,7 @@ from draplane import natsauth
 from draplane.localenv import binaries
 from draplane.localenv.processes import ServerProcess, free_port
 from draplane.messages.inventory import SCHEMA_VERSION, InventoryNames, NodeSnapshot, encode
+from draplane.nats_roles import node_agent_permissions
 from draplane_inventory.service import InventoryService, InventorySettings
 from draplane_node_agent.agent import AgentFleet, SimulatedAgent
 from draplane_node_agent.hardware import driver_devices
@@ -48,7 +49,8 @@ class AuthNats:
                 f"http: 127.0.0.1:{self.monitor}",
                 "jetstream { store_dir: " + json.dumps(str(workdir / store)) + " }",
                 "authorization " + json.dumps({"users": [{"nkey": SERVICE_KEY.public_key}] + [
-                    {"nkey": key.public_key, "permissions": InventoryNames(PREFIX).agent_permissions(node)}
+                    {"nkey": key.public_key,
+                     "permissions": node_agent_permissions([node], InventoryNames(PREFIX)).config()}
                     for node, key in agent_keys.items()
                 ]}),
             ])

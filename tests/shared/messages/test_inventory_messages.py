@@ -71,5 +71,4 @@ def test_names_for_a_prefix():
         names.node_from_subject("t.case-1.inventory.other.n2")
     with pytest.raises(ValueError, match="prefix"):
         InventoryNames("no-dot")
-    perms = names.agent_permissions("n1")
-    assert perms["publish"]["allow"] == ["t.case-1.inventory.snapshot.n1", "t.case-1.inventory.heartbeat.n1"]
+    assert names.agent_inbox_prefix("n1.rack-2") == "_INBOX_n1_rack-2"
