@@ -171,11 +171,13 @@ JOBS = {
     "draplane-allocator": _expand(
         (R, "resourceclaims,deviceclasses", READ),
         ("", "nodes,pods", READ),
+        ("policy", "poddisruptionbudgets", READ),  # preemption keeps them
     ),
     "draplane-binder": _expand(
         ("", "pods", "get,list,watch,patch"),
         ("", "pods/binding", "create"),
         ("", "pods/status", "patch"),
+        ("", "pods/eviction", "create"),  # preemption's victims
         (R, "resourceclaims", "get,list,watch,create,update,patch"),
         (R, "resourceclaims/status", "update,patch"),
         (R, "resourceclaims/binding", "update,patch"),

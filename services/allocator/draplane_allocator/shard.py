@@ -25,6 +25,7 @@ from nats.aio.client import Client as NatsClient
 from draplane.allocation.taintrules import rule_selects
 from draplane.api.core import Node, Pod
 from draplane.api.meta import ObjectMeta
+from draplane.api.policy import PodDisruptionBudget
 from draplane.api.resource import DeviceClass, DeviceTaintRule, ResourceClaim
 from draplane.audit_publisher import AuditPublisher
 from draplane.kube import KubeApiError, KubeClient, watch_objects
@@ -33,12 +34,14 @@ from draplane.messages.inventory import InventoryNames, decode_feed_entry
 from draplane.messages.inventory import MessageError as InventoryMessageError
 from draplane.metrics import counter_value
 from draplane.scheduling import reservations as rv
-from draplane.scheduling import streams
+from draplane.scheduling import preemption, streams
 from draplane.scheduling.messages import (
     ClaimPlacement,
     MessageError,
     PendingPod,
     Placement,
+    PodRef,
+    Preemption,
     Subjects,
     Unschedulable,
     decode_message,
@@ -81,7 +84,8 @@ class Shard:
         self.state = ClusterState(policy=policy)
         self.store: ReservationStore | None = None
         self.pods: dict[str, Pod] = {}  # uid -> pod
-        self.synced = {k: asyncio.Event() for k in ("classes", "nodes", "pods", "claims", "feed", "taint rules")}
+        self.synced = {k: asyncio.Event() for k in ("classes", "nodes", "pods", "claims", "feed", "taint rules",
+                                                        "budgets")}
         self._tasks: list[asyncio.Task] = []
         self.audit = AuditPublisher(self.js, prefix)
         # The process' metrics (several shards may share them, each with its shard label); a
@@ -120,6 +124,7 @@ class Shard:
         # PendingPod, so the many changes of pending pods need not reach every shard.
         self._spawn(lambda: self._watch(Pod, "pods", self._on_pod, field_selector="spec.nodeName!="), "pods watch")
         self._spawn(lambda: self._watch(ResourceClaim, "claims", self._on_claim), "claims watch")
+        self._spawn(lambda: self._watch(PodDisruptionBudget, "budgets", self._on_budget), "disruption budgets watch")
         self._spawn(self._consume, "pending consumer")
         self._spawn(self._prune_expired, "lease reconciler")
         self._spawn(lambda: self.metrics.consumer_lag.poll_forever(
@@ -229,6 +234,9 @@ class Shard:
 
     def _on_claim(self, obj: ResourceClaim, deleted: bool) -> None:
         self.state.set_claim(obj, deleted)
+
+    def _on_budget(self, obj: PodDisruptionBudget, deleted: bool) -> None:
+        self.state.set_budget(obj, deleted)
 
     def _on_reservations(self, node: str) -> None:
         _, entry = self.store.entry(node)
@@ -566,11 +574,7 @@ class Shard:
             unschedulable = []
 
         messages = [self._placement(pending, claims, placed, lease) for pending, claims, placed, lease in placements]
-        messages += [
-            Unschedulable(pod=pending.pod, shard=self.index, message=outcome.message,
-                          failures=outcome.failures, claim_error=outcome.claim_error)
-            for pending, _, _, outcome in unschedulable
-        ]
+        messages += [self._unschedulable(pending, pod, claims, outcome) for pending, pod, claims, outcome in unschedulable]
         await asyncio.gather(*(self._publish(m) for m in messages))
         self.m.placed.inc(len(placements))
         self.m.unschedulable.inc(len(unschedulable))
@@ -587,6 +591,30 @@ class Shard:
         if failure is not None:
             raise failure
         return again
+
+    def _unschedulable(self, pending: PendingPod, pod: Pod, claims: list[ResourceClaim], outcome: NotPlaced) -> Unschedulable:
+        """The answer for a pod that fits nowhere, with the preemption that would make room for it
+        where its priority allows one (kube-scheduler appends preemption's verdict to the message)."""
+        message, plan = outcome.message, None
+        if not outcome.claim_error:
+            try:
+                plan = self.state.preemption_for(pod, claims)
+            except Exception:  # noqa: BLE001 - preemption is an extra; the pod's own answer must still go
+                self.log.exception("shard %d: pod %s: preemption search failed", self.index, pending.pod.key(),
+                                   extra=fields(pod=pending.pod.key()))
+        preempt = None
+        if isinstance(plan, preemption.PreemptionPlan):
+            preempt = Preemption(node=plan.node, explanation=plan.explain(), victims=[
+                PodRef(namespace=v.namespace, name=v.name, uid=v.uid) for v in plan.victims])
+            message = f"{message} {plan.explain()}"
+            self.log.info("shard %d: pod %s: %s", self.index, pending.pod.key(), plan.explain(),
+                          extra=fields(pod=pending.pod.key(), node=plan.node))
+        elif isinstance(plan, preemption.AwaitingVictims):
+            message = f"{message} preemption: {plan.explain()}"
+        elif isinstance(plan, preemption.NoPreemption):
+            message = f"{message} {plan.reason}"
+        return Unschedulable(pod=pending.pod, shard=self.index, message=message, failures=outcome.failures,
+                             claim_error=outcome.claim_error, preemption=preempt)
 
     def _reservations(self, pending: PendingPod, placed: Placed, now: float, expires_at: float) -> list[rv.Reservation]:
         claims = {c.uid: c for c in pending.claims}

@@ -61,6 +61,8 @@ class BinderMetrics:
         self.claims_released = Counter("draplane_binder_claims_released",
                                        "Claims whose allocation went (deleted or deallocated): reservation freed",
                                        registry=r)
+        self.preemption_evictions = Counter("draplane_binder_preemption_evictions",
+                                            "Pods evicted so that a higher-priority pod fits", registry=r)
         self.pending_published = Counter("draplane_binder_pending_published", "PendingPods sent to the shards",
                                          registry=r)
         self.pending_publish_failures = Counter("draplane_binder_pending_publish_failures",

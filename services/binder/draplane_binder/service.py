@@ -27,6 +27,7 @@ import nats.js.errors
 from nats.aio.client import Client as NatsClient
 
 from draplane.api.core import Node, Pod, PodResourceClaimStatus
+from draplane.api.meta import ObjectMeta
 from draplane.api.resource import ResourceClaim, ResourceClaimConsumerReference, ResourceClaimTemplate
 from draplane.audit_publisher import AuditPublisher
 from draplane.kube import KubeApiError, KubeClient, watch_objects
@@ -40,6 +41,7 @@ from draplane.scheduling.messages import (
     PendingPod,
     Placement,
     PodRef,
+    Preemption,
     Subjects,
     Unschedulable,
     decode_message,
@@ -670,7 +672,10 @@ class Binder:
             elif isinstance(result, Unschedulable):
                 pod = self.pods_by_uid.get(result.pod.uid)
                 if pod is not None and self._pending_pod_needs_work(pod):
-                    await self._mark_unschedulable(pod, result.message, shard=result.shard,
+                    message = result.message
+                    if result.preemption is not None:
+                        message = await self.preempt(pod, result.preemption, message)
+                    await self._mark_unschedulable(pod, message, shard=result.shard,
                                                    answer=_stream_sequence(msg),
                                                    reason=failure_label(result.failures, result.claim_error))
             else:
@@ -686,6 +691,41 @@ class Binder:
                                      f"failed: {exc!r}; retrying in {delay:.0f} s")
             return
         await msg.ack()
+
+    async def preempt(self, pod: Pod, preemption: Preemption, message: str) -> str:
+        """Evict the victims a shard chose through the Eviction API (it refuses what a
+        PodDisruptionBudget forbids), tell each why with kube-scheduler's `Preempted` Event, and
+        nominate the node on the preemptor. Returns the preemptor's message, with any refusal.
+
+        Idempotent: a redelivered answer evicts pods already gone (404, or the UID precondition
+        fails on a namesake: 409) and nominates the same node again."""
+        namespace, name = _key(pod)
+        refused = []
+        for victim in preemption.victims:
+            try:
+                await self.kube.evict_pod(victim.namespace, victim.name, victim.uid)
+            except KubeApiError as exc:
+                if exc.is_not_found or exc.is_conflict:
+                    continue  # gone already, or a new pod under its name: not ours to evict
+                if exc.refused_by_disruption_budget:
+                    refused.append(f"{victim.key()}: {exc.message}")
+                    continue
+                raise
+            self.metrics.preemption_evictions.inc()
+            log.info("pod %s: evicted to make room for %s/%s on node %s", victim.key(), namespace, name,
+                     preemption.node, extra=fields(pod=victim.key(), node=preemption.node))
+            victim_pod = Pod(metadata=ObjectMeta(namespace=victim.namespace, name=victim.name, uid=victim.uid))
+            await self._event(victim_pod, "Preempted",
+                              f"Preempted by pod {pod.metadata.uid} on node {preemption.node}", type_="Normal")
+        try:
+            await self.kube.patch(Pod, name, {"status": {"nominatedNodeName": preemption.node}}, namespace,
+                                  subresource="status")
+        except KubeApiError as exc:
+            if not exc.is_not_found:
+                raise
+        if refused:
+            return f"{message} Evictions refused: {'; '.join(refused)}."
+        return message
 
     def _placed_event(self, placement: Placement) -> audit.AuditEvent:
         pod = placement.pod

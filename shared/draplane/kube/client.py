@@ -22,7 +22,7 @@ import yarl
 from kubernetes_asyncio import client as k8s_client
 from kubernetes_asyncio import config as k8s_config
 
-from draplane.api import core, resource
+from draplane.api import core, policy, resource
 from draplane.kube.metrics import ApiserverMetrics
 from draplane.kube.ratelimit import TokenBucket, retry_after_seconds, retry_delay
 
@@ -62,6 +62,9 @@ KINDS: dict[type[msgspec.Struct], ResourceKind] = {
     ),
     core.Pod: ResourceKind("v1", "pods", True, core.Pod, core.PodList),
     core.Node: ResourceKind("v1", "nodes", False, core.Node, core.NodeList),
+    policy.PodDisruptionBudget: ResourceKind(
+        "policy/v1", "poddisruptionbudgets", True, policy.PodDisruptionBudget, policy.PodDisruptionBudgetList
+    ),
 }
 
 
@@ -110,8 +113,15 @@ class KubeApiError(Exception):
         return self.status == 422
 
     @property
+    def refused_by_disruption_budget(self) -> bool:
+        """The Eviction API's answer when a PodDisruptionBudget forbids the eviction: a 429 whose
+        cause is DisruptionBudget. It is a verdict, not overload: retrying at once cannot help."""
+        causes = self.details.get("causes") or []
+        return self.status == 429 and any(c.get("type") == "DisruptionBudget" for c in causes if isinstance(c, dict))
+
+    @property
     def retryable(self) -> bool:
-        return self.status in (429, 500, 502, 503, 504)
+        return self.status in (429, 500, 502, 503, 504) and not self.refused_by_disruption_budget
 
 
 _encoder = msgspec.json.Encoder()
@@ -330,6 +340,18 @@ class KubeClient:
             "target": {"apiVersion": "v1", "kind": "Node", "name": node},
         }
         await self.request("POST", f"/api/v1/namespaces/{namespace}/pods/{pod}/binding", body=binding)
+
+    async def evict_pod(self, namespace: str, name: str, uid: str | None = None) -> None:
+        """The Eviction API: the pod is deleted with its own grace period unless a
+        PodDisruptionBudget forbids it (429). With `uid`, only that pod, not a namesake (409)."""
+        eviction: dict[str, Any] = {
+            "apiVersion": "policy/v1",
+            "kind": "Eviction",
+            "metadata": {"name": name, "namespace": namespace},
+        }
+        if uid:
+            eviction["deleteOptions"] = {"preconditions": {"uid": uid}}
+        await self.request("POST", f"/api/v1/namespaces/{namespace}/pods/{name}/eviction", body=eviction)
 
     async def create_namespace(self, name: str) -> None:
         try:

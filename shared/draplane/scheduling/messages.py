@@ -94,6 +94,15 @@ class NodeFailure(msgspec.Struct, frozen=True, kw_only=True):
     reasons: list[str] = msgspec.field(default_factory=list)
 
 
+class Preemption(msgspec.Struct, frozen=True, kw_only=True):
+    """The lower-priority pods whose eviction lets an unschedulable pod fit on `node`."""
+
+    node: str
+    victims: list[PodRef]
+    # Why these and not others, in words, for the preemptor's condition and the victims' Events.
+    explanation: str
+
+
 class Unschedulable(msgspec.Struct, tag="unschedulable", kw_only=True):
     version: int = SCHEMA_VERSION
     pod: PodRef
@@ -103,6 +112,9 @@ class Unschedulable(msgspec.Struct, tag="unschedulable", kw_only=True):
     failures: list[NodeFailure] = msgspec.field(default_factory=list)
     # A problem with the pod or its claims themselves (unknown class, bad selector): no node helps.
     claim_error: str = ""
+    # Set when the pod has a higher priority than pods whose eviction would let it fit: the binder
+    # evicts them and nominates the node (an older shard never sets it).
+    preemption: Preemption | None = None
 
 
 class ClaimReleased(msgspec.Struct, tag="released", kw_only=True):

@@ -37,6 +37,8 @@ from draplane.api.resource import (
 )
 from draplane.cel.errors import CELError
 from draplane.scheduling import reservations as rv
+from draplane.api.policy import PodDisruptionBudget
+from draplane.scheduling import preemption
 from draplane.scheduling.messages import NodeFailure
 from draplane.scheduling.unschedulable import FailureReason, summarize
 
@@ -145,6 +147,10 @@ class ClusterState:
         # node -> pod uid -> requests, for pods bound there (from the pod watch)
         self.pods_on_node: dict[str, dict[str, dict[str, int]]] = {}
         self._pod_node: dict[str, str] = {}
+        # node -> pod uid -> the pod as preemption reads it (priority, labels, claims, start), for
+        # pods bound there (from the pod watch only: a reserved pod is not running yet)
+        self.running: dict[str, dict[str, preemption.RunningPod]] = {}
+        self.budgets: dict[str, PodDisruptionBudget] = {}  # "namespace/name" -> PodDisruptionBudget
         self.claims: dict[str, ResourceClaim] = {}  # uid -> claim
         self.reserved: dict[str, rv.Reservation] = {}  # claim uid -> reservation
         # node -> pod uid -> (requests, lease end), for pods reserved there in the bucket (placed
@@ -204,13 +210,32 @@ class ClusterState:
         phase = pod.status.phase if pod.status else None
         if deleted or phase in ("Succeeded", "Failed"):
             self.forget_pod(uid)
+            self._forget_running(uid)
             return
         if pod.spec.node_name:
             try:
                 requests = pod_requests(pod)
+                running = preemption.RunningPod.from_pod(pod)
             except NodeFitError:
-                requests = {}
+                requests, running = {}, None
             self.assume_pod(uid, pod.spec.node_name, requests)
+            self._forget_running(uid)
+            if running is not None:
+                self.running.setdefault(pod.spec.node_name, {})[uid] = running
+
+    def _forget_running(self, uid: str) -> None:
+        for node, pods in list(self.running.items()):
+            if pods.pop(uid, None) is not None:
+                if not pods:
+                    del self.running[node]
+                return
+
+    def set_budget(self, budget: PodDisruptionBudget, deleted: bool = False) -> None:
+        key = f"{budget.metadata.namespace}/{budget.metadata.name}"
+        if deleted:
+            self.budgets.pop(key, None)
+        else:
+            self.budgets[key] = budget
 
     def assume_pod(self, uid: str, node: str, requests: dict[str, int]) -> None:
         self.forget_pod(uid)
@@ -379,6 +404,34 @@ class ClusterState:
                                             detail="the node has no devices in usable pools",
                                             reasons=[f"{CANNOT_ALLOCATE}: the node has no devices"]))
         return NotPlaced(message=summarize(failures, len(self.nodes)), failures=failures)
+
+    def preemption_for(self, pod: Pod, claims: Sequence[ResourceClaim], now: float | None = None):
+        """For a pod `place_pod` could not place: the victims whose eviction lets it fit
+        (`preemption.PreemptionPlan`), the terminating pods it waits for, or why preemption cannot
+        help (`NoPreemption`). None when no pod anywhere has a lower priority, so preemption has
+        nothing to say (most pods: keeps their message as kube-scheduler's fit error alone)."""
+        priority = preemption.pod_priority(pod)
+        if not any(p.priority < priority for pods in self.running.values() for p in pods.values()):
+            return None
+        if any(c.status is not None and c.status.allocation is not None for c in claims):
+            # A claim already allocated pins the pod to its devices; freeing others cannot help it.
+            return None
+        in_use = {}
+        for claim in self.claims.values():
+            if claim.status is not None and claim.status.allocation is not None:
+                in_use[f"{claim.metadata.namespace}/{claim.metadata.name}"] = claim
+        running = {node: list(pods.values()) for node, pods in self.running.items()}
+
+        def used(node: str) -> tuple[dict[str, int], int]:
+            total: dict[str, int] = {}
+            pods = self.pods_here(node, now)
+            for requests in pods.values():
+                for resource, amount in requests.items():
+                    total[resource] = total.get(resource, 0) + amount
+            return total, len(pods)
+
+        return preemption.plan_preemption(self.cluster, pod, claims, running=running, claims_in_use=in_use,
+                                          budgets=list(self.budgets.values()), in_use=used, now=now)
 
     def place_pod(self, pod: Pod, claims: Sequence[ResourceClaim]) -> Placed | NotPlaced:
         """Where `pod` and its claims can go: node fit first, then the devices, best score wins."""

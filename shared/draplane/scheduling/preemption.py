@@ -94,6 +94,7 @@ class RunningPod:
     labels: Mapping[str, str] = field(default_factory=dict)
     claims: tuple[str, ...] = ()  # "namespace/name" of the claims it uses
     started: float | None = None  # seconds since the epoch (status.startTime), None if not started
+    terminating: bool = False  # deletionTimestamp set: already on its way out, evicted or not
 
     @property
     def key(self) -> str:
@@ -114,6 +115,7 @@ class RunningPod:
             node=pod.spec.node_name or "", priority=pod_priority(pod), requests=pod_requests(pod),
             labels=dict(pod.metadata.labels or {}), claims=tuple(dict.fromkeys(claims)),
             started=_timestamp(pod.status.start_time if pod.status else None),
+            terminating=pod.metadata.deletion_timestamp is not None,
         )
 
 
@@ -134,6 +136,21 @@ class PreemptionPlan:
         names = ", ".join(f"{v.key} (priority {v.priority})" for v in self.victims)
         return (f"preempting {len(self.victims)} pod(s) on node {self.node} for {self.preemptor} "
                 f"(priority {self.priority}): {names}; with them gone its claims and requests fit there")
+
+
+@dataclass(frozen=True, slots=True)
+class AwaitingVictims:
+    """The pod will fit on `node` once pods already terminating there are gone (evicted by an
+    earlier preemption, say): evicting more now would take more than it needs, so it waits, as
+    kube-scheduler's "a terminating pod on the nominated node" rule makes it wait."""
+
+    preemptor: str
+    node: str
+    terminating: tuple[str, ...]
+
+    def explain(self) -> str:
+        return (f"waiting for {len(self.terminating)} terminating pod(s) on node {self.node} "
+                f"({', '.join(self.terminating)}) to free what {self.preemptor} needs")
 
 
 @dataclass(frozen=True, slots=True)
@@ -235,7 +252,7 @@ def plan_preemption(
     budgets: Sequence[PodDisruptionBudget] = (),
     in_use: Callable[[str], tuple[Mapping[str, int], int]] | None = None,
     now: float | None = None,
-) -> PreemptionPlan | NoPreemption:
+) -> PreemptionPlan | AwaitingVictims | NoPreemption:
     """The cheapest set of lower-priority victims on one node whose eviction lets `pod` and its
     (unallocated) `claims` fit there, or why there is none.
 
@@ -249,6 +266,11 @@ def plan_preemption(
     now = time.time() if now is None else now
     priority = pod_priority(pod)
     requests = pod_requests(pod)
+    awaiting = _fits_once_terminating_pods_go(cluster, pod, claims, running, claims_in_use, requests, in_use,
+                                              priority)
+    if awaiting is not None:
+        node, pods = awaiting
+        return AwaitingVictims(key, node, tuple(p.key for p in pods))
     outcomes: dict[str, _NodeOutcome] = {}
     per_node: dict[str, str] = {}
     for order, name in enumerate(sorted(cluster.nodes)):
@@ -261,12 +283,16 @@ def plan_preemption(
         if blocking:
             per_node[name] = NOT_HELPFUL
             continue
-        candidates = sorted((p for p in bound if p.priority < priority), key=_more_important_first)
+        # A terminating pod is no victim: it is going anyway (counted as gone), and evicting it
+        # again frees nothing.
+        going = [p for p in bound if p.terminating]
+        candidates = sorted((p for p in bound if p.priority < priority and not p.terminating),
+                            key=_more_important_first)
         if not candidates:
             per_node[name] = NO_VICTIMS
             continue
         outcome = _victims_on_node(cluster, pod, claims, name, candidates, budgets, requests, used, count,
-                                   claims_in_use)
+                                   claims_in_use, going=going)
         if isinstance(outcome, str):
             per_node[name] = outcome
         elif outcome.broken_budgets:
@@ -284,6 +310,20 @@ def plan_preemption(
                           chosen.placement)
 
 
+def _fits_once_terminating_pods_go(cluster, pod, claims, running, claims_in_use, requests, in_use, priority):
+    """The first node where the pod fits with only its lower-priority terminating pods gone."""
+    for name in sorted(cluster.nodes):
+        going = [p for p in running.get(name, ()) if p.terminating and p.priority < priority]
+        if not going:
+            continue
+        used, count = in_use(name) if in_use else _summed(running.get(name, ()))
+        outcome = _victims_on_node(cluster, pod, claims, name, going, (), requests, used, count, claims_in_use,
+                                   reprieve=False)
+        if not isinstance(outcome, str):
+            return name, going
+    return None
+
+
 def _summed(pods: Iterable[RunningPod]) -> tuple[dict[str, int], int]:
     total: dict[str, int] = {}
     count = 0
@@ -295,15 +335,16 @@ def _summed(pods: Iterable[RunningPod]) -> tuple[dict[str, int], int]:
 
 
 def _victims_on_node(cluster, pod, claims, name, candidates, budgets, requests, used, count,
-                     claims_in_use) -> _NodeOutcome | str:
+                     claims_in_use, *, reprieve: bool = True, going: Sequence[RunningPod] = ()) -> _NodeOutcome | str:
     """kube-scheduler's SelectVictimsOnNode with devices: remove every candidate, check the pod
-    fits, give victims back most important first (budget-breaking ones before the rest)."""
+    fits, give victims back most important first (budget-breaking ones before the rest). `going`
+    (terminating pods) count as gone throughout and are never victims."""
     node = cluster.nodes[name]
     released = _ReleasedClaims(cluster, claims_in_use)
     evicted: list[RunningPod] = list(candidates)
 
     def fits() -> NodePlacement | str:
-        freed_requests, freed = _summed(evicted)
+        freed_requests, freed = _summed([*going, *evicted])
         remaining = {r: used.get(r, 0) - freed_requests.get(r, 0) for r in used}
         fit = node_fit(pod, node, requests=requests, in_use=(remaining, count - freed))
         if not fit.fits:
@@ -317,21 +358,23 @@ def _victims_on_node(cluster, pod, claims, name, candidates, budgets, requests, 
         return outcome
 
     try:
-        released.release_unused(evicted)
+        released.release_unused([*going, *evicted])
         first = fits()
         if isinstance(first, str):
             return first  # would not fit even with every lower-priority pod gone
+        if not reprieve:
+            return _NodeOutcome(evicted, first, [])
         ledger = _Budgets.of(budgets)
         breaking = [(p, ledger.violated_by(p)) for p in candidates]
         order = [item for item in breaking if item[1]] + [item for item in breaking if not item[1]]
         broken: list[str] = []
         for victim, would_break in order:
             evicted.remove(victim)
-            released.restore_used(evicted)
+            released.restore_used([*going, *evicted])
             outcome = fits()
             if isinstance(outcome, str):  # needed after all: evict it
                 evicted.append(victim)
-                released.release_unused(evicted)
+                released.release_unused([*going, *evicted])
                 broken.extend(would_break)
         # The placement must be the one for the final victim set.
         final = fits()

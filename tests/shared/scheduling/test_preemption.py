@@ -224,3 +224,24 @@ def test_running_pod_from_a_pod_object(start):
     running = RunningPod.from_pod(pod)
     assert running.priority == 7 and running.requests == {"cpu": 2000} and running.claims == ("ns/c",)
     assert (running.started is not None) == (start == "2026-12-01T10:00:00Z")
+
+
+def test_a_pod_that_fits_once_terminating_pods_are_gone_waits_for_them():
+    from draplane.scheduling.preemption import AwaitingVictims
+    fleet = Fleet(nodes=2)
+    fleet.fill()
+    for i, victim in enumerate(fleet.running["node-1"]):
+        fleet.running["node-1"][i] = RunningPod(**{**{f: getattr(victim, f) for f in victim.__slots__},
+                                                   "terminating": True})
+    outcome = fleet.plan(*preemptor())
+    assert isinstance(outcome, AwaitingVictims) and outcome.node == "node-1" and len(outcome.terminating) == 8
+    # Terminating pods are not victims a second time: with only four of them, four more are evicted.
+    fleet = Fleet(nodes=1)
+    fleet.fill()
+    for i in range(4):
+        victim = fleet.running["node-0"][i]
+        fleet.running["node-0"][i] = RunningPod(**{**{f: getattr(victim, f) for f in victim.__slots__},
+                                                   "terminating": True})
+    plan = fleet.plan(*preemptor())
+    assert isinstance(plan, PreemptionPlan) and len(plan.victims) == 4
+    assert not any(v.terminating for v in plan.victims)

@@ -1,0 +1,152 @@
+"""Preemption through the live services, applied with kubectl: a high-priority pod that fits
+nowhere evicts lower-priority pods (Eviction API), is nominated, and binds where they were.
+
+The fixtures run no kubelet, so the victims set terminationGracePeriodSeconds: 0 and go at once
+when evicted; under `draplane up`, KWOK finishes their graceful deletion. kube-controller-manager
+runs (tests/conftest.py): it deletes the victims' template claims and computes the budgets.
+"""
+
+from __future__ import annotations
+
+import json
+import uuid
+
+import pytest
+
+from test_user_flows import get_json, gpu_cluster, no_races_or_errors, wait_bound, wait_unschedulable
+
+pytestmark = pytest.mark.integration
+
+
+def priority_class(name: str, value: int, never: bool = False) -> str:
+    return f"""
+apiVersion: scheduling.k8s.io/v1
+kind: PriorityClass
+metadata: {{name: {name}}}
+value: {value}
+{"preemptionPolicy: Never" if never else ""}
+"""
+
+
+def template_yaml(namespace: str, name: str, class_name: str, count: int) -> str:
+    return f"""
+apiVersion: resource.k8s.io/v1
+kind: ResourceClaimTemplate
+metadata: {{name: {name}, namespace: {namespace}}}
+spec:
+  spec:
+    devices:
+      requests:
+        - name: gpus
+          exactly: {{deviceClassName: {class_name}, count: {count}}}
+"""
+
+
+def pod_yaml(namespace: str, name: str, scheduler: str, template: str, *, priority_class_name: str | None = None,
+             node: str | None = None, labels: dict | None = None) -> str:
+    extra = f"\n  priorityClassName: {priority_class_name}" if priority_class_name else ""
+    if node:
+        extra += f"\n  nodeSelector: {json.dumps({'kubernetes.io/hostname': node})}"
+    return f"""
+apiVersion: v1
+kind: Pod
+metadata: {{name: {name}, namespace: {namespace}, labels: {json.dumps(labels or {})}}}
+spec:
+  schedulerName: {scheduler}
+  terminationGracePeriodSeconds: 0{extra}
+  containers:
+    - name: main
+      image: registry.k8s.io/pause:3.10
+      resources: {{claims: [{{name: devices}}]}}
+  resourceClaims:
+    - {{name: devices, resourceClaimTemplateName: {template}}}
+"""
+
+
+@pytest.fixture
+async def classes(kubectl):
+    suffix = uuid.uuid4().hex[:6]
+    names = {"high": f"high-{suffix}", "never": f"high-never-{suffix}"}
+    await kubectl.apply(priority_class(names["high"], 1000) + "---" + priority_class(names["never"], 1000, never=True))
+    yield names
+    await kubectl("delete", "priorityclass", *names.values(), "--ignore-not-found")
+
+
+async def full_cluster(scheduling, kube, kubectl, namespace, *, nodes: int = 2, labels_by_node=None):
+    """`nodes` nodes of 8 GPUs, each GPU held by a priority-0 pod pinned there."""
+    class_name, names = await gpu_cluster(scheduling, kube, nodes=nodes)
+    docs = [template_yaml(namespace, "one-gpu", class_name, 1), template_yaml(namespace, "eight-gpus", class_name, 8)]
+    for n, node in enumerate(names):
+        for g in range(8):
+            docs.append(pod_yaml(namespace, f"low-{n}-{g}", scheduling.scheduler_name, "one-gpu", node=node,
+                                 labels=(labels_by_node or {}).get(n)))
+    await kubectl.apply("---".join(docs))
+    for n in range(nodes):
+        for g in range(8):
+            await wait_bound(scheduling, kubectl, namespace, f"low-{n}-{g}", timeout=90)
+    return names
+
+
+async def pods_left(kubectl, namespace) -> dict[str, str]:
+    got = await get_json(kubectl, "pods", "-n", namespace)
+    return {p["metadata"]["name"]: p["spec"].get("nodeName", "") for p in got["items"]
+            if not p["metadata"].get("deletionTimestamp")}
+
+
+async def test_an_eight_gpu_pod_evicts_exactly_one_nodes_pods_and_binds_there(scheduling, kube, kubectl, namespace,
+                                                                               classes):
+    await scheduling.start()
+    nodes = await full_cluster(scheduling, kube, kubectl, namespace)
+    await kubectl.apply(pod_yaml(namespace, "big", scheduling.scheduler_name, "eight-gpus",
+                                 priority_class_name=classes["high"]))
+    pod = await wait_bound(scheduling, kubectl, namespace, "big", timeout=90)
+    node = pod["spec"]["nodeName"]
+    assert node in nodes
+    index = nodes.index(node)
+    left = await pods_left(kubectl, namespace)
+    assert {name for name in left if name.startswith("low-")} == {
+        f"low-{n}-{g}" for n in range(2) for g in range(8) if n != index}
+    assert pod["status"].get("nominatedNodeName") in (None, node)
+    events = await get_json(kubectl, "events", "-n", namespace, "--field-selector", "reason=Preempted")
+    assert sorted(e["involvedObject"]["name"] for e in events["items"]) == sorted(f"low-{index}-{g}" for g in range(8))
+    assert all(e["message"] == f"Preempted by pod {pod['metadata']['uid']} on node {node}" for e in events["items"])
+    no_races_or_errors(scheduling)
+
+
+async def test_a_budget_moves_the_preemption_or_leaves_the_pod_pending_naming_it(scheduling, kube, kubectl, namespace,
+                                                                                   classes):
+    await scheduling.start()
+    nodes = await full_cluster(scheduling, kube, kubectl, namespace,
+                               labels_by_node={0: {"app": "a"}, 1: {"app": "b"}})
+    budgets = "---".join(f"""
+apiVersion: policy/v1
+kind: PodDisruptionBudget
+metadata: {{name: keep-{app}, namespace: {namespace}}}
+spec:
+  maxUnavailable: 0
+  selector: {{matchLabels: {{app: {app}}}}}
+""" for app in ("a", "b"))
+    await kubectl.apply(budgets)
+    await kubectl.apply(pod_yaml(namespace, "big", scheduling.scheduler_name, "eight-gpus",
+                                 priority_class_name=classes["high"]))
+    message = await wait_unschedulable(scheduling, kubectl, namespace, "big", contains="PodDisruptionBudget",
+                                       timeout=60)
+    assert f"PodDisruptionBudget {namespace}/keep-a" in message and f"PodDisruptionBudget {namespace}/keep-b" in message
+    assert len(await pods_left(kubectl, namespace)) == 17  # nobody evicted
+    # Node 1's pods lose their protection: the preemption goes there, and only there.
+    await kubectl("delete", "pdb", "keep-b", "-n", namespace)
+    pod = await wait_bound(scheduling, kubectl, namespace, "big", timeout=90)
+    assert pod["spec"]["nodeName"] == nodes[1]
+    left = await pods_left(kubectl, namespace)
+    assert {name for name in left if name.startswith("low-")} == {f"low-0-{g}" for g in range(8)}
+
+
+async def test_a_pod_with_preemption_policy_never_waits(scheduling, kube, kubectl, namespace, classes):
+    await scheduling.start()
+    await full_cluster(scheduling, kube, kubectl, namespace, nodes=1)
+    await kubectl.apply(pod_yaml(namespace, "patient", scheduling.scheduler_name, "eight-gpus",
+                                 priority_class_name=classes["never"]))
+    message = await wait_unschedulable(scheduling, kubectl, namespace, "patient",
+                                       contains="preemption: not eligible due to preemptionPolicy=Never.")
+    assert message.startswith("0/1 nodes are available: 1 cannot allocate all claims")
+    assert len(await pods_left(kubectl, namespace)) == 9
