@@ -87,6 +87,7 @@ class _ShapeIndex:
         # Nodes alike in devices and use (see Cluster._likeness) share one search.
         self.by_likeness: dict[tuple, object] = {}
         self.policy = policy
+        self.policy_version = policy.version  # scores go stale when the policy learns (see ScoringPolicy.version)
         self.expressions: tuple[str, ...] = ()
         self.likeness_key: tuple = ()
         self.attributes: tuple[str, ...] = ()
@@ -291,10 +292,11 @@ class Cluster:
 
     def _refresh(self, shape, claims, policy, plans) -> _ShapeIndex:
         index = self._shapes.get(shape)
-        if index is None or index.epoch != self._epoch:
+        if index is None or index.epoch != self._epoch or index.policy_version != policy.version:
             if len(self._shapes) > 1024:
                 self._shapes.clear()
             index = _ShapeIndex(self._epoch, policy, plans)
+            index.policy_version = policy.version
             index.expressions = tuple(dict.fromkeys(
                 e for plan in plans for subs in plan.requests for r in subs for e in r.class_selectors + r.request_selectors))
             index.attributes = tuple(dict.fromkeys(c.attribute for plan in plans for c in plan.constraints))
@@ -425,6 +427,19 @@ class Cluster:
             if node_filter is None or node_filter(self.nodes[name]):
                 return name
         return None
+
+    def rank_without_claims(self, names: Sequence[str], resources: NodeResources,
+                            policy: ScoringPolicy | None = None) -> list[str]:
+        """Nodes for a pod that claims no devices, best first: by the policy's CPU/memory term alone
+        (what the pod would strand of the node's free devices), then node order; as given when the
+        policy reads no node resources."""
+        policy = policy or self.policy
+        if not policy.reads_node_resources:
+            return list(names)
+        requests = (resources.cpu, resources.memory)
+        return sorted(names, key=lambda name: (
+            policy.node_resources_score(self.device_free_milli(name), 0.0, resources.free(name), requests),
+            self._node_order.get(name, 0)))
 
     def device_free_milli(self, name: str) -> float:
         """The node's free devices in milli-devices: 1000 per free device, the unused fraction of a

@@ -12,12 +12,15 @@ policies here measure it against the workload's own distribution of request shap
   of pods, memory ignored) could not use. A pod goes to the node and GPU that most reduce it; the
   score is sigmoid(Δ/1000)·100 truncated to an integer, as in the paper's simulator, so ties are
   common and go to the node order.
-- `draplane`: the same expected-fragmentation measure made exact and memory-aware, with a look-ahead
-  for whole GPUs and whole nodes (see `DraplaneFragmentation`).
+- `draplane`: the allocator core's policy (topology first) with fragmentation measured exactly
+  against what it has learned of the workload online: slivers no common share size can fill, and
+  devices stranded without CPU or memory (see `OnlineWorkload`, `FragmentationAwareDraplane`). It is
+  the policy the shards run and the one `draplane simulate` measures.
 
-Everything here is pure arithmetic on `NodeState` (a node's free CPU, memory and per-GPU free milli)
-and `PodShape`, so the allocator service and the simulator run the very same code; the results are a
-function of (state, shape) and callers may cache them.
+The scores are pure arithmetic on `NodeState` (a node's free CPU, memory and per-GPU free milli) and
+`PodShape`, so the allocator service and the simulator run the very same code. The baselines'
+results are a function of (state, shape) and callers may cache them; draplane's depend also on what
+it has learned (`OnlineWorkload.version`, its CPU and memory ratios).
 """
 
 from __future__ import annotations
@@ -342,189 +345,246 @@ def packing_waste_table(sizes: Iterable[int]) -> list[int]:
     return [f - best[f] for f in range(MILLI + 1)]
 
 
-class DraplaneFragmentation:
-    """draplane's fragmentation term. Two kinds of GPU go to waste in a cluster that fills up, and
-    the cost of a node is the sum of both (lower is better; the score is the drop in cost):
+class OnlineWorkload:
+    """What draplane knows of the workload: only the pods it has been asked to place so far.
 
-    1. Slivers: free milli on a GPU that no combination of the workload's common share sizes can
-       fill (`packing_waste_table` over `filler_sizes`: frequent ones, and small ones only when
-       there are enough of them for the slivers they would fill). FGD looks one pod ahead and counts a 220-milli remainder as lost
-       to every pod above 220; packing it with two 110s is what happens over the next hour.
-    2. Stranded GPUs: free GPU milli beyond what the node's free CPU and memory can feed, at the
-       ratio of GPU to CPU and to memory of the GPU pods (`min(cpu·r_cpu, memory·r_mem)`). FGD only
-       asks whether one more typical pod fits, so it happily lets CPU-heavy pods drain a node whose
-       GPUs then sit idle; this term steers CPU-heavy pods to CPU-rich nodes and keeps the ratios.
+    Two kinds of device go to waste in a cluster that fills up, and both are measured against it:
 
-    The score is exact (a float): no sigmoid and no truncation. Equal scores go to the node order.
-    Both terms are functions of the node's free CPU, memory and per-GPU free milli, and the GPU
-    choice only moves the sliver term, so the simulator evaluates them for many nodes at once.
+    1. Slivers: free milli on a device that no combination of the common share sizes seen so far
+       can fill (`packing_waste_table` over `filler_sizes`). FGD looks one pod ahead and counts a
+       220-milli remainder as lost to every pod above 220; packing it with two 110s is what
+       happens over the next hour.
+    2. Stranded devices: free milli-devices beyond what the node's free CPU and memory can feed, at
+       the ratio of CPU and memory to devices of the device-using pods seen so far. CPU-only pods
+       would dilute the ratios (they ask CPU with no device) and make every node look short of CPU.
+
+    Share sizes are fractions of one device in milli, learned from one-device pods (a whole one
+    counts as 1000, so that the frequencies are those of all one-device pods). The waste table is
+    rebuilt every REFRESH_EVERY such pods and at each size not seen before (at most 1,001 sizes);
+    `version` changes only when the sizes
+    counted on to fill slivers change, so callers may keep scores computed under one version.
     """
 
-    name = "draplane"
+    REFRESH_EVERY = 64
     SHARE_MIN_FREQUENCY = 0.01  # shares rarer than this are not counted on to fill slivers
-
-    def __init__(self, profile: WorkloadProfile, *, gpu_per_cpu: float, gpu_per_memory: float):
-        self.profile = profile
-        by_size: Counter[int] = Counter()
-        for s, w in zip(profile.shapes, profile.weights):
-            if s.num_gpu == 1:
-                by_size[s.gpu_milli] += w
-        self.waste = packing_waste_table(filler_sizes(by_size, self.SHARE_MIN_FREQUENCY))
-        self.gpu_per_cpu = gpu_per_cpu
-        self.gpu_per_memory = gpu_per_memory
-
-    @classmethod
-    def for_workload(cls, shapes: Sequence[PodShape]) -> "DraplaneFragmentation":
-        # The ratios are those of the pods that use GPUs: what a free GPU needs beside it to be used.
-        # CPU-only pods would dilute them (they ask CPU with no GPU), making every node look short
-        # of CPU and sending GPU pods away from nodes that could still feed their GPUs. Measured
-        # (seeds 1-3 and 43-45): default 3.84 -> 3.68, multigpu20 3.57 -> 3.18, gpushare100 12.86 -> 12.78.
-        gpu_pods = [s for s in shapes if s.num_gpu]
-        gpu = sum(s.gpu_demand for s in gpu_pods)
-        cpu = sum(s.cpu_milli for s in gpu_pods)
-        memory = sum(s.memory_mib for s in gpu_pods)
-        return cls(
-            typical_shapes(shapes, with_memory=True),
-            gpu_per_cpu=gpu / cpu if cpu else math.inf,
-            gpu_per_memory=gpu / memory if memory else math.inf,
-        )
-
-    def stranded(self, gpu_free, cpu_free, memory_free):
-        """GPU milli the node's CPU and memory cannot feed (numpy arrays or plain numbers)."""
-        feedable = np.minimum(np.asarray(cpu_free, dtype=float) * self.gpu_per_cpu, np.asarray(memory_free, dtype=float) * self.gpu_per_memory)
-        return np.maximum(0.0, np.asarray(gpu_free, dtype=float) - feedable)
-
-    def sliver_gain(self, gpus: Sequence[int], shape: PodShape) -> tuple[float, tuple[int, ...]] | None:
-        """The best drop in sliver waste over the GPU choices, and that choice (indexes into gpus)."""
-        choices = candidate_gpus(NodeState("", 0, 0, tuple(gpus)), shape)
-        if not choices:
-            return None
-        waste = self.waste
-        best: tuple[float, tuple[int, ...]] | None = None
-        state = NodeState("", 0, 0, tuple(gpus))
-        for chosen in choices:
-            gain = 0.0
-            for i in chosen:
-                gain += waste[gpus[i]] - waste[gpus[i] - shape.gpu_milli]
-            if best is None or gain > best[0] or (gain == best[0] and _fuller(state, chosen, best[1])):
-                best = (gain, chosen)
-        return best
-
-    def place(self, state: NodeState, shape: PodShape) -> Placement | None:
-        if not fits(state, shape):
-            return None
-        sliver = self.sliver_gain(state.gpus, shape)
-        if sliver is None:
-            return None
-        total = state.gpu_free_total
-        before = float(self.stranded(total, state.cpu_free, state.memory_free))
-        after_ = float(self.stranded(total - shape.gpu_demand, state.cpu_free - shape.cpu_milli, state.memory_free - shape.memory_mib))
-        return Placement(sliver[0] + before - after_, sliver[1])
-
-
-# --- the allocator core's `draplane` policy: topology first, then fragmentation ------------------
-
-
-class FragmentationAwareDraplane(DraplanePolicy):
-    """The allocator service's default policy: the core's topology-first `draplane`, plus the
-    sliver term of `DraplaneFragmentation` for shares of multi-allocatable devices.
-
-    The service sees devices and claims, not a trace, so the workload's share sizes are learned from
-    the capacity requests it is asked to place (as fractions of the device's capacity, in
-    milli), and a candidate device is ranked by the part of its remainder those sizes cannot fill.
-    Only the order among devices that the base policy ranks equal on topology changes, and ordering
-    never changes whether a claim fits.
-
-    The stranding term of `DraplaneFragmentation` joins the node score when the caller passes the
-    pod's CPU and memory and the nodes' free amounts (`Cluster.allocate(node_resources=...)`, which
-    the shard's `ClusterState.place_pod` does): the free devices a node's CPU and memory can no
-    longer feed, at the ratios of the device-using pods placed so far, in whole devices.
-    """
-
-    name = "draplane"
-    REFRESH_EVERY = 64  # requests between rebuilds of the waste table
-    reads_node_resources = True
 
     def __init__(self) -> None:
         self.sizes: Counter[int] = Counter()
+        self.fillers: list[int] = []
         self.waste = packing_waste_table([])
+        self.version = 0
         self._since_refresh = 0
         # Running sums over the device-using pods seen: milli-devices, CPU milli, memory bytes.
-        self._device_milli = 0.0
-        self._cpu = 0
-        self._memory = 0
+        self.device_milli = 0
+        self.cpu = 0
+        self.memory = 0
+
+    def observe(self, cpu: int, memory: int, device_milli: float) -> None:
+        """A pod about to be placed: CPU (milli), memory (bytes), devices (milli-devices)."""
+        # Whole milli: the float residue of capacity fractions must not make two equal pods differ.
+        milli = round(device_milli)
+        if milli <= 0:
+            return
+        self.device_milli += milli
+        self.cpu += cpu
+        self.memory += memory
+        if milli <= MILLI:
+            new_size = milli not in self.sizes
+            self.sizes[milli] += 1
+            self._since_refresh += 1
+            if new_size or self._since_refresh >= self.REFRESH_EVERY:
+                self._refresh()
+
+    def _refresh(self) -> None:
+        self._since_refresh = 0
+        total = sum(self.sizes.values())
+        fillers = filler_sizes({z: n / total for z, n in self.sizes.items()}, self.SHARE_MIN_FREQUENCY)
+        if fillers != self.fillers:
+            self.fillers = fillers
+            self.waste = packing_waste_table(fillers)
+            self.version += 1
+
+    def sliver_cost(self, free: int, take: int) -> int:
+        """What taking `take` milli of a device with `free` milli free adds to its unfillable part."""
+        return self.waste[free - take] - self.waste[free]
+
+    def stranded(self, device_free: float, cpu_free: float, memory_free: float) -> float:
+        """Milli-devices beyond what the free CPU and memory feed at the observed ratios; a resource
+        no pod has asked for yet feeds without limit. Floats throughout, in one order, so that
+        `stranded_many` gives the very same numbers."""
+        feedable = math.inf
+        if self.cpu > 0:
+            feedable = min(feedable, float(cpu_free) * float(self.device_milli) / float(self.cpu))
+        if self.memory > 0:
+            feedable = min(feedable, float(memory_free) * float(self.device_milli) / float(self.memory))
+        return max(0.0, float(device_free) - feedable)
+
+    def stranded_many(self, device_free: np.ndarray, cpu_free: np.ndarray, memory_free: np.ndarray) -> np.ndarray:
+        """`stranded` for many nodes at once."""
+        feedable = np.full(len(device_free), math.inf)
+        if self.cpu > 0:
+            feedable = np.minimum(feedable, cpu_free.astype(float) * float(self.device_milli) / float(self.cpu))
+        if self.memory > 0:
+            feedable = np.minimum(feedable, memory_free.astype(float) * float(self.device_milli) / float(self.memory))
+        return np.maximum(0.0, device_free.astype(float) - feedable)
+
+
+MIB = 1 << 20
+
+
+class FragmentationAwareDraplane(DraplanePolicy):
+    """The `draplane` policy: what the allocator shards run and what `draplane simulate` measures.
+
+    It is the core's topology-first `DraplanePolicy` (one PCIe root, then one NUMA node; shared
+    devices fill before new ones are split; busy nodes first) plus the two fragmentation terms of
+    `OnlineWorkload`, learned online from the pods placed so far and never from later ones:
+
+    - device order: among devices that the base policy ranks equal on splitting, a share goes to the
+      device whose unfillable part (by the common share sizes) grows least, then to the one whose
+      remainder stays the most fillable, then in the base order;
+    - node score (lower is better): the base score plus the chosen devices' sliver cost, and, when
+      the caller passes the pod's CPU and memory and the nodes' free amounts
+      (`Cluster.allocate(node_resources=...)`, as the shard's `ClusterState.place_pod` does), the
+      devices the placement newly strands, both in devices.
+
+    Ordering never changes whether a claim fits. `place` is the same policy on the simulator's
+    `NodeState` (a node of identical shareable GPUs, no topology), so the simulator's fast engine
+    replays it without the device search; `tests/shared/simulation/test_shipped_policy.py` checks
+    that the engine and the shard's core make the same choices pod by pod.
+    """
+
+    name = "draplane"
+    reads_node_resources = True
+    # Splitting and whole free devices only break ties: measured on seed 42 with them at full weight
+    # (as in the base policy) default 4.33, gpushare100 12.83, multigpu20 3.84; as tie-breakers 3.65,
+    # 11.5, 3.27 unallocated GPU %.
+    PACKING_WEIGHT = 1e-6
+
+    def __init__(self) -> None:
+        self.workload = OnlineWorkload()
+
+    @property
+    def version(self) -> int:
+        """Changes when scores computed before may no longer hold (the Cluster recomputes them)."""
+        return self.workload.version
+
+    # --- learning --------------------------------------------------------------------------------
 
     def observe_requests(self, cpu: int, memory: int, device_milli: float) -> None:
-        if device_milli > 0:
-            self._device_milli += device_milli
-            self._cpu += cpu
-            self._memory += memory
+        self.workload.observe(cpu, memory, device_milli)
 
-    def stranded(self, device_free: float, cpu_free: int, memory_free: int) -> float:
-        """Milli-devices beyond what the free CPU and memory feed at the observed ratios; a resource
-        no pod has asked for yet feeds without limit."""
-        feedable = math.inf
-        if self._cpu > 0:
-            feedable = min(feedable, cpu_free * self._device_milli / self._cpu)
-        if self._memory > 0:
-            feedable = min(feedable, memory_free * self._device_milli / self._memory)
-        return max(0.0, device_free - feedable)
+    # --- the allocator core's hooks ----------------------------------------------------------------
 
     def node_resources_score(self, device_free, device_taken, free, requests):
         cpu_free, memory_free = free
         cpu, memory = requests
-        before = self.stranded(device_free, cpu_free, memory_free)
-        after = self.stranded(device_free - device_taken, cpu_free - cpu, memory_free - memory)
+        # Whole milli-devices, as the simulator counts them: float residue must not decide a tie.
+        device_free = round(device_free)
+        device_taken = round(device_taken)
+        before = self.workload.stranded(device_free, cpu_free, memory_free)
+        after = self.workload.stranded(device_free - device_taken, cpu_free - cpu, memory_free - memory)
         # Lower is better: devices newly stranded cost, devices given back their CPU/memory gain.
         return (after - before) / MILLI
 
-    def _learn(self, milli: int) -> None:
-        self.sizes[milli] += 1
-        self._since_refresh += 1
-        if self._since_refresh >= self.REFRESH_EVERY or len(self.sizes) == 1:
-            total = sum(self.sizes.values())
-            self.waste = packing_waste_table(
-                filler_sizes({z: n / total for z, n in self.sizes.items()}, DraplaneFragmentation.SHARE_MIN_FREQUENCY)
-            )
-            self._since_refresh = 0
-
     @staticmethod
-    def _share_milli(record, requested) -> tuple[str, int, int] | None:
-        """(capacity name, requested milli of it, free milli of it) for a share of this device."""
-        if not record.allow_multiple or not requested:
+    def _share(candidate, consumed, view) -> tuple[int, int] | None:
+        """(free milli, milli taken) of a share of a multi-allocatable device: by the capacity that
+        is most used, as `Cluster.device_free_milli` counts it."""
+        record = candidate.record
+        if not record.allow_multiple or not consumed:
             return None
-        for name, amount in requested.items():
+        used = view.state.shared_capacity(record.id) or {}
+        used_fraction = take_fraction = 0.0
+        for name, amount in consumed.items():
             cap = record.capacity.get(name)
             if cap is None or cap.value.value <= 0:
                 continue
-            return name, int(amount.value * MILLI / cap.value.value), MILLI
-        return None
+            value = amount.value if hasattr(amount, "value") else amount
+            take_fraction = max(take_fraction, float(value / cap.value.value))
+        for name, amount in used.items():
+            cap = record.capacity.get(name)
+            if cap is not None and cap.value.value > 0:
+                used_fraction = max(used_fraction, float(amount / cap.value.value))
+        free = round(MILLI * max(0.0, 1.0 - used_fraction))
+        return free, min(free, round(MILLI * take_fraction))
+
+    def score_placement(self, placement, view):
+        score = super().score_placement(placement, view)
+        sliver = 0
+        for chosen in placement.chosen:
+            for c in chosen:
+                share = self._share(c, c.consumed, view)
+                if share is not None:
+                    sliver += self.workload.sliver_cost(*share)
+        return score + sliver / MILLI
 
     def order_candidates(self, request, candidates, view):
         ordered = super().order_candidates(request, candidates, view)
         if len(ordered) <= 1 or not request.capacity or request.count != 1:
             return ordered
-        first = self._share_milli(ordered[0].record, request.capacity)
-        if first is None:
-            return ordered
-        name, milli, _ = first
-        self._learn(milli)
-        waste = self.waste
+        wanted = {name: amount for name, amount in request.capacity.items()}
+        workload = self.workload
+        shared_capacity = view.state.shared_capacity
 
-        def remainder_waste(candidate) -> int:
-            record = candidate.record
-            cap = record.capacity.get(name)
-            if not record.allow_multiple or cap is None:
-                return MILLI
-            used = (view.state.shared_capacity(record.id) or {}).get(name, 0)
-            free = int((cap.value.value - used) * MILLI / cap.value.value)
-            left = free - milli
-            return waste[left] if 0 <= left <= MILLI else MILLI
+        def sliver(candidate) -> tuple[int, int]:
+            share = self._share(candidate, wanted, view)
+            if share is None or share[1] > share[0]:
+                return MILLI, MILLI
+            free, take = share
+            return workload.sliver_cost(free, take), workload.waste[free - take]
 
         # Stable: devices the base policy put first (already shared, tightest topology) stay first
-        # among equals; a partly used device whose remainder stays fillable beats one whose doesn't.
-        split_rank = {id(c): (view.state.shared_capacity(c.record.id) is None) for c in ordered}
-        return sorted(ordered, key=lambda c: (split_rank[id(c)], remainder_waste(c)))
+        # among equals; then the device whose unfillable part grows least, and of those the one
+        # whose remainder stays the most fillable.
+        split_rank = {id(c): (c.record.allow_multiple and shared_capacity(c.record.id) is None) for c in ordered}
+        return sorted(ordered, key=lambda c: (split_rank[id(c)], sliver(c)))
+
+    # --- the same policy on the simulator's node states ------------------------------------------
+
+    def device_choice(self, gpus: Sequence[int], shape: PodShape) -> tuple[float, tuple[int, ...]] | None:
+        """The GPUs the core would take on a node whose GPUs have `gpus` milli free (sorted or not),
+        and the part of the node score that depends on them: newly split GPUs, the fraction of GPUs
+        left whole and free (`DraplanePolicy.score_placement`), and the sliver cost. None when the
+        GPUs cannot hold the pod. Topology is absent: the simulator's nodes have none."""
+        if shape.num_gpu == 0:
+            return 0.0, ()
+        if shape.shares_gpu:
+            best = None
+            for i, free in enumerate(gpus):
+                if free < shape.gpu_milli:
+                    continue
+                left = free - shape.gpu_milli
+                key = (free == MILLI, self.workload.sliver_cost(free, shape.gpu_milli), self.workload.waste[left], i)
+                if best is None or key < best:
+                    best = key
+            if best is None:
+                return None
+            chosen: tuple[int, ...] = (best[-1],)
+        else:
+            whole = [i for i, free in enumerate(gpus) if free >= shape.gpu_milli]
+            if len(whole) < shape.num_gpu:
+                return None
+            chosen = tuple(whole[: shape.num_gpu])
+        split = sum(1 for i in chosen if gpus[i] == MILLI)
+        whole_left = sum(1 for free in gpus if free == MILLI) - split
+        sliver = sum(self.workload.sliver_cost(gpus[i], shape.gpu_milli) for i in chosen)
+        # The very arithmetic of score_placement (no topology: 0.0), so that floats agree exactly.
+        packing = self.SPLIT_WEIGHT * split + whole_left / len(gpus)
+        return 0.0 + self.PACKING_WEIGHT * packing + sliver / MILLI, chosen
+
+    def place(self, state: NodeState, shape: PodShape) -> Placement | None:
+        """The policy on one node, without learning from the pod (the caller observes it once);
+        Placement scores are higher-is-better, so the node cost is negated."""
+        if not fits(state, shape):
+            return None
+        found = self.device_choice(state.gpus, shape)
+        if found is None:
+            return None
+        device_score, chosen = found
+        resources = self.node_resources_score(state.gpu_free_total, shape.gpu_demand,
+                                              (state.cpu_free, state.memory_free * MIB),
+                                              (shape.cpu_milli, shape.memory_mib * MIB))
+        return Placement(-(device_score + resources), chosen)
 
 
 register_policy(FragmentationAwareDraplane())

@@ -9,7 +9,7 @@ A policy does two things, neither of which can change whether claims fit:
 
 `first-fit` is Kubernetes: candidates in pool/slice/device order, every node scores the same.
 `draplane` (the default) prefers tight topology and low fragmentation; see `DraplanePolicy`.
-New policies (the trace-tuned fragmentation policy) subclass `ScoringPolicy` and call
+New policies (`draplane` itself is `fragmentation.FragmentationAwareDraplane`) subclass `ScoringPolicy` and call
 `register_policy`.
 """
 
@@ -34,6 +34,10 @@ class ScoringPolicy:
         """Likewise for the Node object (labels, allocatable CPU and memory) when scores read it.
         The default, the node's name, makes no two nodes alike: safe, and slower."""
         return node.metadata.name
+
+    # Changes when what the policy learned makes scores computed before stale; `Cluster` then
+    # searches every node again for the next claims.
+    version = 0
 
     def order_candidates(self, request: "RequestPlan", candidates: list["Candidate"], view: "NodeView") -> list["Candidate"]:
         return candidates
@@ -157,25 +161,39 @@ class DraplanePolicy(ScoringPolicy):
                         touched.add((pool.id[0], pool.id[1], set_name))
         return touched
 
+    # The packing terms (newly split devices, whole devices left free) count this much against
+    # topology; a policy with a finer fragmentation measure makes them its tie-breakers.
+    PACKING_WEIGHT = 1.0
+
     def score_placement(self, placement, view):
-        state = view.state
+        return self.topology_penalty(placement) + self.PACKING_WEIGHT * self.packing_penalty(placement, view)
+
+    def topology_penalty(self, placement) -> float:
         penalty = 0.0
-        chosen_ids = set()
-        touched_sets = None
         for chosen in placement.chosen:
             roots = {c.record.pcie_root for c in chosen if c.record.pcie_root is not None}
             numas = {c.record.numa_node for c in chosen if c.record.numa_node is not None}
             penalty += self.TOPOLOGY_WEIGHT * max(len(roots) - 1, 0) + self.NUMA_WEIGHT * max(len(numas) - 1, 0)
+        return penalty
+
+    def packing_penalty(self, placement, view) -> float:
+        """SPLIT_WEIGHT per newly split device, plus the fraction of the node's devices left whole
+        and free (busy nodes fill first, so that whole nodes stay free for large requests)."""
+        state = view.state
+        split = 0
+        chosen_ids = set()
+        touched_sets = None
+        for chosen in placement.chosen:
             for c in chosen:
                 r = c.record
                 chosen_ids.add(r.id)
                 if r.allow_multiple and state.shared_capacity(r.id) is None:
-                    penalty += self.SPLIT_WEIGHT
+                    split += 1
                 if r.consumes:
                     if touched_sets is None:
                         touched_sets = self._touched_counter_sets(view)
                     if not any((r.driver, r.pool, s) in touched_sets for s, _ in r.consumes):
-                        penalty += self.SPLIT_WEIGHT
+                        split += 1
         total = 0
         whole_free = 0
         for pool in view.pools:
@@ -186,7 +204,7 @@ class DraplanePolicy(ScoringPolicy):
                 if r.id in chosen_ids or state.is_allocated(r.id):
                     continue
                 whole_free += 1
-        return penalty + (whole_free / total if total else 0.0)
+        return self.SPLIT_WEIGHT * split + (whole_free / total if total else 0.0)
 
 
 FIRST_FIT = FirstFitPolicy()

@@ -483,6 +483,8 @@ class ClusterState:
 
         if not pending:
             candidates = sorted(pinned) if pinned else sorted(self.nodes)
+            candidates = self.cluster.rank_without_claims(
+                candidates, NodeResources(requests.get(CPU, 0), requests.get(MEMORY, 0), self._free_cpu_memory))
             for name in candidates:
                 node = self.nodes.get(name)
                 if node is not None and node_filter(node):

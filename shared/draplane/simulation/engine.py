@@ -20,10 +20,11 @@ import numpy as np
 
 from draplane.allocation.fragmentation import (
     MILLI,
+    MIB,
     BestFit,
-    DraplaneFragmentation,
     FirstFit,
     FirstNode,
+    FragmentationAwareDraplane,
     NodeState,
     Placement,
     PodShape,
@@ -120,6 +121,8 @@ class Replay:
         # The allocator core's word on the chosen node: it may refuse (None) or name the devices.
         self.confirm = confirm
         self.evaluations = 0
+        self._policy_version = -1
+        self._to_learn: PodShape | None = None  # the pod the policy learns from, once
 
     # --- helpers ---------------------------------------------------------------------------------
 
@@ -136,12 +139,14 @@ class Replay:
             else:
                 mask &= a.whole_free >= shape.num_gpu
             if shape.models:
-                allowed = self.model_masks.get(shape.models)
-                if allowed is None:
-                    allowed = np.array([m in shape.models for m in a.models], dtype=bool)
-                    self.model_masks[shape.models] = allowed
-                mask &= allowed
+                mask &= self._model_mask(shape.models)
         return np.flatnonzero(mask)
+
+    def _model_mask(self, models: tuple[str, ...]) -> np.ndarray:
+        allowed = self.model_masks.get(models)
+        if allowed is None:
+            allowed = self.model_masks[models] = np.array([m in models for m in self.a.models], dtype=bool)
+        return allowed
 
     @staticmethod
     def _gpus_for(free_values: Sequence[int], node_gpus: list[int], shape: PodShape) -> GpuChoice:
@@ -206,48 +211,74 @@ class Replay:
             node = int(idx[int(np.argmax(scores))])
             placement = self.policy.place(self.state(node), shape)
             return node, placement.gpus if placement else ()
-        if isinstance(self.policy, DraplaneFragmentation):
+        if isinstance(self.policy, FragmentationAwareDraplane):
             return self._choose_draplane(shape, idx)
         return self._choose_grouped(shape, idx)
 
-    def _choose_draplane(self, shape: PodShape, idx: np.ndarray) -> tuple[int, GpuChoice]:
+    def _device_feasible_anywhere(self, shape: PodShape) -> bool:
+        """Whether the pod's GPUs fit some node, CPU and memory aside: the allocator core learns
+        from a pod when its claim fits some node's devices, before node fit is asked."""
         a = self.a
-        policy: DraplaneFragmentation = self.policy  # type: ignore[assignment]
+        mask = a.max_share >= shape.gpu_milli if shape.shares_gpu else a.whole_free >= shape.num_gpu
+        if shape.models:
+            mask = mask & self._model_mask(shape.models)
+        return bool(mask.any())
+
+    def _choose_draplane(self, shape: PodShape, idx: np.ndarray) -> tuple[int, GpuChoice]:
+        """The shipped policy as the shard's core applies it (see FragmentationAwareDraplane): each
+        node's device part is computed under what was learned before this pod (the core searches
+        first), then the pod is learned from, then its stranding term is added; the lowest total
+        wins, ties to the node order."""
+        a = self.a
+        policy: FragmentationAwareDraplane = self.policy  # type: ignore[assignment]
+        workload = policy.workload
+        if workload.version != self._policy_version:
+            self.cache.clear()  # device parts computed with the old waste table
+            self._policy_version = workload.version
         keys = a.gpu_key[idx]
         unique, inverse = np.unique(keys, return_inverse=True)
-        gains = np.empty(len(unique))
-        chosen: list[tuple[int, ...]] = []
+        device_scores = np.empty(len(unique))
         cache = self.cache
         for j, k in enumerate(unique.tolist()):
             entry = cache.get((k, shape), False)
             if entry is False:
-                gpus = a.key_tuples[k]
-                found = policy.sliver_gain(gpus, shape)
+                found = policy.device_choice(a.key_tuples[k], shape)
                 self.evaluations += 1
-                entry = None if found is None else (found[0], tuple(gpus[g] for g in found[1]))
-                cache[(k, shape)] = entry
-            if entry is None:
-                gains[j] = -np.inf
-                chosen.append(())
-            else:
-                gains[j] = entry[0]
-                chosen.append(entry[1])
+                entry = cache[(k, shape)] = None if found is None else found[0]
+            device_scores[j] = np.inf if entry is None else entry
+        self._learn()
+        taken = shape.gpu_demand
         totals = a.gpu_total[idx]
         cpu = a.cpu_free[idx]
-        mem = a.mem_free[idx]
-        scores = gains[inverse] + policy.stranded(totals, cpu, mem) - policy.stranded(
-            totals - shape.gpu_demand, cpu - shape.cpu_milli, mem - shape.memory_mib
-        )
-        pos = int(np.argmax(scores))  # first maximum: the node order breaks ties
+        memory = a.mem_free[idx] * MIB
+        stranded = workload.stranded_many
+        term = (stranded(totals - taken, cpu - shape.cpu_milli, memory - shape.memory_mib * MIB)
+                - stranded(totals, cpu, memory)) / MILLI
+        scores = device_scores[inverse] + term
+        pos = int(np.argmin(scores))  # first minimum: the node order breaks ties
         if not np.isfinite(scores[pos]):
             return -1, ()
         node = int(idx[pos])
-        return node, self._gpus_for(chosen[int(inverse[pos])], a.gpus[node], shape)
+        found = policy.device_choice(a.gpus[node], shape)
+        return node, found[1] if found else ()
 
     # --- the one entry point ---------------------------------------------------------------------
 
     def offer(self, shape: PodShape) -> PodOutcome:
         idx = self._candidates(shape)
+        if isinstance(self.policy, FragmentationAwareDraplane) and shape.num_gpu and self._device_feasible_anywhere(shape):
+            self._to_learn = shape
+        try:
+            return self._offer(shape, idx)
+        finally:
+            self._learn()
+
+    def _learn(self) -> None:
+        shape, self._to_learn = self._to_learn, None
+        if shape is not None:
+            self.policy.observe_requests(shape.cpu_milli, shape.memory_mib * MIB, shape.gpu_demand)
+
+    def _offer(self, shape: PodShape, idx: np.ndarray) -> PodOutcome:
         while idx.size:
             node, gpus = self._choose(shape, idx)
             if node < 0:

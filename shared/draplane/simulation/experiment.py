@@ -13,9 +13,9 @@ from typing import Iterable, Sequence
 
 from draplane.allocation.fragmentation import (
     BestFit,
-    DraplaneFragmentation,
     FirstFit,
     FirstNode,
+    FragmentationAwareDraplane,
     FragmentationGradientDescent,
     PodShape,
     typical_shapes,
@@ -68,7 +68,8 @@ def make_policy(name: str, shapes: Sequence[PodShape]):
         profile = typical_shapes(shapes)
         return FragmentationGradientDescent(profile), [s.cpu_milli for s in profile.shapes], ()
     if name == "draplane":
-        return DraplaneFragmentation.for_workload(shapes), (), ()
+        # The shipped policy, fresh: it learns from the pods as they arrive, as a shard does.
+        return FragmentationAwareDraplane(), (), ()
     raise ValueError(f"unknown policy {name!r} (known: {', '.join(POLICIES + EXTRA_POLICIES)})")
 
 

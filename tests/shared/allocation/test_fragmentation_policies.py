@@ -6,10 +6,11 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from draplane.allocation.fragmentation import (
+    MIB,
     BestFit,
-    DraplaneFragmentation,
     FirstFit,
     FirstNode,
+    FragmentationAwareDraplane,
     FragmentationGradientDescent,
     NodeState,
     PodShape,
@@ -27,11 +28,19 @@ WORKLOAD = [
 ]
 
 
+def draplane_that_saw(shapes) -> FragmentationAwareDraplane:
+    """The shipped policy after being asked to place these pods (it learns online)."""
+    policy = FragmentationAwareDraplane()
+    for s in shapes:
+        policy.observe_requests(s.cpu_milli, s.memory_mib * MIB, s.gpu_demand)
+    return policy
+
+
 def policies():
     return [
         FirstFit(), FirstNode(), BestFit(),
         FragmentationGradientDescent(typical_shapes(WORKLOAD)),
-        DraplaneFragmentation.for_workload(WORKLOAD),
+        draplane_that_saw(WORKLOAD),
     ]
 
 
@@ -80,10 +89,11 @@ def test_engine_candidates_are_the_same_for_every_policy():
             replay.offer(shape)
 
 
-@pytest.mark.parametrize("policy_name", ["fgd", "draplane", "best-fit"])
+@pytest.mark.parametrize("policy_name", ["fgd", "best-fit"])
 def test_cached_vectorised_choice_equals_scoring_every_node(policy_name):
     """The simulator's shortcut (shared scores per equivalent state, array maths) picks the node and
-    GPUs that scoring every node one by one with `place` picks."""
+    GPUs that scoring every node one by one with `place` picks. (draplane, which learns while it
+    places, is checked against the shard's own core in tests/shared/simulation/test_shipped_policy.py.)"""
     from draplane.simulation.experiment import make_policy
 
     rng = random.Random(11)
@@ -123,14 +133,13 @@ def run_small_cluster(policy):
 
 
 def test_draplane_avoids_the_fragmentation_first_fit_causes():
-    workload = [PodShape(1000, 1024, 1, 500)] * 2 + [PodShape(1000, 1024, 2, 1000)] * 2
     kube, kube_replay = run_small_cluster(FirstFit())
     # kube-scheduler's LeastAllocated spreads the halves, one per node: each node has a broken GPU,
     # and neither 2-GPU pod fits anywhere.
     assert [o.node for o in kube] == [0, 1, None, None]
     assert sorted(kube_replay.state(0).gpus) == [500, 1000] == sorted(kube_replay.state(1).gpus)
 
-    ours, ours_replay = run_small_cluster(DraplaneFragmentation.for_workload(workload))
+    ours, ours_replay = run_small_cluster(FragmentationAwareDraplane())  # learns as the pods come
     # draplane stacks both halves on one GPU, which keeps node b whole for a 2-GPU pod.
     assert [o.node for o in ours[:2]] == [0, 0] and ours[0].gpus == ours[1].gpus
     assert ours[2].node == 1 and ours[3].node is None
@@ -138,8 +147,7 @@ def test_draplane_avoids_the_fragmentation_first_fit_causes():
 
 
 def test_draplane_sends_cpu_heavy_pods_to_cpu_rich_nodes():
-    workload = [PodShape(12000, 1024, 1, 1000)] * 8
-    policy = DraplaneFragmentation.for_workload(workload)
+    policy = draplane_that_saw([PodShape(12000, 1024, 1, 1000)] * 8)
     # Node 0 has exactly the CPU its GPUs need; node 1 has four times that. A CPU-only pod on node 0
     # would strand a GPU there, on node 1 it strands nothing.
     replay = Replay(build_arrays(["lean", "rich"], ["G2", "T4"], [24000, 96000], [65536, 65536], [2, 2]), policy)
@@ -200,7 +208,7 @@ def test_service_policy_keeps_remainders_fillable():
 
     policy = FragmentationAwareDraplane()
     for size in (130, 470):
-        policy._learn(size)
+        policy.observe_requests(1000, 1 << 30, size)
     outcomes = {}
     for name, chosen_policy in (("first-fit", None), ("draplane", policy)):
         cluster = Cluster(slices=[slice_], classes=[gpu_device_class()], nodes=[node], policy=chosen_policy or "first-fit")
@@ -221,11 +229,9 @@ def test_replay_through_the_allocator_core_matches_the_engine():
     from draplane.simulation.experiment import run_one
     from draplane.simulation.trace import read_nodes, read_pods
 
-    data = Path("/work/shared/data/alibaba-gpu-v2023")
-    if not data.exists():
-        data = Path(__file__).resolve().parents[4] / "shared" / "data" / "alibaba-gpu-v2023"
-    nodes = read_nodes(data / "openb_node_list_all_node.csv")[::25]
-    pods = read_pods(data / "openb_pod_list_multigpu20.csv")[:400]
+    data = Path(__file__).resolve().parents[1] / "simulation" / "data"  # a slice of the trace
+    nodes = read_nodes(data / "nodes.csv")
+    pods = read_pods(data / "pods.csv")
     for policy in ("first-fit", "fgd", "draplane"):
         with_core = run_one(nodes, pods, policy, 3, 1.3, through_core=True)
         assert with_core == run_one(nodes, pods, policy, 3, 1.3, through_core=False)
