@@ -13,6 +13,7 @@ import uuid
 
 import pytest
 
+from draplane.cli import explain
 from test_user_flows import get_json, gpu_cluster, no_races_or_errors, wait_bound, wait_unschedulable
 
 pytestmark = pytest.mark.integration
@@ -93,8 +94,13 @@ async def pods_left(kubectl, namespace) -> dict[str, str]:
             if not p["metadata"].get("deletionTimestamp")}
 
 
+async def explained(control_plane, namespace: str, pod: str) -> list[str]:
+    snapshot = await explain.gather(control_plane.kubeconfig)
+    return explain.explain_pod(snapshot, explain.find_target(snapshot, f"pod/{pod}", namespace))
+
+
 async def test_an_eight_gpu_pod_evicts_exactly_one_nodes_pods_and_binds_there(scheduling, kube, kubectl, namespace,
-                                                                               classes):
+                                                                               classes, control_plane):
     await scheduling.start()
     nodes = await full_cluster(scheduling, kube, kubectl, namespace)
     await kubectl.apply(pod_yaml(namespace, "big", scheduling.scheduler_name, "eight-gpus",
@@ -110,11 +116,14 @@ async def test_an_eight_gpu_pod_evicts_exactly_one_nodes_pods_and_binds_there(sc
     events = await get_json(kubectl, "events", "-n", namespace, "--field-selector", "reason=Preempted")
     assert sorted(e["involvedObject"]["name"] for e in events["items"]) == sorted(f"low-{index}-{g}" for g in range(8))
     assert all(e["message"] == f"Preempted by pod {pod['metadata']['uid']} on node {node}" for e in events["items"])
+    victims = ", ".join(sorted(f"{namespace}/low-{index}-{g}" for g in range(8)))
+    assert f"It preempted 8 pod(s) on node {node} (lower priority, evicted to free what it needs): {victims}" in \
+        await explained(control_plane, namespace, "big")
     no_races_or_errors(scheduling)
 
 
 async def test_a_budget_moves_the_preemption_or_leaves_the_pod_pending_naming_it(scheduling, kube, kubectl, namespace,
-                                                                                   classes):
+                                                                                   classes, control_plane):
     await scheduling.start()
     nodes = await full_cluster(scheduling, kube, kubectl, namespace,
                                labels_by_node={0: {"app": "a"}, 1: {"app": "b"}})
@@ -133,6 +142,10 @@ spec:
                                        timeout=60)
     assert f"PodDisruptionBudget {namespace}/keep-a" in message and f"PodDisruptionBudget {namespace}/keep-b" in message
     assert len(await pods_left(kubectl, namespace)) == 17  # nobody evicted
+    lines = await explained(control_plane, namespace, "big")
+    (line,) = [line for line in lines if line.startswith("Preemption cannot help: ")]
+    assert f"would violate PodDisruptionBudget {namespace}/keep-a" in line, lines
+    assert f"would violate PodDisruptionBudget {namespace}/keep-b" in line, lines
     # Node 1's pods lose their protection: the preemption goes there, and only there.
     await kubectl("delete", "pdb", "keep-b", "-n", namespace)
     pod = await wait_bound(scheduling, kubectl, namespace, "big", timeout=90)

@@ -16,7 +16,9 @@ import sys
 
 from draplane.api.core import Node, Pod
 from draplane.api.meta import ObjectMeta
+from draplane.api.policy import PodDisruptionBudget
 from draplane.api.resource import DeviceClass, DeviceTaintRule, ResourceClaim, ResourceSlice
+from draplane.scheduling import preemption
 from draplane.scheduling.placing import ClusterState, NotPlaced, Placed, allocation_node
 from draplane.scheduling.unschedulable import FailureReason
 
@@ -32,6 +34,10 @@ class Snapshot:
     claims: list[ResourceClaim]
     pods: list[Pod]
     taint_rules: list[DeviceTaintRule] = dataclasses.field(default_factory=list)
+    budgets: list[PodDisruptionBudget] = dataclasses.field(default_factory=list)
+    # The `Preempted` Events the binder wrote on victims: (victim "namespace/name", message), the
+    # message naming the preemptor by UID and the node, as kube-scheduler's does.
+    preempted: list[tuple[str, str]] = dataclasses.field(default_factory=list)
 
     def state(self, *, without: set[str] = frozenset()) -> ClusterState:
         """The shards' view, minus the claims being explained (so they are placed afresh)."""
@@ -51,6 +57,8 @@ class Snapshot:
                 state.set_claim(claim)
         for pod in self.pods:
             state.set_pod(pod)
+        for budget in self.budgets:
+            state.set_budget(budget)
         return state
 
 
@@ -159,6 +167,7 @@ def explain_pod(snapshot: Snapshot, pod: Pod) -> list[str]:
         for claim in claims:
             lines.extend(_describe_allocation(claim) if claim.status and claim.status.allocation
                          else [f"ResourceClaim {_claim_name(claim)} is NOT allocated although the pod is bound"])
+        lines.extend(_preempted_for(snapshot, pod))
         return lines
     lines = [f"Pod {name} is pending (scheduler {pod.spec.scheduler_name or 'default-scheduler'})."]
     said = _pod_status_lines(pod)
@@ -172,7 +181,32 @@ def explain_pod(snapshot: Snapshot, pod: Pod) -> list[str]:
         lines.append(f"It fits now: node {outcome.node}; the next scheduling attempt should bind it.")
     else:
         lines.extend(_describe_failures(outcome, said))
+        lines.extend(_preemption_now(snapshot, pod, claims))
+    lines.extend(_preempted_for(snapshot, pod))
     return lines
+
+
+def _preempted_for(snapshot: Snapshot, pod: Pod) -> list[str]:
+    """Who was evicted to make room for this pod, from the victims' Preempted Events."""
+    marker = f"Preempted by pod {pod.metadata.uid} on node "
+    victims: dict[str, list[str]] = {}
+    for victim, message in snapshot.preempted:
+        if message.startswith(marker):
+            victims.setdefault(message[len(marker):], []).append(victim)
+    return [f"It preempted {len(names)} pod(s) on node {node} (lower priority, evicted to free what it needs): "
+            + ", ".join(sorted(names)) for node, names in sorted(victims.items())]
+
+
+def _preemption_now(snapshot: Snapshot, pod: Pod, claims: list[ResourceClaim]) -> list[str]:
+    state = snapshot.state(without={c.metadata.uid for c in claims if not (c.status and c.status.allocation)})
+    plan = state.preemption_for(pod, claims)
+    if isinstance(plan, preemption.PreemptionPlan):
+        return [f"Preemption: {plan.explain()}."]
+    if isinstance(plan, preemption.AwaitingVictims):
+        return [f"Preemption: {plan.explain()}."]
+    if isinstance(plan, preemption.NoPreemption):
+        return [f"Preemption cannot help: {plan.reason.removeprefix('preemption: ')}"]
+    return []
 
 
 # --- I/O -----------------------------------------------------------------------------------------
@@ -191,10 +225,18 @@ async def gather(kubeconfig) -> Snapshot:
                 return [], None
             raise
 
+    async def preempted(kube) -> tuple[list[tuple[str, str]], None]:
+        import msgspec
+
+        data = await kube.request("GET", "/api/v1/events", query={"fieldSelector": "reason=Preempted"})
+        events = msgspec.json.decode(data).get("items") or []
+        return [(f"{e['involvedObject'].get('namespace')}/{e['involvedObject'].get('name')}", e.get("message") or "")
+                for e in events if isinstance(e, dict) and isinstance(e.get("involvedObject"), dict)], None
+
     async with await KubeClient.from_environment(kubeconfig) as kube:
         results = await asyncio.gather(
             kube.list(ResourceSlice), kube.list(DeviceClass), kube.list(Node), kube.list(ResourceClaim), kube.list(Pod),
-            taint_rules(kube),
+            taint_rules(kube), kube.list(PodDisruptionBudget), preempted(kube),
         )
     return Snapshot(*(items for items, _ in results))
 
