@@ -82,6 +82,13 @@ class PodResourceClaim(Base, kw_only=True):
     resource_claim_template_name: str | None = None
 
 
+class PodSchedulingGroup(Base, kw_only=True):
+    """The group a pod is scheduled with (KEP-4671, gate GenericWorkload): a PodGroup of
+    scheduling.k8s.io/v1beta1 in the pod's namespace, which may not exist yet."""
+
+    pod_group_name: str | None = None
+
+
 class PodSpec(Base, kw_only=True):
     containers: list[Container] = msgspec.field(default_factory=list)
     init_containers: list[Container] | None = None
@@ -96,6 +103,7 @@ class PodSpec(Base, kw_only=True):
     priority_class_name: str | None = None
     # PreemptLowerPriority (the default) or Never: whether this pod may evict others to fit.
     preemption_policy: str | None = None
+    scheduling_group: PodSchedulingGroup | None = None
 
 
 class PodResourceClaimStatus(Base, kw_only=True):

@@ -201,7 +201,14 @@ class Subjects(msgspec.Struct, frozen=True, kw_only=True):
 
 def partition_key(pending: PendingPod) -> str:
     """Pods that share a claim must land on one shard, or two shards could allocate that claim
-    at once; the lexicographically first claim is shared by all its pods, so key on it."""
+    at once; the lexicographically first claim is shared by all its pods, so key on it.
+
+    The members of a gang (the pods naming one PodGroup in spec.schedulingGroup) go to one shard,
+    which places them together: they key on their PodGroup. A claim shared by a gang member and
+    a pod outside the gang is the one case this cannot keep on one shard."""
+    group = pending.spec.scheduling_group if pending.spec is not None else None
+    if group is not None and group.pod_group_name:
+        return f"podgroup:{pending.pod.namespace}/{group.pod_group_name}"
     if not pending.claims:
         return pending.pod.uid
     return min(c.key() for c in pending.claims)

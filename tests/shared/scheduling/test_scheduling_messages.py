@@ -81,6 +81,24 @@ def test_pods_sharing_a_claim_share_a_partition():
     assert partition_key(a) == partition_key(b) == "ns/shared"
 
 
+def test_members_of_a_gang_share_a_partition_whatever_their_claims():
+    from draplane.api.core import PodSchedulingGroup, PodSpec
+
+    in_group = PodSpec(scheduling_group=PodSchedulingGroup(pod_group_name="train"))
+    members = [
+        PendingPod(pod=PodRef(namespace="ns", name=f"w-{i}", uid=f"u{i}"),
+                   claims=[ClaimRef(namespace="ns", name=f"w-{i}-gpus", uid=f"c{i}")], first_seen=0, spec=in_group)
+        for i in range(16)
+    ]
+    assert {partition_key(m) for m in members} == {"podgroup:ns/train"}
+    assert len({shard_for(partition_key(m), 4) for m in members}) == 1
+    # Decoded from the wire as the binder sends it, the group survives.
+    decoded = decode_message(encode_message(members[0]))
+    assert partition_key(decoded) == "podgroup:ns/train"
+    alone = PendingPod(pod=POD, claims=[ClaimRef(namespace="ns", name="c", uid="c")], first_seen=0, spec=PodSpec())
+    assert partition_key(alone) == "ns/c"
+
+
 def test_subject_names_are_valid_stream_names():
     subjects = Subjects(prefix="t-42.draplane.")
     assert subjects.pending(3) == "t-42.draplane.pending.3"
