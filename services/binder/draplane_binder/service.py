@@ -59,6 +59,7 @@ from draplane.structured_logs import fields
 from draplane_binder import in_flight as inf
 from draplane_binder import lifecycle as lc
 from draplane_binder.metrics import BinderMetrics, seconds_since
+from draplane_binder.requeue import node_fit_fingerprint
 from draplane_binder.settings import BinderSettings
 
 log = logging.getLogger(__name__)
@@ -153,7 +154,8 @@ class Binder:
         self.claims: dict[Key, ResourceClaim] = {}
         self.claims_by_namespace: dict[str, dict[str, ResourceClaim]] = {}
         self.templates: dict[str, dict[str, ResourceClaimTemplate]] = {}
-        self.nodes: set[str] = set()
+        # node name -> what node fit reads of it (draplane_binder.requeue)
+        self.nodes: dict[str, bytes] = {}
         # namespace/claim name -> pods that name it (to wake them when the claim appears)
         self.pods_by_claim: dict[Key, set[Key]] = {}
         # pod uid -> claims that reserve it or are owned by it (to clean them up when it goes)
@@ -364,10 +366,12 @@ class Binder:
     def _on_node(self, kind: str, node: Node) -> None:
         name = node.metadata.name or ""
         if kind == "DELETED":
-            self.nodes.discard(name)
+            changed = self.nodes.pop(name, None) is not None
         else:
-            self.nodes.add(name)
-        if self.synced["nodes"].is_set():
+            fingerprint = node_fit_fingerprint(node)
+            changed = self.nodes.get(name) != fingerprint
+            self.nodes[name] = fingerprint
+        if changed and self.synced["nodes"].is_set():
             self._flush_retries()
 
     def _spawn_once(self, coro: Awaitable, name: str) -> None:
