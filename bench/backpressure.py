@@ -322,10 +322,14 @@ async def run(args) -> int:
         sampler.add_service(services["shard"])
         capacity = min(created, args.nodes * args.gpus)
         deadline = time.monotonic() + args.drain_timeout
+        progress, progress_at = (0, 0), time.monotonic()
         while len(counts.bound) + len(counts.unschedulable) < created or len(counts.bound) < capacity:
-            if time.monotonic() > deadline:
+            if (len(counts.bound), len(counts.unschedulable)) != progress:
+                progress, progress_at = (len(counts.bound), len(counts.unschedulable)), time.monotonic()
+            if time.monotonic() > deadline or time.monotonic() - progress_at > 180:
                 print(f"drain: {len(counts.bound)} bound and {len(counts.unschedulable)} marked unschedulable of "
-                      f"{created} after {args.drain_timeout:.0f} s", flush=True)
+                      f"{created} after {time.monotonic() - deadline + args.drain_timeout:.0f} s "
+                      f"(no change for {time.monotonic() - progress_at:.0f} s)", flush=True)
                 break
             for service in services.values():
                 if service.process.poll() is not None:
