@@ -9,6 +9,7 @@ import logging
 import random
 from typing import AsyncIterator, Generic, TypeVar
 
+import aiohttp
 import msgspec
 
 from draplane.kube.client import KubeApiError, KubeClient, kind_of
@@ -109,7 +110,10 @@ async def watch_objects(
                 log.warning("watch of %s failed (%s); re-listing", kind.plural, exc)
                 await asyncio.sleep(min(10.0, 0.2 * 2**failures))
                 break
-            except (OSError, asyncio.TimeoutError, msgspec.DecodeError) as exc:
+            # aiohttp.ClientError too: an apiserver that stops mid-watch ends the chunked stream
+            # early (ClientPayloadError) or hangs up (ServerDisconnectedError), neither an OSError;
+            # let out, they ended the generator and, with it, what it knew for the tombstones
+            except (OSError, aiohttp.ClientError, asyncio.TimeoutError, msgspec.DecodeError) as exc:
                 failures += 1
                 log.warning("watch of %s broke (%s); resuming", kind.plural, exc)
                 await asyncio.sleep(min(10.0, 0.2 * 2**failures))
