@@ -422,7 +422,8 @@ class Cluster:
                 process.server.start()
         await asyncio.gather(*(asyncio.to_thread(p.server.wait_ready, p.ready, 120.0)
                                for p in self.processes.values() if p.ready is not None and p.name in SERVICES))
-        await self.wait_for_slices(time.monotonic() + 120)
+        # 200 nodes' slices (a100-mig ones hold 120 devices each) take the inventory a while on 2 cores
+        await self.wait_for_slices(time.monotonic() + 60 + 1.5 * self.node_count)
 
     def _restart_nats(self, index: int) -> None:
         # NatsCluster starts a new ServerProcess on the member's ports and store

@@ -508,18 +508,86 @@ class FragmentationAwareDraplane(DraplanePolicy):
         free = round(MILLI * max(0.0, 1.0 - used_fraction))
         return free, min(free, round(MILLI * take_fraction))
 
+    def _order_partitions(self, ordered, view):
+        """Stable: partitions of GPUs already partitioned stay first (the base order), then the one
+        that takes the least of what its GPU could still hold."""
+        touched = self._touched_counter_sets(view)
+        cache: dict = {}
+
+        def key(c):
+            r = c.record
+            if not r.consumes:
+                return (1, 0.0)
+            untouched = not any((r.driver, r.pool, s) in touched for s, _ in r.consumes)
+            return (int(untouched), self.placement_loss(r, c.pool, view, cache))
+
+        return sorted(ordered, key=key)
+
     def score_placement(self, placement, view):
         score = super().score_placement(placement, view)
         sliver = 0
+        loss = 0.0
+        cache: dict = {}
         for chosen in placement.chosen:
             for c in chosen:
                 share = self._share(c, c.consumed, view)
                 if share is not None:
                     sliver += self.workload.sliver_cost(*share)
-        return score + sliver / MILLI
+                if c.record.consumes:
+                    loss += self.placement_loss(c.record, c.pool, view, cache)
+        return score + sliver / MILLI + self.PLACEMENT_LOSS_WEIGHT * loss
+
+    # --- partitionable devices (MIG): keep the placements the GPU can still take -------------------
+
+    # A lost placement counts this much in the node score: below topology (10), above the packing
+    # tie-breakers.
+    PLACEMENT_LOSS_WEIGHT = 1e-3
+
+    @staticmethod
+    def _counters_left(pool, view, cache: dict) -> dict[str, dict]:
+        """Each counter set's counters left after the pool's allocated devices, per pool."""
+        left = cache.get(pool.id)
+        if left is None:
+            left = {name: dict(counters) for name, counters in pool.counter_sets.items()}
+            for device_name, consumes in pool.counter_consumers.items():
+                if view.state.is_allocated((pool.id[0], pool.id[1], device_name)):
+                    for set_name, counters in consumes:
+                        target = left.get(set_name)
+                        if target is not None:
+                            for counter, value in counters.items():
+                                if counter in target:
+                                    target[counter] -= value
+            cache[pool.id] = left
+        return left
+
+    def placement_loss(self, record, pool, view, cache: dict) -> float:
+        """How much taking this partition takes from what its GPU could still hold: every device
+        drawing on the same counter set that fits now and would not fit after (the partition
+        itself included), each weighted by its memory slices (the counters named memory-slice-*;
+        1 for a device without such counters). The MIG rules are in the counters: a 1g at slice 0
+        blocks the only 4g placement and both 3g positions' neighbour, a 1g at slice 6 blocks less."""
+        if not record.consumes or not pool.counter_consumers:
+            return 0.0
+        left = self._counters_left(pool, view, cache)
+        loss = 0.0
+        for set_name, need in record.consumes:
+            available = left.get(set_name)
+            if available is None:
+                continue
+            after = {c: v - need.get(c, 0) for c, v in available.items()}
+            for consumes in pool.counter_consumers.values():
+                for other_set, other_need in consumes:
+                    if other_set != set_name:
+                        continue
+                    if all(available.get(c, 0) >= v for c, v in other_need.items()) and not all(
+                            after.get(c, 0) >= v for c, v in other_need.items()):
+                        loss += sum(1 for c in other_need if c.startswith("memory-slice-")) or 1
+        return loss
 
     def order_candidates(self, request, candidates, view):
         ordered = super().order_candidates(request, candidates, view)
+        if len(ordered) > 1 and any(c.record.consumes for c in ordered):
+            return self._order_partitions(ordered, view)
         if len(ordered) <= 1 or not request.capacity or request.count != 1:
             return ordered
         wanted = {name: amount for name, amount in request.capacity.items()}

@@ -6,6 +6,12 @@
 Writes DIR/allocation.csv (policy,seed,arrived_pct,allocated_pct), DIR/allocation.png, and prints
 one line per policy: the mean unallocated GPU % at the last point and the failed pods. With several
 --pods files, each gets its own folder DIR/<file stem>/ and its own table.
+
+    draplane simulate --mig --policy first-fit --policy draplane --seeds 1-5 --out DIR
+
+replays a seeded MIG workload instead (1g/2g/3g/4g/7g requests arriving and leaving on a100-mig
+nodes, see draplane.simulation.mig): DIR/mig.csv, a table of refused requests and stranded memory
+slices per policy, the offline bound on refusals (--bound), and one BENCH line per policy.
 Exit 0 done; 2 bad input (the message names file, line and column).
 """
 
@@ -55,6 +61,16 @@ def _inflate(text: str) -> float:
     return value
 
 
+def _positive(text: str) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a whole number, got {text!r}") from None
+    if value <= 0:
+        raise argparse.ArgumentTypeError(f"expected a positive number, got {value}")
+    return value
+
+
 def register(subparsers) -> None:
     p = subparsers.add_parser(
         "simulate",
@@ -62,9 +78,16 @@ def register(subparsers) -> None:
         description=__doc__,
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
-    p.add_argument("--nodes", required=True, type=Path, help="node list CSV (sn,cpu_milli,memory_mib,gpu,model)")
-    p.add_argument("--pods", required=True, type=Path, action="append",
+    p.add_argument("--nodes", type=Path, help="node list CSV (sn,cpu_milli,memory_mib,gpu,model); required without --mig")
+    p.add_argument("--pods", type=Path, action="append",
                    help="pod list CSV (name,cpu_milli,memory_mib,num_gpu,gpu_milli[,gpu_spec]); repeat for several traces")
+    mig = p.add_argument_group("MIG workload (--mig)")
+    mig.add_argument("--mig", action="store_true", help="replay the seeded MIG workload instead of a trace")
+    mig.add_argument("--mig-nodes", type=_positive, default=4, help="a100-mig nodes, 8 GPUs each (default 4)")
+    mig.add_argument("--mig-requests", type=_positive, default=600, help="requests per seed (default 600)")
+    mig.add_argument("--mig-load", type=_inflate, default=1.0,
+                     help="offered memory slices as a multiple of the cluster's (default 1.0)")
+    mig.add_argument("--bound", action="store_true", help="also solve the offline bound on refusals (HiGHS)")
     p.add_argument("--policy", action="append", choices=POLICIES + EXTRA_POLICIES, dest="policies",
                    help=f"scoring policy, repeat to compare (default: all of {', '.join(POLICIES)})")
     p.add_argument("--seeds", type=parse_seeds, default=parse_seeds("42-51"), help="seeds, e.g. 42-51 (default) or 1,3,5-9")
@@ -138,6 +161,11 @@ def format_table(trace: str, rows, seeds: list[int], inflate: float) -> str:
 
 
 def run(args: argparse.Namespace) -> int:
+    if args.mig:
+        return run_mig(args)
+    if args.nodes is None or not args.pods:
+        print("draplane simulate: --nodes and --pods are required (or --mig)", file=sys.stderr)
+        return 2
     policies = list(dict.fromkeys(args.policies or POLICIES))
     try:
         nodes = read_nodes(args.nodes)
@@ -164,3 +192,72 @@ def run(args: argparse.Namespace) -> int:
     if several:
         print(f"total {time.monotonic() - started:.1f} s")
     return 0
+
+
+MIG_POLICIES = ("first-fit", "draplane")
+
+
+def run_mig(args: argparse.Namespace) -> int:
+    from draplane.simulation import mig
+
+    policies = list(dict.fromkeys(args.policies or MIG_POLICIES))
+    unknown = [p for p in policies if p not in MIG_POLICIES]
+    if unknown:
+        print(f"draplane simulate --mig: policies {', '.join(unknown)} place trace pods only; use {', '.join(MIG_POLICIES)}",
+              file=sys.stderr)
+        return 2
+    args.out.mkdir(parents=True, exist_ok=True)
+    gpus = args.mig_nodes * mig.GPUS_PER_NODE
+    results: list = []
+    bounds: dict[int, object] = {}
+    with open(args.out / "mig.csv", "w", newline="") as handle:
+        writer = csv.writer(handle)
+        writer.writerow(["policy", "seed", "requests", "refused", "fragmentation_refusals", "stranded_slices"])
+        for seed in args.seeds:
+            requests = mig.mig_requests(seed, args.mig_requests, gpus, args.mig_load)
+            for policy in policies:
+                result = mig.replay(requests, args.mig_nodes, policy, seed)
+                results.append(result)
+                writer.writerow([policy, seed, result.requests, result.refused, result.fragmentation_refusals,
+                                 f"{result.stranded_slices:.2f}"])
+            if args.bound:
+                bounds[seed] = bound = mig.placement_bound(requests, gpus)
+                writer.writerow(["bound", seed, bound.requests, bound.fewest_refused, "", ""])
+    print(format_mig_table(results, bounds, args))
+    return 0
+
+
+def format_mig_table(results, bounds, args) -> str:
+    seeds = args.seeds
+    seed_text = f"{seeds[0]}-{seeds[-1]}" if seeds == list(range(seeds[0], seeds[-1] + 1)) else ",".join(map(str, seeds))
+    lines = [
+        f"MIG workload: {args.mig_nodes} a100-mig nodes ({args.mig_nodes * 8} GPUs), {args.mig_requests} requests "
+        f"per seed, load {args.mig_load}, {len(seeds)} seeds ({seed_text})",
+        f"  {'policy':<10} {'refused %':>10} {'refused':>8} {'by fragmentation':>17} {'stranded slices':>16}  refused by profile",
+    ]
+    bench = []
+    for policy in dict.fromkeys(r.policy for r in results):
+        runs = [r for r in results if r.policy == policy]
+        by_profile: dict[str, float] = {}
+        for r in runs:
+            for name, count in r.refused_by_profile:
+                by_profile[name] = by_profile.get(name, 0) + count / len(runs)
+        refused_pct = statistics.fmean(r.refused_pct for r in runs)
+        refused = statistics.fmean(r.refused for r in runs)
+        fragmentation = statistics.fmean(r.fragmentation_refusals for r in runs)
+        stranded = statistics.fmean(r.stranded_slices for r in runs)
+        profiles = "  ".join(f"{name} {count:.1f}" for name, count in sorted(by_profile.items()))
+        lines.append(f"  {policy:<10} {refused_pct:>10.2f} {refused:>8.1f} {fragmentation:>17.1f} {stranded:>16.1f}  {profiles}")
+        bench.append(f"BENCH name=simulate_mig_{policy} refused_pct={refused_pct:.2f} refused={refused:.1f} "
+                     f"fragmentation_refusals={fragmentation:.1f} stranded_slices={stranded:.1f} "
+                     f"seconds={sum(r.seconds for r in runs):.1f}")
+    if bounds:
+        fewest = statistics.fmean(b.fewest_refused for b in bounds.values())
+        requests = statistics.fmean(b.requests for b in bounds.values())
+        proven = sum(b.proven_optimal for b in bounds.values())
+        lines.append(f"  {'bound':<10} {100 * fewest / requests:>10.2f} {fewest:>8.1f}  (fewest refusals any policy could have; "
+                     f"optimal on {proven} of {len(bounds)} seeds, else the solver's dual bound)")
+        bench.append(f"BENCH name=simulate_mig_bound refused_pct={100 * fewest / requests:.2f} refused={fewest:.1f}")
+    lines.append("  refused: no placement of the profile left anywhere; by fragmentation: some GPU had enough free memory slices,")
+    lines.append("  but in no position the profile may take; stranded slices: free memory slices of the cluster at a refusal, mean")
+    return "\n".join(lines + bench)
