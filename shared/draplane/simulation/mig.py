@@ -273,7 +273,7 @@ def placement_bound(requests: Sequence[MigRequest], gpus: int, *, time_limit: fl
     shape = gpu_shape()
     configs = gpu_configurations(shape)
     names = [p.name for p in shape.profiles]
-    n, c, k = len(requests), len(configs), len(names)
+    n, c = len(requests), len(configs)
     times = [r.arrival for r in requests]
     rows, cols, vals = [], [], []
     lower, upper = [], []
@@ -312,11 +312,7 @@ def placement_bound(requests: Sequence[MigRequest], gpus: int, *, time_limit: fl
     return PlacementBound(n, int(math.floor(-dual + 1e-6)), False)
 
 
-def profile_counts(requests: Sequence[MigRequest]) -> dict[str, int]:
-    return dict(Counter(r.profile for r in requests))
-
-
 __all__ = [
     "DEFAULT_MIX", "MigRequest", "MigResult", "PlacementBound", "gpu_configurations", "gpu_shape", "mig_claim",
-    "mig_requests", "node_slices", "placement_bound", "profile_counts", "replay",
+    "mig_requests", "node_slices", "placement_bound", "replay",
 ]
