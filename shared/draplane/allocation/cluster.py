@@ -122,6 +122,9 @@ class Cluster:
         self._shapes: dict[tuple, _ShapeIndex] = {}
         # (selectors, constraint attributes, policy) -> node -> (its pools, what its devices look like)
         self._likeness_cache: dict[tuple, dict[str, tuple]] = {}
+        # (node, column kind, selector | attribute | policy name) -> (its pools, the column)
+        self._columns: dict[tuple, tuple] = {}
+        self._used_cache: dict[str, tuple] = {}  # node -> (its pools, their state versions, what is taken)
         self._device_free: dict[str, tuple[tuple, float]] = {}  # node -> (stamp, free milli-devices)
         for n in nodes:
             self.set_node(n)
@@ -353,13 +356,51 @@ class Cluster:
         per_node = self._likeness_cache.setdefault(index.likeness_key, {})
         cached = per_node.get(name)
         if cached is None or cached[0] is not pools:
-            content = []
-            for pool in pools:
-                content.append((pool.id[0], pool.incomplete, pool.invalid_reason,
-                                tuple(sorted((n, tuple(sorted(c.items()))) for n, c in pool.counter_sets.items()))))
-                content.extend(self._device_likeness(r, index) for r in pool.devices)
-            cached = per_node[name] = (pools, tuple(content))
+            # Column by column (the pools and devices, the policy's view, each selector's answers,
+            # each constrained attribute), each column cached per node: claim shapes share
+            # most columns (one class's selector, say), so a new shape computes only its own.
+            content = (
+                self._column(name, pools, "devices", None),
+                self._column(name, pools, "policy", index.policy),
+                tuple(self._column(name, pools, "selector", e) for e in index.expressions),
+                tuple(self._column(name, pools, "attribute", a) for a in index.attributes),
+            )
+            cached = per_node[name] = (pools, content)
+        return (cached[1], self._used(name, pools), index.policy.node_likeness(node))
+
+    def _column(self, name: str, pools, kind: str, what) -> tuple:
+        """One part of what a node's devices look like, in device order (see `_likeness`)."""
+        key = (name, kind, what.name if kind == "policy" else what)
+        cached = self._columns.get(key)
+        if cached is not None and cached[0] is pools:
+            return cached[1]
+        records = [r for pool in pools for r in pool.devices]
+        if kind == "devices":
+            column = (tuple((pool.id[0], pool.incomplete, pool.invalid_reason, len(pool.devices),
+                             tuple(sorted((n, tuple(sorted(c.items()))) for n, c in pool.counter_sets.items())))
+                            for pool in pools),
+                      tuple(r.physical for r in records))
+        elif kind == "policy":
+            column = tuple(what.likeness(r) for r in records)
+        elif kind == "selector":
+            evaluate = self.allocator.matcher.evaluate
+            column = tuple(result if isinstance(result, bool) else "error"
+                           for result in (evaluate(what, r) for r in records))
+        else:
+            column = tuple(r.attribute(what) for r in records)
+        if len(self._columns) > 500_000:
+            self._columns.clear()  # a bound, not an LRU: columns are cheap to recompute
+        self._columns[key] = (pools, column)
+        return column
+
+    def _used(self, name: str, pools) -> tuple:
+        """Which of the node's devices are taken, and how much of the shared ones: the same for
+        every claim shape, so computed once per change of the node's pools' state."""
         state = self.state
+        versions = tuple(state.pool_version(pool.id) for pool in pools)
+        cached = self._used_cache.get(name)
+        if cached is not None and cached[0] is pools and cached[1] == versions:
+            return cached[2]
         used = []
         position = 0
         for pool in pools:
@@ -368,16 +409,9 @@ class Cluster:
                     shared = state.shared_capacity(r.id)
                     used.append((position, None if shared is None else tuple(sorted(shared.items()))))
                 position += 1
-        return (cached[1], tuple(used), index.policy.node_likeness(node))
-
-    def _device_likeness(self, record, index: _ShapeIndex) -> tuple:
-        evaluate = self.allocator.matcher.evaluate
-        selected = tuple(
-            result if isinstance(result, bool) else "error"
-            for result in (evaluate(e, record) for e in index.expressions)
-        )
-        attributes = tuple(record.attribute(a) for a in index.attributes)
-        return (record.physical, selected, attributes, index.policy.likeness(record))
+        used = tuple(used)
+        self._used_cache[name] = (pools, versions, used)
+        return used
 
     def _best(self, index: _ShapeIndex, node_filter: NodeFilter | None) -> str | None:
         heap = index.heap
