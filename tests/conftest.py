@@ -49,6 +49,10 @@ def shared_dir() -> Path:
 @pytest.fixture(scope="session")
 def control_plane(tmp_path_factory) -> ControlPlane:
     binaries.ensure_all(progress=lambda msg: print(f"\n{msg}", flush=True))
+    # Its NATS takes any client on loopback, without TLS: every test runs under a subject prefix
+    # of its own, which fixed per-role permissions cannot follow. Tests that start a service as a
+    # process on it pass --insecure-dev; TLS and credentials are tested on servers of their own
+    # (tests/deploy/test_nats_permissions.py, the inventory entry points, and draplane up).
     plane = ControlPlane.start(tmp_path_factory.mktemp("controlplane"))
     # The cluster's controllers, as in a real cluster: the resourceclaim controller makes claims
     # from templates and cleans up reservedFor; garbage collection and namespaces work. The node

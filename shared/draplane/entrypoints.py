@@ -71,7 +71,25 @@ def nats_servers(url: str) -> list[str]:
 
 
 def nats_tls_context(ca_file: str) -> ssl.SSLContext:
+    _drop_tls_eof_warning()
     return ssl.create_default_context(cafile=ca_file)
+
+
+def _drop_tls_eof_warning() -> None:
+    # nats-py reads TLS through asyncio's StreamReaderProtocol, whose eof_received() returns True;
+    # asyncio's SSL transport then logs "returning true from eof_received() has no effect when
+    # using ssl" as a WARNING each time a server closes a connection (every `draplane free`). It
+    # is harmless (the connection closes all the same), so it is not shown.
+    import logging
+
+    asyncio_log = logging.getLogger("asyncio")
+    if not any(isinstance(f, _TlsEofFilter) for f in asyncio_log.filters):
+        asyncio_log.addFilter(_TlsEofFilter())
+
+
+class _TlsEofFilter:
+    def filter(self, record) -> bool:
+        return not str(record.msg).startswith("returning true from eof_received() has no effect when using ssl")
 
 
 def nats_connect_options(url: str, nkey_seed: str | None, *, name: str, ca_file: str | None = None,

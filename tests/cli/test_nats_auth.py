@@ -137,3 +137,22 @@ async def test_issued_node_seed_connects_to_a_server_running_the_rendered_config
             await client.close()
     finally:
         server.stop()
+
+
+def test_tls_makes_the_servers_secret_and_never_overwrites_it(tmp_path, capsys):
+    from cryptography import x509
+
+    out = tmp_path / "nats-tls"
+    assert main(["nats-auth", "tls", "--out", str(out)]) == 0
+    assert "create secret generic draplane-nats-tls" in capsys.readouterr().out
+    assert stat.S_IMODE((out / "tls.key").stat().st_mode) == 0o600
+    server = x509.load_pem_x509_certificate((out / "tls.crt").read_bytes())
+    ca = x509.load_pem_x509_certificate((out / "ca.crt").read_bytes())
+    server.verify_directly_issued_by(ca)
+    names = server.extensions.get_extension_for_class(x509.SubjectAlternativeName).value.get_values_for_type(x509.DNSName)
+    # the client Service deploy/ points every service at, and each server behind the headless one
+    assert {"draplane-nats", "*.draplane-nats-headless"} <= set(names)
+    before = (out / "tls.key").read_bytes()
+    assert main(["nats-auth", "tls", "--out", str(out)]) == 2
+    assert "already exist; certificates are never overwritten" in capsys.readouterr().err
+    assert (out / "tls.key").read_bytes() == before

@@ -1,6 +1,7 @@
 """`draplane up` as a user runs it: a subprocess, a user's own claim and pod, then Ctrl-C."""
 
 import asyncio
+import json
 import os
 import signal
 import subprocess
@@ -102,6 +103,24 @@ async def test_up_binds_a_users_pod_and_ctrl_c_leaves_no_orphans(tmp_path, contr
             claims, _ = await kube.list(resource.ResourceClaim, "mine")
             assert len(claims) == 1 and claims[0].status.allocation is not None
             assert claims[0].status.reserved_for[0].name == "trainer"
+
+        # NATS as deploy/ runs it: a client without TLS and a key is refused; `draplane free`
+        # reads with the reader key up.json names; every service did its job within its role's
+        # permissions (the server logs each refusal as a "Violation").
+        info = json.loads((workdir / "up.json").read_text())
+        import nats
+
+        with pytest.raises((nats.errors.Error, OSError)):
+            await nats.connect(info["nats_url"], allow_reconnect=False, max_reconnect_attempts=0, connect_timeout=2)
+        free = await asyncio.to_thread(
+            subprocess.run, [sys.executable, "-m", "draplane.cli", "free", f"--workdir={workdir}", "-o", "json"],
+            capture_output=True, text=True, timeout=60, env={k: v for k, v in os.environ.items() if not k.startswith("DRAPLANE_NATS")})
+        assert free.returncode == 0, free.stderr
+        # the trainer's GPU, read from the reservation bucket
+        assert sum(row["states"].get("allocated", 0) for row in json.loads(free.stdout)["byNode"]) >= 1, free.stdout
+        nats_log = (workdir / "logs" / "latest" / "controlplane" / "nats-server.log").read_text()
+        assert "TLS required for client connections" in nats_log
+        assert "Violation" not in nats_log, [line for line in nats_log.splitlines() if "Violation" in line][:5]
     finally:
         os.killpg(process.pid, signal.SIGINT) if process.poll() is None else None
         process.wait(timeout=60)

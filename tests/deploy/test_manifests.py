@@ -206,9 +206,25 @@ def test_nats_clients_point_at_the_nats_service(objects):
         host = re.fullmatch(r"nats://([a-z0-9-]+):4222", container_args(obj)["nats"]).group(1)
         assert host in services, object_id(obj)
         (container,) = pod_spec(obj)["containers"]
-        seed = {e["name"]: e.get("value") for e in container["env"]}["DRAPLANE_NATS_NKEY_SEED"]
-        mounts = [m["mountPath"] for m in container["volumeMounts"]]
+        env = {e["name"]: e.get("value") for e in container["env"]}
+        seed, ca = env["DRAPLANE_NATS_NKEY_SEED"], env["DRAPLANE_NATS_CA"]
+        mounts = {m["mountPath"]: m["name"] for m in container["volumeMounts"]}
         assert str(Path(seed).parent) in mounts, f"{object_id(obj)}: {seed} is not on a mounted volume"
+        # TLS: the CA certificate, and nothing else, of the servers' Secret.
+        (volume,) = [v for v in pod_spec(obj)["volumes"] if v["name"] == mounts.get(str(Path(ca).parent))]
+        assert volume["secret"] == {"secretName": "draplane-nats-tls", "items": [{"key": "ca.crt", "path": Path(ca).name}]}
+
+
+def test_nats_servers_take_clients_over_tls_from_the_tls_secret(objects):
+    nats = by_kind(objects, "StatefulSet")["draplane-nats"]
+    config = by_kind(objects, "ConfigMap")["draplane-nats-config"]["data"]["nats.conf"]
+    tls = re.search(r"^tls \{\n(.*?)^\}", config, re.M | re.S).group(1)
+    files = dict(re.findall(r"(\w+_file): (\S+)", tls))
+    (container,) = pod_spec(nats)["containers"]
+    (mount,) = [m for m in container["volumeMounts"] if all(f.startswith(m["mountPath"] + "/") for f in files.values())]
+    (volume,) = [v for v in pod_spec(nats)["volumes"] if v["name"] == mount["name"]]
+    assert volume["secret"]["secretName"] == "draplane-nats-tls"
+    assert sorted(Path(f).name for f in files.values()) == ["tls.crt", "tls.key"]
 
 
 # Service modules, by the command that runs them. Their argument parsers are the real contract;

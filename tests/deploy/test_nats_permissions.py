@@ -337,7 +337,9 @@ def test_shipped_nats_conf_with_rendered_auth_passes_nats_server_config_check(tm
 
     binary = binaries.require(binaries.NATS_SERVER)
     (config_map,) = [o for o in kustomize.build(TEMPLATES.parent) if o["kind"] == "ConfigMap" and o["metadata"]["name"] == "draplane-nats-config"]
-    (tmp_path / "nats.conf").write_text(config_map["data"]["nats.conf"])
+    # The Secret draplane-nats-tls as `draplane nats-auth tls` makes it, where the test can put it.
+    tls = pki.create_nats_tls(tmp_path / "tls", file_names=("ca.crt", "tls.crt", "tls.key"))
+    (tmp_path / "nats.conf").write_text(config_map["data"]["nats.conf"].replace("/etc/nats/tls/", f"{tls.ca_cert.parent}/"))
     (tmp_path / "auth").mkdir()
     (tmp_path / "auth" / "auth.conf").write_text(_render(keys))
 

@@ -4,6 +4,7 @@
     draplane nats-auth issue --keys keys.yaml node gpu-node-1 --seed-out gpu-node-1.seed
     draplane nats-auth render --keys keys.yaml --templates deploy/nats -o auth.conf
     draplane nats-auth revoke --keys keys.yaml node gpu-node-1
+    draplane nats-auth tls --out nats-tls/      # ca.crt, tls.crt, tls.key for the Secret draplane-nats-tls
 
 `issue` makes a new nkey, writes its private seed to --seed-out (mode 0600, never overwritten)
 and records only the public key in the keys file. deploy/README.md says where each seed goes.
@@ -26,7 +27,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     issue.add_argument("--seed-out", type=Path, required=True, help="where to write the private seed (must not exist)")
     issue.add_argument("--rotate", action="store_true", help="replace an existing key for the same service or node")
     issue.add_argument("role", choices=("service", "node", "system"))
-    issue.add_argument("name", nargs="?", help="the service (inventory|allocator|binder|audit) or the node name")
+    issue.add_argument("name", nargs="?", help="the service (inventory|allocator|binder|audit|reader) or the node name")
     issue.set_defaults(handler=run_issue)
 
     render = commands.add_parser("render", help="the nats-server accounts config for every key in the keys file")
@@ -42,6 +43,14 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     revoke.add_argument("role", choices=("node",))
     revoke.add_argument("name")
     revoke.set_defaults(handler=run_revoke)
+
+    tls = commands.add_parser("tls", help="a new CA and the NATS servers' certificate, for the Secret draplane-nats-tls")
+    tls.add_argument("--out", type=Path, required=True, help="folder for ca.crt, tls.crt and tls.key (none may exist)")
+    tls.add_argument("--dns", action="append", default=None,
+                     help="a name the servers are reached by (repeatable; default: deploy/'s Services in "
+                          "namespace draplane)")
+    tls.add_argument("--days", type=int, default=365, help="validity (default %(default)s)")
+    tls.set_defaults(handler=run_tls)
 
 
 def _fail(message: str) -> int:
@@ -121,4 +130,29 @@ def run_revoke(args: argparse.Namespace) -> int:
         _write_atomically(args.keys, natsauth.dump_registry(natsauth.without_node(registry, args.name)))
     except (natsauth.AuthConfigError, OSError) as exc:
         return _fail(str(exc))
+    return 0
+
+
+# deploy/nats/nats.yaml's client Service and the servers' names behind the headless one.
+DEPLOY_NATS_NAMES = ("draplane-nats", "draplane-nats.draplane", "draplane-nats.draplane.svc",
+                     "draplane-nats.draplane.svc.cluster.local", "*.draplane-nats-headless",
+                     "*.draplane-nats-headless.draplane.svc.cluster.local")
+
+
+def run_tls(args: argparse.Namespace) -> int:
+    from draplane.localenv import pki
+
+    files = ("ca.crt", "tls.crt", "tls.key")
+    taken = [str(args.out / name) for name in files if (args.out / name).exists()]
+    if taken:
+        return _fail(f"{', '.join(taken)} already exist; certificates are never overwritten (use another --out)")
+    if args.days < 1:
+        return _fail("--days must be at least 1")
+    try:
+        tls = pki.create_nats_tls(args.out, dns_names=tuple(args.dns or DEPLOY_NATS_NAMES), loopback=False,
+                                  days=args.days, file_names=files)
+    except (OSError, ValueError) as exc:
+        return _fail(str(exc))
+    print(f"CA {tls.ca_cert}, server certificate {tls.server_cert} and key {tls.server_key}; then:\n"
+          f"  kubectl -n draplane create secret generic draplane-nats-tls --from-file={args.out}/")
     return 0

@@ -102,16 +102,21 @@ class NatsTls:
     server_key: Path
 
 
-def create_nats_tls(directory: Path) -> NatsTls:
+def create_nats_tls(directory: Path, *, dns_names: tuple[str, ...] = ("localhost",), loopback: bool = True,
+                    days: int = 30, file_names: tuple[str, str, str] = ("nats-ca.crt", "nats-server.crt", "nats-server.key"),
+                    ) -> NatsTls:
+    """`dns_names` (wildcards such as `*.draplane-nats-headless` allowed) and 127.0.0.1 when
+    `loopback` go into the server certificate; `file_names` are those of the CA certificate, the
+    server certificate and its key (a Kubernetes TLS Secret wants ca.crt, tls.crt, tls.key)."""
     directory.mkdir(parents=True, exist_ok=True)
-    now, expires = _validity()
-    ca_key, ca = _new_ca("draplane-local-nats-ca", now, expires)
-    server_key, server = _signer(ca_key, ca, now, expires)(
-        _name("nats-server"), ExtendedKeyUsageOID.SERVER_AUTH,
-        [x509.DNSName("localhost"), x509.IPAddress(ipaddress.ip_address("127.0.0.1"))],
-    )
-    tls = NatsTls(ca_cert=directory / "nats-ca.crt", server_cert=directory / "nats-server.crt",
-                  server_key=directory / "nats-server.key")
+    now, _ = _validity()
+    expires = now + datetime.timedelta(days=days)
+    ca_key, ca = _new_ca("draplane-nats-ca", now, expires)
+    sans: list[x509.GeneralName] = [x509.DNSName(name) for name in dns_names]
+    if loopback:
+        sans.append(x509.IPAddress(ipaddress.ip_address("127.0.0.1")))
+    server_key, server = _signer(ca_key, ca, now, expires)(_name("nats-server"), ExtendedKeyUsageOID.SERVER_AUTH, sans)
+    tls = NatsTls(*(directory / name for name in file_names))
     tls.ca_cert.write_bytes(ca.public_bytes(serialization.Encoding.PEM))
     tls.server_cert.write_bytes(server.public_bytes(serialization.Encoding.PEM))
     _write_key(tls.server_key, server_key)
