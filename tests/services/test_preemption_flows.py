@@ -14,6 +14,7 @@ import uuid
 import pytest
 
 from draplane.cli import explain
+from draplane.messages import audit
 from test_user_flows import get_json, gpu_cluster, no_races_or_errors, wait_bound, wait_unschedulable
 
 pytestmark = pytest.mark.integration
@@ -99,8 +100,24 @@ async def explained(control_plane, namespace: str, pod: str) -> list[str]:
     return explain.explain_pod(snapshot, explain.find_target(snapshot, f"pod/{pod}", namespace))
 
 
+async def audit_events(nats, prefix: str, kind: str) -> list:
+    names = audit.AuditNames(prefix=prefix)
+    sub = await nats.jetstream().subscribe(names.subject(kind), stream=names.stream, ordered_consumer=True)
+    events = []
+    try:
+        while True:
+            try:
+                msg = await sub.next_msg(timeout=1.0)
+            except TimeoutError:
+                return events
+            events.append(audit.decode_event(msg.data))
+    finally:
+        await sub.unsubscribe()
+
+
 async def test_an_eight_gpu_pod_evicts_exactly_one_nodes_pods_and_binds_there(scheduling, kube, kubectl, namespace,
-                                                                               classes, control_plane):
+                                                                               classes, control_plane, nats,
+                                                                               subject_prefix):
     await scheduling.start()
     nodes = await full_cluster(scheduling, kube, kubectl, namespace)
     await kubectl.apply(pod_yaml(namespace, "big", scheduling.scheduler_name, "eight-gpus",
@@ -119,6 +136,11 @@ async def test_an_eight_gpu_pod_evicts_exactly_one_nodes_pods_and_binds_there(sc
     victims = ", ".join(sorted(f"{namespace}/low-{index}-{g}" for g in range(8)))
     assert f"It preempted 8 pod(s) on node {node} (lower priority, evicted to free what it needs): {victims}" in \
         await explained(control_plane, namespace, "big")
+    # The audit log has one preempted event per victim, naming the preemptor.
+    preempted = await audit_events(nats, subject_prefix, "preempted")
+    assert sorted(e.pod.name for e in preempted) == sorted(f"low-{index}-{g}" for g in range(8))
+    assert all(e.node == node and e.reason.startswith(f"evicted for {namespace}/big: preempting 8 pod(s)")
+               for e in preempted)
     no_races_or_errors(scheduling)
 
 

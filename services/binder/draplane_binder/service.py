@@ -678,7 +678,7 @@ class Binder:
                 if pod is not None and self._pending_pod_needs_work(pod):
                     message = result.message
                     if result.preemption is not None:
-                        message = await self.preempt(pod, result.preemption, message)
+                        message = await self.preempt(pod, result.preemption, message, shard=result.shard)
                     await self._mark_unschedulable(pod, message, shard=result.shard,
                                                    answer=_stream_sequence(msg),
                                                    reason=failure_label(result.failures, result.claim_error))
@@ -696,7 +696,7 @@ class Binder:
             return
         await msg.ack()
 
-    async def preempt(self, pod: Pod, preemption: Preemption, message: str) -> str:
+    async def preempt(self, pod: Pod, preemption: Preemption, message: str, shard: int | None = None) -> str:
         """Evict the victims a shard chose through the Eviction API (it refuses what a
         PodDisruptionBudget forbids), tell each why with kube-scheduler's `Preempted` Event, and
         nominate the node on the preemptor. Returns the preemptor's message, with any refusal.
@@ -721,6 +721,12 @@ class Binder:
             victim_pod = Pod(metadata=ObjectMeta(namespace=victim.namespace, name=victim.name, uid=victim.uid))
             await self._event(victim_pod, "Preempted",
                               f"Preempted by pod {pod.metadata.uid} on node {preemption.node}", type_="Normal")
+            await self.audit.publish_and_wait(audit.AuditEvent(
+                id=audit.preempted_id(victim.uid), kind="preempted", at=time.time(),
+                by=[f"shard-{shard}", self.instance] if shard is not None else [self.instance], node=preemption.node,
+                pod=audit.PodName(namespace=victim.namespace, name=victim.name, uid=victim.uid),
+                reason=f"evicted for {namespace}/{name}: {preemption.explanation}",
+            ))
         try:
             await self.kube.patch(Pod, name, {"status": {"nominatedNodeName": preemption.node}}, namespace,
                                   subresource="status")

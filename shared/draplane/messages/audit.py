@@ -12,6 +12,10 @@ Subjects (under the prefix, default ``draplane.``), all captured by one JetStrea
     the same reason is one event, as it is one Kubernetes Event.
 ``{prefix}audit.released``
     A claim's devices were freed (the claim deleted, or its allocation cleared). The binder.
+``{prefix}audit.preempted``
+    A pod was evicted so that a higher-priority one fits: `pod` is the victim, `node` its node,
+    `reason` names the preemptor and why these victims. Published by the binder once the Eviction
+    API took it.
 ``{prefix}audit.tainted`` / ``{prefix}audit.untainted``
     Devices got or lost a taint: a DeviceTaintRule (the shards, which watch them), or a node
     whose agent stopped heartbeating (the inventory, which taints its devices; `removed` follows
@@ -45,8 +49,8 @@ MAX_EVENT_BYTES = 256 * 1024
 MAX_DEVICES_NAMED = 256
 
 # "unreadable" is never published: the audit subscriber writes it for a message it could not read.
-Kind = Literal["placed", "rejected", "released", "tainted", "untainted", "removed", "unreadable"]
-KINDS: tuple[str, ...] = ("placed", "rejected", "released", "tainted", "untainted", "removed")
+Kind = Literal["placed", "rejected", "released", "preempted", "tainted", "untainted", "removed", "unreadable"]
+KINDS: tuple[str, ...] = ("placed", "rejected", "released", "preempted", "tainted", "untainted", "removed")
 
 
 class MessageError(ValueError):
@@ -156,6 +160,11 @@ def rejected_id(pod_uid: str, message: str, answer: str = "") -> str:
     if answer:
         return f"rejected/{pod_uid}/{answer}"
     return f"rejected/{pod_uid}/{_digest(message)}"
+
+
+def preempted_id(victim_uid: str) -> str:
+    # A pod is evicted once: its uid names the fact.
+    return f"preempted/{victim_uid}"
 
 
 def released_id(claim_uid: str, allocated_version: str) -> str:
