@@ -236,3 +236,35 @@ def test_replay_through_the_allocator_core_matches_the_engine():
         with_core = run_one(nodes, pods, policy, 3, 1.3, through_core=True)
         assert with_core == run_one(nodes, pods, policy, 3, 1.3, through_core=False)
         assert with_core.failed > 0 and with_core.pods > with_core.failed
+
+
+def test_online_workload_learns_only_what_it_was_shown():
+    from draplane.allocation.fragmentation import OnlineWorkload
+
+    workload = OnlineWorkload()
+    assert workload.version == 0 and workload.waste[300] == 300  # nothing learned: nothing fills
+    workload.observe(2000, 4 << 30, 300)
+    assert workload.fillers == [300] and workload.waste[600] == 0 and workload.version == 1
+    version = workload.version
+    for _ in range(10):
+        workload.observe(2000, 4 << 30, 300)  # the same size again: nothing new to fill with
+    assert workload.version == version
+    workload.observe(2000, 4 << 30, 2000)  # two whole GPUs: ratios only, no share size
+    assert 2000 not in workload.sizes and workload.device_milli == 11 * 300 + 2000
+    workload.observe(2000, 4 << 30, 450)  # a new size is counted on at once
+    assert 450 in workload.fillers and workload.version == version + 1
+
+
+def test_stranded_is_the_same_one_node_at_a_time_or_many_at_once():
+    from draplane.allocation.fragmentation import OnlineWorkload
+
+    workload = OnlineWorkload()
+    for cpu, memory, milli in ((4000, 16 << 30, 1000), (12000, 8 << 30, 500), (1000, 64 << 30, 2000)):
+        workload.observe(cpu, memory, milli)
+    rng = random.Random(5)
+    free = np.array([rng.randrange(0, 8001) for _ in range(200)])
+    cpu = np.array([rng.randrange(0, 96001) for _ in range(200)])
+    memory = np.array([rng.randrange(0, 512 << 30) for _ in range(200)])
+    many = workload.stranded_many(free, cpu, memory)
+    assert [workload.stranded(int(f), int(c), int(m)) for f, c, m in zip(free, cpu, memory)] == many.tolist()
+    assert workload.stranded(8000, 0, 0) == 8000 and workload.stranded(0, 96000, 1 << 40) == 0
