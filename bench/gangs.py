@@ -4,7 +4,8 @@ A seeded synthetic trace of jobs arriving and finishing on a cluster of 8-GPU no
 pods of 1, 2, 4 or 8 GPUs each, and singletons. The same trace runs twice:
 
 - `gang`: every job is placed whole by `draplane.allocation.gang.place_gang` or waits whole; jobs
-  wait in arrival order, and a job that does not fit lets later ones try (backfill);
+  wait in arrival order, and a job that does not fit lets later ones try (`order=backfill`), or
+  holds up every later one (`order=fifo`: big gangs are not overtaken, GPUs idle meanwhile);
 - `per-pod`: each pod on its own, as kube-scheduler without gangs: the first node that fits
   (`first-fit`), in arrival order. A job runs only once all its pods are placed; until then its
   placed pods hold their GPUs for nothing (GPU-hours held by partial gangs). Two half-placed gangs
@@ -32,7 +33,9 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "shared"))
 
 from draplane.allocation import Cluster, NodePlacement  # noqa: E402
-from draplane.allocation.gang import Gang, GangMember, GangPlacement, commit_gang, place_gang, release_gang  # noqa: E402
+from draplane.allocation.gang import (  # noqa: E402
+    Gang, GangMember, GangPlacement, SearchBudget, commit_gang, place_gang, release_gang,
+)
 from draplane.api.meta import ObjectMeta  # noqa: E402
 from draplane.api.resource import (  # noqa: E402
     CELDeviceSelector,
@@ -55,6 +58,7 @@ CLASS = "gpu.nvidia.com"
 GPUS_PER_NODE = 8
 GPU_SIZES = (1, 2, 4, 8)
 HOUR = 3600.0
+BUDGET = SearchBudget(node_attempts=5_000, seconds=3600.0)
 
 
 @dataclass(frozen=True, slots=True)
@@ -144,13 +148,18 @@ class Timeline:
         t = self.last
         width = self.window_end / self.buckets
         self.partial_gpu_seconds += (self.held - self.useful) * (now - t)
-        while t < now and t < self.window_end:
-            bucket = min(int(t / width), self.buckets - 1)
-            end = min(now, (bucket + 1) * width, self.window_end)
+        stop = min(now, self.window_end)
+        bucket = min(int(t / width), self.buckets - 1)
+        while t < stop:
+            # By index, not by t / width alone: a t on a boundary can round into the bucket
+            # before, whose end is then t itself.
+            end = stop if bucket == self.buckets - 1 else min(stop, (bucket + 1) * width)
             self.useful_seconds[bucket] += self.useful * (end - t)
             self.held_seconds[bucket] += self.held * (end - t)
             t = end
-        self.last = now
+            if t >= (bucket + 1) * width:
+                bucket = min(bucket + 1, self.buckets - 1)
+        self.last = max(self.last, now)
 
 
 @dataclass(slots=True)
@@ -164,7 +173,7 @@ class Outcome:
     attempts: int = 0
 
 
-def run_gang(jobs: list[Job], nodes: int, policy: str, window_end: float) -> Outcome:
+def run_gang(jobs: list[Job], nodes: int, policy: str, window_end: float, backfill: bool = True) -> Outcome:
     cluster = make_cluster(nodes, policy)
     capacity = nodes * GPUS_PER_NODE
     timeline = Timeline(window_end)
@@ -194,12 +203,17 @@ def run_gang(jobs: list[Job], nodes: int, policy: str, window_end: float) -> Out
             shape = (job.pods, job.gpus_per_pod)
             if job.gpus > free or shape in failed_shapes or not _slots_suffice(cluster, job):
                 failed_shapes.add(shape)
-                continue
-            outcome = place_gang(cluster, job_gang(job))
+                if backfill:
+                    continue
+                break
+            # The budget in node allocations only, so that a run is the same on a loaded machine.
+            outcome = place_gang(cluster, job_gang(job), budget=BUDGET)
             attempts += 1
             if not isinstance(outcome, GangPlacement):
                 failed_shapes.add(shape)
-                continue
+                if backfill:
+                    continue
+                break
             commit_gang(cluster, outcome)
             running[i] = outcome
             pending.remove(i)
@@ -211,7 +225,8 @@ def run_gang(jobs: list[Job], nodes: int, policy: str, window_end: float) -> Out
             heapq.heappush(events, (now + job.duration, 0, "finish", i))
     seconds = time.process_time() - started
     unstarted = [jobs[i] for i in pending]
-    return Outcome("gang", timeline, waits, len(unstarted), sum(j.is_gang for j in unstarted), seconds, attempts)
+    mode = "gang order=backfill" if backfill else "gang order=fifo"
+    return Outcome(mode, timeline, waits, len(unstarted), sum(j.is_gang for j in unstarted), seconds, attempts)
 
 
 def _slots_suffice(cluster: Cluster, job: Job) -> bool:
@@ -310,8 +325,8 @@ def main() -> None:
     window_end = jobs[-1].arrival
     print(f"# {len(jobs)} jobs ({sum(j.is_gang for j in jobs)} gangs) over {window_end / HOUR:.1f} h on "
           f"{args.nodes} nodes x {GPUS_PER_NODE} GPUs, seed {args.seed}, load {args.load}", flush=True)
-    gang = run_gang(jobs, args.nodes, args.policy, window_end)
-    report(gang, capacity, window_end, jobs)
+    for backfill in (True, False):
+        report(run_gang(jobs, args.nodes, args.policy, window_end, backfill), capacity, window_end, jobs)
     # The per-pod run stops once nothing has finished for a day past the last arrival: deadlocked.
     per_pod = run_per_pod(jobs, args.nodes, window_end, give_up_after=window_end + 24 * HOUR * 30)
     report(per_pod, capacity, window_end, jobs)
