@@ -6,7 +6,8 @@ batches, and a batch is handled in four steps:
 1. place its pods one after the other against the state (pure: draplane.scheduling.placing), each
    seeing the devices the ones before it took;
 2. commit the new reservations with one compare-and-set per node, from the revision the state was
-   built on; a node that lost a race is read again and its pods go back to 1;
+   built on (what the write holds is draplane.scheduling.reservation_protocol.commit's); a node
+   that lost a race is read again and its pods go back to 1;
 3. publish the Placements (and Unschedulables) for the binder;
 4. acknowledge the pending messages. A crash anywhere before 4 means redelivery; the reservation
    already in the bucket makes the retry republish the same placement rather than make a new one.
@@ -33,6 +34,7 @@ from draplane.messages import audit
 from draplane.messages.inventory import InventoryNames, decode_feed_entry
 from draplane.messages.inventory import MessageError as InventoryMessageError
 from draplane.metrics import counter_value
+from draplane.scheduling import reservation_protocol as protocol
 from draplane.scheduling import reservations as rv
 from draplane.scheduling import preemption, streams
 from draplane.scheduling.messages import (
@@ -287,24 +289,23 @@ class Shard:
             await asyncio.sleep(PRUNE_INTERVAL_SECONDS)
             now = time.time()
             for node, (_, entry) in list(self.store.entries.items()):
-                if rv.has_lapsed_claims(entry, now):
-                    counts = [0, 0, 0]
+                if protocol.has_lapsed(entry, now):
+                    steps: list[protocol.Lapse] = []
 
                     def edit(current: rv.NodeReservations) -> rv.NodeReservations | None:
-                        pruned, dropped = rv.prune(current, time.time(), self.state.claim_is_allocated)
-                        confirmed = sum(1 for u, r in current.claims.items()
-                                        if r.expires_at is not None and u in pruned.claims and pruned.claims[u].confirmed)
-                        counts[:] = [len(dropped), confirmed, len(current.pods) - len(pruned.pods)]
-                        return pruned if any(counts) else None
+                        steps[:] = [protocol.lapse(current, time.time(), self.state.claim_is_allocated)]
+                        return steps[0].entry
 
                     if await self.store.change(node, edit):
-                        self.m.lapses_released.inc(counts[0])
-                        self.m.lapses_confirmed.inc(counts[1])
+                        step = steps[0]
+                        self.m.lapses_released.inc(len(step.released))
+                        self.m.lapses_confirmed.inc(len(step.confirmed))
                         # pod reservations lapse after every placement by design: not news
-                        level = logging.INFO if counts[0] or counts[1] else logging.DEBUG
-                        self.log.log(level, "shard %d: node %s: lapsed leases: %d claim reservations released, "
+                        self.log.log(logging.INFO if step.news else logging.DEBUG,
+                                     "shard %d: node %s: lapsed leases: %d claim reservations released, "
                                      "%d confirmed (their claims are allocated), %d pod reservations dropped",
-                                     self.index, node, *counts, extra=fields(node=node))
+                                     self.index, node, len(step.released), len(step.confirmed), step.pods_dropped,
+                                     extra=fields(node=node))
 
     # --- pending pods ------------------------------------------------------------------------------
 
@@ -483,12 +484,12 @@ class Shard:
         expires_at = now + self.lease_seconds
         # node -> (the revision the view was built on, the entry with this round's reservations)
         views: dict[str, tuple[int, rv.NodeReservations]] = {}
+        commits: dict[str, protocol.Commit] = {}  # node -> the first commit there (what it prunes)
         staged: dict[str, list] = {}  # node -> [(pending, pod, claims, Placed)]
         republish: list = []  # (pending, pod, claims, Placed): nothing new to reserve
         unschedulable: list = []  # (pending, pod, claims, NotPlaced)
         lost: set[str] = set()  # nodes whose entry must be read again
         again: list = []
-        lapsed: dict[str, tuple[int, int]] = {}  # node -> claim leases (released, confirmed) this round's write prunes
         for item in todo:
             pending, pod, claims = item
             try:
@@ -503,22 +504,20 @@ class Shard:
                 unschedulable.append((*item, outcome))
                 continue
             node = outcome.node
-            if node not in views:
-                revision, entry = self.store.entry(node)
-                pruned, dropped = rv.prune(entry, now, self.state.claim_is_allocated)
-                expired = sum(1 for r in entry.claims.values() if r.expires_at is not None and r.expires_at <= now)
-                lapsed[node] = (len(dropped), expired - len(dropped))
-                if dropped:
-                    self.log.info("shard %d: node %s: released %d reservations whose lease ran out",
-                                  self.index, node, len(dropped), extra=fields(node=node))
-                views[node] = (revision, pruned)
-            revision, entry = views[node]
             pod_reservation = rv.PodReservation(
                 pod_uid=pending.pod.uid, pod_namespace=pending.pod.namespace, pod_name=pending.pod.name,
                 requests=outcome.requests, reserved_at=now, expires_at=expires_at, shard=self.index,
             )
+            reservations = self._reservations(pending, outcome, now, expires_at)
             try:
-                added = rv.add(entry, self._reservations(pending, outcome, now, expires_at), pod_reservation)
+                if node not in commits:
+                    revision, entry = self.store.entry(node)
+                    step = protocol.commit(entry, reservations, pod_reservation, now, self.state.claim_is_allocated)
+                    commits[node] = step
+                    # what this node's write will hold before this pod: its entry, pruned
+                    views[node] = (revision, step.lapsed.entry or entry)
+                else:
+                    step = protocol.recommit(commits[node], views[node][1], reservations, pod_reservation)
             except rv.ReservationConflict as exc:
                 # our view missed a reservation: the mirror lags the bucket; read it, place again
                 self.m.conflicts_in_view.inc()
@@ -526,16 +525,20 @@ class Shard:
                 lost.add(node)
                 again.append(item)
                 continue
-            if added is entry:
+            if step.entry is None:
                 # its claims and the pod are reserved there already (a redelivery, or the binder
                 # asking again after a restart): send the same placement, nothing to write
                 republish.append((*item, outcome))
                 continue
-            views[node] = (revision, added)
+            views[node] = (views[node][0], step.entry)
             staged.setdefault(node, []).append((*item, outcome))
             # the pods after this one in the batch must see these devices and this pod's CPU and
             # memory taken; the view is the node's entry as it will be written
-            self.state.set_reservations(node, added)
+            self.state.set_reservations(node, step.entry)
+        for node, step in commits.items():
+            if step.lapsed.released and node in staged:
+                self.log.info("shard %d: node %s: released %d reservations whose lease ran out",
+                              self.index, node, len(step.lapsed.released), extra=fields(node=node))
 
         nodes = list(staged)
         written = await asyncio.gather(
@@ -555,9 +558,9 @@ class Shard:
                     self.log.debug("shard %d: node %s: the reservation of %d pods lost a compare-and-set race; "
                                   "placing them again", self.index, node, len(staged[node]), extra=fields(node=node))
             else:
-                released, confirmed = lapsed.get(node, (0, 0))
-                self.m.lapses_released.inc(released)
-                self.m.lapses_confirmed.inc(confirmed)
+                lapsed = commits[node].lapsed
+                self.m.lapses_released.inc(len(lapsed.released))
+                self.m.lapses_confirmed.inc(len(lapsed.confirmed))
                 placements.extend((pending, claims, placed, expires_at) for pending, _, claims, placed in staged[node])
         for node in lost:
             await self.store.refresh(node)

@@ -9,7 +9,9 @@ Tasks (all guarded, cancelled together on shutdown):
   results become an Event and a PodScheduled=False condition;
 - a retry loop for unschedulable pods, flushed early when devices are released or nodes change.
 
-The decisions are in draplane_binder.lifecycle; this module does I/O and bookkeeping only.
+The decisions are in draplane_binder.lifecycle (claims) and draplane.scheduling.reservation_protocol
+(hold, abandon, confirm, release and the start-up reconcile of reservations); this module does I/O
+and bookkeeping only.
 """
 
 from __future__ import annotations
@@ -32,6 +34,7 @@ from draplane.api.resource import ResourceClaim, ResourceClaimConsumerReference,
 from draplane.audit_publisher import AuditPublisher
 from draplane.kube import KubeApiError, KubeClient, watch_objects
 from draplane.messages import audit
+from draplane.scheduling import reservation_protocol as protocol
 from draplane.scheduling import reservations as rv
 from draplane.scheduling import streams
 from draplane.scheduling.messages import (
@@ -277,6 +280,10 @@ class Binder:
         async for event in watch_objects(self.kube, model):
             if event.type == "SYNCED":
                 self.synced[what].set()
+                if what == "claims":
+                    # what happened to claims while no binder watched (deleted, deallocated) left
+                    # their confirmed reservations behind; a re-list may have missed some too
+                    self._spawn_once(self.reconcile_reservations(), "reconcile reservations")
                 if what in ("pods", "claims"):
                     # after a (re-)list every object is looked at again
                     for key in list(self.pods):
@@ -789,14 +796,14 @@ class Binder:
             placement.node, {c.claim.uid: rv.devices_of(c.allocation) for c in placement.claims},
             self.settings.lease_seconds, pods=[placement.pod.uid],
         )
-        if placement.pod.uid not in held and pod.spec.node_name != placement.node:
-            # Its CPU and memory were counted on that node under a lease that lapsed: another
-            # shard may have placed pods in that room since. Place it again.
+        plan = protocol.plan_write(claim_uids, placement.pod.uid, held, node=placement.node,
+                                   pod_bound_here=pod.spec.node_name == placement.node)
+        if isinstance(plan, protocol.Abandon):
             self.metrics.lease_lapses.inc()
-            await self._abandon(placement, pod, f"its reservation of CPU and memory on node {placement.node} lapsed")
+            await self._abandon(placement, pod, plan.why)
             return False
         for item in placement.claims:
-            if item.claim.uid in held:
+            if item.claim.uid not in plan.verify:
                 continue
             try:
                 current = await self.kube.get(ResourceClaim, item.claim.name, item.claim.namespace)
@@ -929,21 +936,18 @@ class Binder:
         self.metrics.placements_abandoned.inc()
         log.info("placement of pod %s on %s abandoned: %s", placement.pod.key(), placement.node, why,
                  extra=fields(pod=placement.pod.key(), node=placement.node, shard=placement.shard))
-        to_release: dict[str, list] = {}
-        for item in placement.claims:
+
+        def allocated_here(uid: str) -> bool:
+            item = next(c for c in placement.claims if c.claim.uid == uid)
             claim = self.claims.get((item.claim.namespace, item.claim.name))
-            allocated_here = (
-                claim is not None
-                and claim.metadata.uid == item.claim.uid
-                and claim.status is not None
-                and lc.same_allocation(claim.status.allocation, item.allocation)
-            )
-            if not allocated_here:
-                to_release[item.claim.uid] = rv.devices_of(item.allocation)
-        pod_not_there = pod is None or pod.spec.node_name != placement.node
-        if to_release or pod_not_there:
-            await self.store.release_matching(placement.node, to_release,
-                                              pods=[placement.pod.uid] if pod_not_there else ())
+            return (claim is not None and claim.metadata.uid == uid and claim.status is not None
+                    and lc.same_allocation(claim.status.allocation, item.allocation))
+
+        give_back = protocol.what_to_abandon(
+            {c.claim.uid: rv.devices_of(c.allocation) for c in placement.claims}, allocated_here,
+            placement.pod.uid, pod_bound_here=pod is not None and pod.spec.node_name == placement.node)
+        if not give_back.empty:
+            await self.store.release_matching(placement.node, give_back.claims, pods=give_back.pods)
         uid = placement.pod.uid
         self.in_flight.pop(uid, None)
         if pod is not None and self._pending_pod_needs_work(pod):
@@ -981,17 +985,63 @@ class Binder:
                  "claim deleted" if claim.metadata.deletion_timestamp else "cleared",
                  f"on node {found[0]} released" if found else "already gone",
                  extra=fields(claim=f"{claim.metadata.namespace}/{claim.metadata.name}", node=node))
-        released = ClaimReleased(claim=ClaimRef(namespace=claim.metadata.namespace or "", name=claim.metadata.name or "", uid=uid), node=node)
+        await self._tell_released(
+            claim.metadata.namespace or "", claim.metadata.name or "", uid, node,
+            claim.status.allocation if claim.status else None, claim.metadata.resource_version or "",
+            "claim deleted" if claim.metadata.deletion_timestamp else "allocation cleared: no pod reserves the claim")
+
+    async def _tell_released(self, namespace: str, name: str, uid: str, node: str | None, allocation,
+                             version: str, why: str) -> None:
+        """A claim's devices are free again: the shards' and our retries, the audit log."""
+        released = ClaimReleased(claim=ClaimRef(namespace=namespace, name=name, uid=uid), node=node)
         await self.js.publish(self.subjects.released, encode_message(released))
         self.metrics.claims_released.inc()
         await self.audit.publish_and_wait(audit.AuditEvent(
-            id=audit.released_id(uid, claim.metadata.resource_version or ""), kind="released", at=time.time(),
-            by=[self.instance], node=node,
-            claims=[audit.ClaimDevices(namespace=claim.metadata.namespace or "", name=claim.metadata.name or "",
-                                       uid=uid, devices=audit.devices_of(claim.status.allocation if claim.status else None))],
-            reason="claim deleted" if claim.metadata.deletion_timestamp else "allocation cleared: no pod reserves the claim",
+            id=audit.released_id(uid, version), kind="released", at=time.time(), by=[self.instance], node=node,
+            claims=[audit.ClaimDevices(namespace=namespace, name=name, uid=uid, devices=audit.devices_of(allocation))],
+            reason=why,
         ))
         self._flush_retries()
+
+    async def reconcile_reservations(self) -> int:
+        """protocol.stale_confirmations over every node's entry: release the confirmed reservations
+        whose claim is gone or no longer allocated with those devices. Returns how many.
+
+        The claims cache may lag (a claim written a moment ago by this binder is in it, but one
+        re-listed is as old as the list): a reservation is only released after a live read of its
+        claim agrees, and then only where it still holds the same devices."""
+        await self.store.wait_synced()
+        by_uid = {c.metadata.uid: c for c in list(self.claims.values())}
+        released = 0
+        for node, (_, entry) in list(self.store.entries.items()):
+            stale = protocol.stale_confirmations(entry, lambda r: _allocated_devices(by_uid.get(r.claim_uid), r.claim_uid))
+            really: dict[str, list] = {}
+            gone: dict[str, rv.Reservation] = {}
+            for uid, devices in stale.items():
+                reservation = entry.claims[uid]
+                try:
+                    live = await self.kube.get(ResourceClaim, reservation.claim_name, reservation.claim_namespace)
+                except KubeApiError as exc:
+                    if not exc.is_not_found:
+                        raise
+                    live = None
+                if protocol.stale_confirmations(
+                        rv.NodeReservations(node=node, claims={uid: reservation}),
+                        lambda r: _allocated_devices(live, r.claim_uid)):
+                    really[uid] = devices
+                    gone[uid] = reservation
+            if not really or not await self.store.release_matching(node, really):
+                continue
+            released += len(really)
+            for uid, reservation in gone.items():
+                log.info("resourceclaim %s/%s: its reservation on node %s was confirmed but the claim is gone or "
+                         "allocated otherwise (changed while no binder ran): released",
+                         reservation.claim_namespace, reservation.claim_name, node,
+                         extra=fields(claim=f"{reservation.claim_namespace}/{reservation.claim_name}", node=node))
+                await self._tell_released(reservation.claim_namespace, reservation.claim_name, uid, node,
+                                          reservation.allocation, f"reconciled-{reservation.reserved_at}",
+                                          "its claim was deleted or deallocated while no binder ran")
+        return released
 
     async def _claim_worker(self) -> None:
         while True:
@@ -1105,6 +1155,13 @@ def _older(new: ResourceClaim, cached: ResourceClaim) -> bool:
 def _devices_text(allocation) -> str:
     results = allocation.devices.results if allocation.devices and allocation.devices.results else []
     return ", ".join(f"{r.pool}/{r.device}" + (f" (share {r.share_id})" if r.share_id else "") for r in results) or "no devices"
+
+
+def _allocated_devices(claim: ResourceClaim | None, uid: str) -> list[rv.ReservedDevice] | None:
+    """The devices a claim (the one of this uid) is allocated with in Kubernetes; None if not."""
+    if claim is None or claim.metadata.uid != uid or claim.status is None or claim.status.allocation is None:
+        return None
+    return rv.devices_of(claim.status.allocation)
 
 
 def _pods_named_by(claim: ResourceClaim) -> set[str]:

@@ -1,5 +1,7 @@
 """The reservation bucket, mirrored in memory: a watch keeps `entries` current, and every write is
-a compare-and-set on one node's key (see draplane.scheduling.reservations for the protocol)."""
+a compare-and-set on one node's key. The entries are draplane.scheduling.reservations; what each
+write changes is decided by draplane.scheduling.reservation_protocol, and this module only reads,
+writes and retries."""
 
 from __future__ import annotations
 
@@ -8,11 +10,11 @@ import logging
 import time
 from collections.abc import Callable, Iterable
 
-import msgspec
 import nats.errors
 import nats.js.errors
 from nats.js.kv import KeyValue
 
+from draplane.scheduling import reservation_protocol as protocol
 from draplane.scheduling import reservations as rv
 
 log = logging.getLogger(__name__)
@@ -130,90 +132,45 @@ class ReservationStore:
 
     async def confirm(self, node: str, claim_uids: Iterable[str]) -> None:
         uids = list(claim_uids)
-
-        def edit(entry: rv.NodeReservations) -> rv.NodeReservations | None:
-            changed = entry
-            for uid in uids:
-                changed = rv.confirm(changed, uid) or changed
-            return None if changed is entry else changed
-
-        await self.change(node, edit)
+        await self.change(node, lambda entry: protocol.confirm(entry, uids))
 
     async def release(self, node: str, claim_uids: Iterable[str]) -> bool:
         uids = list(claim_uids)
-        return await self.change(node, lambda entry: rv.release(entry, uids))
+        return await self.change(node, lambda entry: protocol.release(entry, uids))
 
     async def release_matching(
         self, node: str, expected: dict[str, list[rv.ReservedDevice]], pods: Iterable[str] = ()
     ) -> bool:
-        """Release these claims' reservations, but only where they still hold these devices: a
-        claim reserved again since (with other devices) keeps its new reservation. The pods'
-        reservations on this node go too."""
+        """protocol.abandon: release these claims' reservations where they still hold these
+        devices, and the pods' reservations on this node."""
         pod_uids = list(pods)
-
-        def edit(entry: rv.NodeReservations) -> rv.NodeReservations | None:
-            gone = [uid for uid, devices in expected.items()
-                    if uid in entry.claims and rv.same_devices(entry.claims[uid].devices, devices)]
-            return rv.release(entry, gone, pod_uids)
-
-        return await self.change(node, edit)
+        return await self.change(node, lambda entry: protocol.abandon(entry, expected, pod_uids))
 
     async def extend(self, node: str, claim_uids: Iterable[str], seconds: float) -> None:
         uids = list(claim_uids)
         until = time.time() + seconds
-
-        def edit(entry: rv.NodeReservations) -> rv.NodeReservations | None:
-            changed = entry
-            for uid in uids:
-                changed = rv.extend(changed, uid, until) or changed
-            return None if changed is entry else changed
-
-        await self.change(node, edit)
+        await self.change(node, lambda entry: protocol.extend(entry, uids, until))
 
     async def hold(
         self, node: str, expected: dict[str, list[rv.ReservedDevice]], seconds: float, pods: Iterable[str] = ()
     ) -> set[str]:
-        """The claims whose reservation on `node` is still the expected one, and the pods still
-        reserved there, with their leases renewed.
+        """protocol.hold in one compare-and-set: the claims whose reservation on `node` is still
+        the expected one, and the pods still reserved there, with their leases renewed.
 
-        Atomic with the check (one compare-and-set), so a reservation found here cannot lapse and be
-        given away for `seconds`. A claim missing from the result must not be written with these
-        devices: its reservation lapsed, or the claim was reserved again with others.
-
-        Leases with more than half of `seconds` left are not renewed, and when none needs renewing
-        nothing is written: the check is then against this process' mirror, which is safe because
-        only expired leases are pruned by others, and a lease with that much left cannot have
-        expired (clocks may differ by up to half a lease). This saves a bucket write per placement,
-        since the binder renews a whole fetched batch per node just before writing its placements.
+        When no lease needs renewing nothing is written, and the check is against this process'
+        mirror: safe, because only expired leases are pruned by others, and a lease with more
+        than half left cannot have expired (clocks may differ by up to half a lease). This saves a
+        bucket write per placement, since the binder renews a whole fetched batch per node just
+        before writing its placements.
         """
-        now = time.time()
-        until = now + seconds
-        fresh_enough = now + seconds / 2
+        pod_uids = list(pods)
         matched: set[str] = set()
-        pod_uids = set(pods)
 
         def edit(entry: rv.NodeReservations) -> rv.NodeReservations | None:
+            step = protocol.hold(entry, expected, pod_uids, time.time(), seconds)
             matched.clear()
-            claims = dict(entry.claims)
-            held_pods = dict(entry.pods)
-            changed = False
-            for uid, devices in expected.items():
-                reservation = claims.get(uid)
-                if reservation is None or not rv.same_devices(reservation.devices, devices):
-                    continue
-                matched.add(uid)
-                if reservation.expires_at is not None and reservation.expires_at < fresh_enough:
-                    claims[uid] = msgspec.structs.replace(reservation, expires_at=until)
-                    changed = True
-            for uid in pod_uids:
-                pod = held_pods.get(uid)
-                if pod is None:
-                    continue
-                matched.add(uid)
-                if pod.expires_at < fresh_enough:
-                    held_pods[uid] = msgspec.structs.replace(pod, expires_at=until)
-                    changed = True
-            return rv.NodeReservations(node=entry.node, claims=claims, pods=held_pods) if changed else None
+            matched.update(step.held)
+            return step.entry
 
         await self.change(node, edit)
         if len(matched) < len(expected) + len(pod_uids):

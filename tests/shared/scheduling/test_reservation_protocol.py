@@ -1,0 +1,762 @@
+"""The reservation protocol (draplane.scheduling.reservation_protocol) driven through crashes, lapses
+and redeliveries by a hypothesis state machine.
+
+The world around the protocol is modelled as the services see it, and each protocol step is the
+very function the shard and the binder call:
+
+- the bucket: one entry per node, written by compare-and-set on its revision;
+- Kubernetes: claims (allocation, reservedFor) and pods (bound or not); a claim is deleted with
+  its pod, and the binder hears of it through its watch, later, or never if it is down then;
+- N shards, each with a work queue of pending pods (redelivered until acknowledged), a mirror of
+  the bucket that lags until it is watched or refreshed, and a claims view that is Kubernetes (the
+  claim watch is assumed to deliver within half a lease);
+- the binder, with a work queue of placements handled concurrently (an unacknowledged one is
+  delivered again), a set of written claims to confirm, and a pending-pod retry.
+
+Placing itself is a small stand-in for the allocator core, which sees what the real one sees: a
+claim's devices are its allocation, else its reservation (lapsed or not). Two nodes each have two
+GPUs and one device that allows two shares (consumable capacity); adminAccess claims take gpu-0 of
+n0 whatever holds it.
+
+One timing assumption is the lease's own: a binder writes a claim within the lease it holds (it
+renews to a full lease right before writing; a write that would start after the lease ran out
+holds again first). A binder paused mid-write for longer than that is the split-brain no lease can
+fence, since kube-apiserver cannot check the bucket.
+
+Invariants after every step: no device is given twice in Kubernetes beyond what adminAccess and
+the shared device's capacity allow; no device is reserved twice in the bucket; a bound pod's claim
+is allocated on its node. At the end, under fair scheduling (every component up, every enabled step
+taken in turn, time moving on only when nothing else can): every placement ends bound or released
+(the bucket holds exactly the allocated claims, confirmed), and every pod still pending has no room
+anywhere (no livelock).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import itertools
+
+import pytest
+from hypothesis import HealthCheck, settings
+from hypothesis import event as hypothesis_event
+from hypothesis.errors import InvalidArgument
+from hypothesis import strategies as st
+from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, precondition, rule
+
+from draplane.api.resource import AllocationResult, DeviceAllocationResult, DeviceRequestAllocationResult
+from draplane.scheduling import reservation_protocol as protocol
+from draplane.scheduling import reservations as rv
+from fuzzing import LONG_RUN_EXAMPLES
+
+NODES = ("n0", "n1")
+GPUS = ("gpu-0", "gpu-1")
+SHARED = "shared-0"
+SHARES_PER_DEVICE = 2
+LEASE = 10.0
+DRIVER = "gpu.example.com"
+MAX_PODS = 7
+# A pending pod is sent again by the binder's retry while one is queued (a timeout, or a
+# redelivery): at most this many copies of it wait at once, to keep the state small.
+MAX_COPIES = 2
+KINDS = ("whole", "shared", "admin")
+
+
+@dataclasses.dataclass
+class Claim:
+    uid: str
+    kind: str
+    allocation: list[rv.ReservedDevice] | None = None
+    node: str | None = None
+    reserved_for: set[str] = dataclasses.field(default_factory=set)
+
+
+@dataclasses.dataclass
+class Pod:
+    uid: str
+    claim: str
+    node: str | None = None
+
+
+@dataclasses.dataclass
+class Message:
+    id: int
+    body: object
+    delivered: bool = False  # to a consumer that has not acknowledged it yet
+
+
+@dataclasses.dataclass(frozen=True)
+class Placement:
+    pod: str
+    claim: str
+    node: str
+    devices: tuple[rv.ReservedDevice, ...]
+
+
+@dataclasses.dataclass
+class Staged:
+    """A shard's placement between `commit` and `publish`."""
+
+    message: Message
+    placement: Placement
+    node: str
+    revision: int
+    entry: rv.NodeReservations | None  # None: already reserved, only publish
+    written: bool = False
+
+
+@dataclasses.dataclass
+class Handler:
+    """One of the binder's concurrent handlings of a placement message."""
+
+    message: Message
+    placement: Placement
+    lease_until: float | None = None  # the claim's lease after hold; None once confirmed
+    written: bool = False
+
+
+# Rules choose among what is enabled by an index (modulo the choices) rather than st.data(), so that
+# a failing interleaving prints as plain calls that a regression test can replay.
+WHICH = st.integers(0, 5)
+
+
+def pick(which: int, choices):
+    choices = list(choices)
+    return choices[which % len(choices)]
+
+
+def event(what: str) -> None:
+    """Counted for --hypothesis-show-statistics; the regression tests replay steps outside hypothesis."""
+    try:
+        hypothesis_event(what)
+    except InvalidArgument:
+        pass
+
+
+def allocation_of(node: str, devices: tuple[rv.ReservedDevice, ...]) -> AllocationResult:
+    return AllocationResult(devices=DeviceAllocationResult(results=[
+        DeviceRequestAllocationResult(request="r", driver=d.driver, pool=d.pool, device=d.device, share_id=d.share_id,
+                                      admin_access=d.admin_access or None) for d in devices]))
+
+
+class ReservationProtocol(RuleBasedStateMachine):
+    # The fix for the leak (a claim deleted while the binder was down): off only to show that the
+    # model finds the leak without it (test_the_model_finds_the_leak_without_reconcile).
+    reconcile_on_start = True
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.now = 0.0
+        self.bucket: dict[str, tuple[int, rv.NodeReservations]] = {n: (0, rv.NodeReservations(node=n)) for n in NODES}
+        self.claims: dict[str, Claim] = {}
+        self.pods: dict[str, Pod] = {}
+        self.ids = itertools.count(1)
+        self.shards: list[dict] = []
+        self.binder_alive = True
+        self.placements: list[Message] = []
+        self.handlers: list[Handler] = []
+        self.to_confirm: dict[str, set[str]] = {}
+        self.claim_events: list[Claim] = []  # deleted claims the binder's watch has yet to deliver
+        self.placed_ever: set[tuple[str, str]] = set()  # (claim, node) ever committed
+
+    @initialize(shards=st.integers(2, 3))
+    def start(self, shards: int) -> None:
+        for _ in range(shards):
+            self.shards.append({"alive": True, "queue": [], "mirror": dict(self.bucket), "staged": None})
+
+    # --- the world ---------------------------------------------------------------------------------
+
+    def cas(self, node: str, entry: rv.NodeReservations, revision: int) -> bool:
+        current, _ = self.bucket[node]
+        if current != revision:
+            return False
+        self.bucket[node] = (current + 1, entry)
+        return True
+
+    def change(self, node: str, edit) -> bool:
+        """ReservationStore.change: read, edit, compare-and-set; here nothing writes in between."""
+        revision, entry = self.bucket[node]
+        new = edit(entry)
+        return new is not None and self.cas(node, new, revision)
+
+    def shard_of(self, pod_uid: str) -> int:
+        return int(pod_uid[1:]) % len(self.shards)
+
+    def pending_pods(self) -> list[Pod]:
+        return [p for p in self.pods.values() if p.node is None]
+
+    def copies_queued(self, pod_uid: str) -> int:
+        queued = sum(1 for s in self.shards for m in s["queue"] if m.body == pod_uid)
+        return queued + sum(1 for m in self.placements if m.body.pod == pod_uid)
+
+    def claim_is_allocated(self, uid: str) -> bool:
+        claim = self.claims.get(uid)
+        return claim is not None and claim.allocation is not None
+
+    # --- placing (the allocator core's stand-in) ----------------------------------------------------
+
+    def view(self, mirror) -> dict[str, tuple[str, list[rv.ReservedDevice]]]:
+        """claim -> (node, devices) as a shard sees them: the allocation, else the reservation."""
+        held: dict[str, tuple[str, list[rv.ReservedDevice]]] = {}
+        for claim in self.claims.values():
+            if claim.allocation is not None:
+                held[claim.uid] = (claim.node, claim.allocation)
+        for node, (_, entry) in mirror.items():
+            for uid, reservation in entry.claims.items():
+                held.setdefault(uid, (node, reservation.devices))
+        return held
+
+    def choose(self, claim: Claim, held) -> tuple[str, tuple[rv.ReservedDevice, ...]] | None:
+        if claim.uid in held:
+            node, devices = held[claim.uid]
+            return node, tuple(devices)
+        if claim.kind == "admin":
+            return "n0", (rv.ReservedDevice(DRIVER, "n0", "gpu-0", admin_access=True),)
+        for node in NODES:
+            here = [d for uid, (n, devices) in held.items() if n == node and uid != claim.uid for d in devices]
+            if claim.kind == "whole":
+                taken = {d.device for d in here if d.exclusive}
+                free = [g for g in GPUS if g not in taken]
+                if free:
+                    return node, (rv.ReservedDevice(DRIVER, node, free[0]),)
+            else:
+                shares = sum(1 for d in here if d.device == SHARED and d.share_id)
+                if shares < SHARES_PER_DEVICE:
+                    return node, (rv.ReservedDevice(DRIVER, node, SHARED, share_id=f"share-{claim.uid}"),)
+        return None
+
+    def placeable(self, claim: Claim) -> bool:
+        """Whether Kubernetes' allocations leave room for this claim (the liveness check's oracle)."""
+        return self.choose(claim, self.view({})) is not None
+
+    # --- pods come and go ----------------------------------------------------------------------------
+
+    @precondition(lambda self: len(self.pods) < MAX_PODS)
+    @rule(kind=st.sampled_from(KINDS))
+    def create_pod(self, kind: str) -> None:
+        n = next(self.ids)
+        claim = Claim(uid=f"c{n}", kind=kind)
+        self.claims[claim.uid] = claim
+        self.pods[f"p{n}"] = Pod(uid=f"p{n}", claim=claim.uid)
+        if self.binder_alive:
+            self.send_pending(f"p{n}")
+
+    def send_pending(self, pod_uid: str) -> None:
+        self.shards[self.shard_of(pod_uid)]["queue"].append(Message(next(self.ids), pod_uid))
+
+    # --- what happens meanwhile: one rule, so that it does not crowd out the steps of the work ------
+
+    @rule(what=st.sampled_from(("delete a pod", "the binder retries a pending pod", "a shard's bucket watch",
+                                "a shard prunes lapsed leases")), which=WHICH)
+    def meanwhile(self, what: str, which: int) -> None:
+        if what == "delete a pod" and self.pods:
+            # the user deletes a pod; its claim (a template's) goes with it
+            self.delete_pod_named(pick(which, sorted(self.pods)))
+        elif what == "the binder retries a pending pod" and self.binder_alive and self.pending_pods():
+            pod = pick(which, self.pending_pods())
+            if self.copies_queued(pod.uid) < MAX_COPIES:
+                self.send_pending(pod.uid)
+        elif what == "a shard's bucket watch" and self.live_shards():
+            i = pick(which, self.live_shards())
+            node = pick(which // 3, NODES)
+            self.shards[i]["mirror"][node] = self.bucket[node]
+        elif what == "a shard prunes lapsed leases" and self.live_shards():
+            self.lapse_all()  # Shard._prune_expired: freed, or confirmed where the claim is allocated
+
+    def delete_pod_named(self, uid: str) -> None:
+        event(f"a {'bound' if self.pods[uid].node else 'pending'} pod deleted, binder {'up' if self.binder_alive else 'down'}")
+        pod = self.pods.pop(uid)
+        claim = self.claims.pop(pod.claim)
+        if self.binder_alive and claim.allocation is not None:
+            self.claim_events.append(claim)
+
+    @precondition(lambda self: self.binder_alive and self.claim_events)
+    @rule()
+    def binder_sees_claim_deleted(self) -> None:
+        """binder._release: an allocated claim is gone, so is its reservation."""
+        claim = self.claim_events.pop(0)
+        for node in NODES:
+            self.change(node, lambda entry: protocol.release(entry, [claim.uid]))
+
+    # --- faults, and time: one rule, so that together they come as often as one step of the work --
+
+    @rule(fault=st.sampled_from(("tick 1", "tick half a lease", "tick a lease", "crash a shard", "crash the binder",
+                                 "redeliver a pending pod", "redeliver a placement")), which=WHICH)
+    def fault(self, fault: str, which: int) -> None:
+        if fault.startswith("tick"):
+            self.now += {"tick 1": 1.0, "tick half a lease": LEASE / 2, "tick a lease": LEASE + 1}[fault]
+        elif fault == "crash a shard" and self.live_shards():
+            self.crash_shard(pick(which, self.live_shards()))
+        elif fault == "crash the binder" and self.binder_alive:
+            self.crash_binder()
+        elif fault == "redeliver a pending pod":
+            delivered = [m for s in self.shards for m in s["queue"] if m.delivered]
+            if delivered:
+                self.pending_redelivered(pick(which, delivered))
+        elif fault == "redeliver a placement":
+            delivered = [m for m in self.placements if m.delivered]
+            if delivered:
+                # its ack wait ran out while a handler still has it: a second handler gets it
+                pick(which, delivered).delivered = False
+
+    # --- shards --------------------------------------------------------------------------------------
+
+    def live_shards(self) -> list[int]:
+        return [i for i, s in enumerate(self.shards) if s["alive"]]
+
+    def can_place(self, i: int) -> bool:
+        s = self.shards[i]
+        return s["alive"] and s["staged"] is None and any(not m.delivered for m in s["queue"])
+
+    @precondition(lambda self: any(self.can_place(i) for i in range(len(self.shards))))
+    @rule(which=WHICH)
+    def shard_places(self, which: int) -> None:
+        """Fetch a pending pod, place it on the shard's view, and stage the commit."""
+        i = pick(which, [i for i in range(len(self.shards)) if self.can_place(i)])
+        self.place(i)
+
+    def place(self, i: int) -> None:
+        s = self.shards[i]
+        message = next(m for m in s["queue"] if not m.delivered)
+        message.delivered = True
+        pod = self.pods.get(message.body)
+        if pod is None or pod.node is not None:
+            s["queue"].remove(message)  # gone, or bound meanwhile: acknowledged, nothing to place
+            return
+        claim = self.claims[pod.claim]
+        chosen = self.choose(claim, self.view(s["mirror"]))
+        if chosen is None:
+            s["queue"].remove(message)  # unschedulable: the binder retries the pod later
+            return
+        node, devices = chosen
+        revision, entry = s["mirror"][node]
+        reservation = rv.Reservation(
+            claim_uid=claim.uid, claim_namespace="ns", claim_name=claim.uid, pod_uid=pod.uid, devices=list(devices),
+            allocation=allocation_of(node, devices), reserved_at=self.now, expires_at=self.now + LEASE, shard=i)
+        pod_reservation = rv.PodReservation(pod_uid=pod.uid, pod_namespace="ns", pod_name=pod.uid, requests={},
+                                            reserved_at=self.now, expires_at=self.now + LEASE, shard=i)
+        # a claim allocated already is not reserved again (placing.py gives its allocation)
+        reservations = [] if claim.allocation is not None else [reservation]
+        try:
+            step = protocol.commit(entry, reservations, pod_reservation, self.now, self.claim_is_allocated)
+        except rv.ReservationConflict:
+            s["mirror"][node] = self.bucket[node]  # the view missed a reservation: read it, place again
+            message.delivered = False
+            return
+        s["staged"] = Staged(message, Placement(pod.uid, claim.uid, node, devices), node, revision, step.entry)
+
+    @precondition(lambda self: any(s["alive"] and s["staged"] and not s["staged"].written for s in self.shards))
+    @rule(which=WHICH)
+    def shard_commits(self, which: int) -> None:
+        """One compare-and-set of the staged entry; a lost race reads the entry and places again."""
+        i = pick(which, [i for i, s in enumerate(self.shards)
+                      if s["alive"] and s["staged"] and not s["staged"].written])
+        self.commit(i)
+
+    def commit(self, i: int) -> None:
+        s = self.shards[i]
+        staged: Staged = s["staged"]
+        if staged.entry is None:
+            event("a placement published again (already reserved)")
+            staged.written = True  # already reserved there: nothing to write, publish again
+            return
+        if self.cas(staged.node, staged.entry, staged.revision):
+            s["mirror"][staged.node] = self.bucket[staged.node]
+            staged.written = True
+            self.placed_ever.add((staged.placement.claim, staged.node))
+        else:
+            s["mirror"][staged.node] = self.bucket[staged.node]
+            staged.message.delivered = False
+            s["staged"] = None
+
+    @precondition(lambda self: any(s["alive"] and s["staged"] and s["staged"].written for s in self.shards))
+    @rule(which=WHICH)
+    def shard_publishes(self, which: int) -> None:
+        """Publish the placement for the binder, then acknowledge the pending pod."""
+        i = pick(which, [i for i, s in enumerate(self.shards)
+                      if s["alive"] and s["staged"] and s["staged"].written])
+        self.publish(i)
+
+    def publish(self, i: int) -> None:
+        s = self.shards[i]
+        staged: Staged = s["staged"]
+        self.placements.append(Message(next(self.ids), staged.placement))
+        s["queue"].remove(staged.message)
+        s["staged"] = None
+
+    def lapse_all(self) -> None:
+        for node in NODES:
+            if protocol.has_lapsed(self.bucket[node][1], self.now):
+                step = protocol.lapse(self.bucket[node][1], self.now, self.claim_is_allocated)
+                event(f"lapse: {'released' if step.released else ''} {'confirmed' if step.confirmed else ''}")
+                self.change(node, lambda entry: protocol.lapse(entry, self.now, self.claim_is_allocated).entry)
+
+    def crash_shard(self, i: int) -> None:
+        s = self.shards[i]
+        s.update(alive=False, staged=None, mirror={})
+        for m in s["queue"]:
+            m.delivered = False  # unacknowledged: delivered again to the next consumer
+
+    @precondition(lambda self: len(self.live_shards()) < len(self.shards))
+    @rule(which=WHICH)
+    def restart_shard(self, which: int) -> None:
+        i = pick(which, [i for i, s in enumerate(self.shards) if not s["alive"]])
+        self.shards[i].update(alive=True, mirror=dict(self.bucket))  # starts once its watch synced
+
+    def pending_redelivered(self, message: Message) -> None:
+        """A pending pod's ack wait ran out while its shard still works on it: delivered again."""
+        for s in self.shards:
+            if s["staged"] is not None and s["staged"].message is message:
+                # the shard goes on with its copy, the next fetch gets another: model both as a copy
+                copy = Message(next(self.ids), message.body)
+                s["queue"].append(copy)
+                return
+        message.delivered = False
+
+    # --- the binder ----------------------------------------------------------------------------------
+
+    @precondition(lambda self: self.binder_alive and any(not m.delivered for m in self.placements))
+    @rule()
+    def binder_holds(self) -> None:
+        """Fetch a placement, hold its reservation (renewing the lease), and decide."""
+        message = next(m for m in self.placements if not m.delivered)
+        message.delivered = True
+        self.hold(Handler(message, message.body))
+
+    def hold(self, handler: Handler) -> None:
+        placement = handler.placement
+        pod = self.pods.get(placement.pod)
+        if pod is None:
+            return self.abandon(handler, pod, "the pod is gone")
+        if pod.node is not None and pod.node != placement.node:
+            return self.abandon(handler, pod, "the pod is bound elsewhere")
+        revision, entry = self.bucket[placement.node]
+        step = protocol.hold(entry, {placement.claim: list(placement.devices)}, [placement.pod], self.now, LEASE)
+        if step.entry is not None:
+            assert self.cas(placement.node, step.entry, revision)
+        plan = protocol.plan_write([placement.claim], placement.pod, step.held, node=placement.node,
+                                   pod_bound_here=pod.node == placement.node)
+        if isinstance(plan, protocol.Abandon):
+            return self.abandon(handler, pod, "its pod reservation lapsed")
+        claim = self.claims.get(placement.claim)
+        if placement.claim in plan.verify:
+            if claim is None or not rv.same_devices(claim.allocation or [], placement.devices):
+                return self.abandon(handler, pod, "its claim reservation is no longer held")
+            handler.lease_until = None  # allocated already: nothing left to lapse
+        else:
+            held = self.bucket[placement.node][1].claims[placement.claim]
+            handler.lease_until = held.expires_at
+        if handler not in self.handlers:
+            self.handlers.append(handler)
+
+    def abandon(self, handler: Handler, pod: Pod | None, why: str) -> None:
+        event(f"placement abandoned: {why}")
+        placement = handler.placement
+        claim = self.claims.get(placement.claim)
+        give_back = protocol.what_to_abandon(
+            {placement.claim: list(placement.devices)},
+            lambda uid: claim is not None and claim.allocation is not None
+            and rv.same_devices(claim.allocation, placement.devices),
+            placement.pod, pod_bound_here=pod is not None and pod.node == placement.node)
+        if not give_back.empty:
+            self.change(placement.node, lambda entry: protocol.abandon(entry, give_back.claims, give_back.pods))
+        self.ack(handler)
+
+    def ack(self, handler: Handler) -> None:
+        if handler.message in self.placements:
+            self.placements.remove(handler.message)
+        if handler in self.handlers:
+            self.handlers.remove(handler)
+
+    @precondition(lambda self: self.binder_alive and any(not h.written for h in self.handlers))
+    @rule(which=WHICH)
+    def binder_writes(self, which: int) -> None:
+        """Claim status (allocation + reservedFor), then the binding; undone if either fails."""
+        self.write(pick(which, [h for h in self.handlers if not h.written]))
+
+    def write(self, handler: Handler) -> None:
+        placement = handler.placement
+        if handler.lease_until is not None and self.now >= handler.lease_until:
+            # The timing assumption (module docstring): a write starts within its lease, so a
+            # handler whose lease ran out meanwhile holds again first.
+            return self.hold(handler)
+        claim = self.claims.get(placement.claim)
+        pod = self.pods.get(placement.pod)
+        if claim is None or pod is None:
+            return self.abandon(handler, pod, "the pod is gone")  # nothing was written (one claim per pod)
+        if claim.allocation is not None and not rv.same_devices(claim.allocation, placement.devices):
+            return self.abandon(handler, pod, "its claim is allocated elsewhere")
+        claim.allocation, claim.node = list(placement.devices), placement.node
+        claim.reserved_for.add(pod.uid)
+        if pod.node is None:
+            pod.node = placement.node
+            event("a pod bound")
+        handler.written = True
+        self.to_confirm.setdefault(placement.node, set()).add(claim.uid)
+
+    @precondition(lambda self: self.binder_alive and self.to_confirm)
+    @rule()
+    def binder_confirms(self) -> None:
+        batch, self.to_confirm = self.to_confirm, {}
+        for node, uids in batch.items():
+            self.change(node, lambda entry: protocol.confirm(entry, uids))
+
+    @precondition(lambda self: self.binder_alive and any(h.written for h in self.handlers))
+    @rule(which=WHICH)
+    def binder_acks(self, which: int) -> None:
+        self.ack(pick(which, [h for h in self.handlers if h.written]))
+
+    def crash_binder(self) -> None:
+        confirmed = sum(1 for _, e in self.bucket.values() for r in e.claims.values() if r.confirmed)
+        event(f"binder crashed with {min(confirmed, 2)}{'+' if confirmed > 2 else ''} confirmed reservations")
+        self.binder_alive = False
+        self.handlers.clear()
+        self.to_confirm.clear()  # the confirm loop's batch: lost, the leases lapse into confirmations
+        self.claim_events.clear()  # events not yet handled: a re-list shows only what exists
+        for m in self.placements:
+            m.delivered = False
+
+    @precondition(lambda self: not self.binder_alive)
+    @rule()
+    def restart_binder(self) -> None:
+        self.restart_the_binder()
+
+    def restart_the_binder(self) -> None:
+        self.binder_alive = True
+        if self.reconcile_on_start:
+            self.reconcile()
+        for pod in self.pending_pods():
+            if self.copies_queued(pod.uid) < MAX_COPIES:
+                self.send_pending(pod.uid)
+
+    def reconcile(self) -> None:
+        """binder.reconcile_reservations, with Kubernetes as its live read."""
+        for node in NODES:
+            def allocated(reservation: rv.Reservation):
+                claim = self.claims.get(reservation.claim_uid)
+                return None if claim is None or claim.node != node else claim.allocation
+
+            stale = protocol.stale_confirmations(self.bucket[node][1], allocated)
+            if stale:
+                event("reconcile released a confirmed reservation")
+                self.change(node, lambda entry: protocol.abandon(entry, stale))
+
+    # --- invariants ----------------------------------------------------------------------------------
+
+    @invariant()
+    def no_device_given_twice(self) -> None:
+        holders: dict[tuple[str, str], list[tuple[str, rv.ReservedDevice]]] = {}
+        for claim in self.claims.values():
+            for d in claim.allocation or ():
+                holders.setdefault((d.pool, d.device), []).append((claim.uid, d))
+        for (pool, device), held in holders.items():
+            exclusive = [uid for uid, d in held if d.exclusive]
+            shares = [uid for uid, d in held if d.share_id]
+            assert len(exclusive) <= 1, f"{pool}/{device} allocated whole to {exclusive}"
+            assert not (exclusive and shares), f"{pool}/{device} whole to {exclusive} and shared by {shares}"
+            assert len(shares) <= SHARES_PER_DEVICE, f"{pool}/{device} shared by {shares}"
+
+    @invariant()
+    def no_device_reserved_twice(self) -> None:
+        for node, (_, entry) in self.bucket.items():
+            exclusive = [(d.device, uid) for uid, r in entry.claims.items() for d in r.devices if d.exclusive]
+            assert len({d for d, _ in exclusive}) == len(exclusive), f"node {node}: {exclusive}"
+
+    @invariant()
+    def a_bound_pod_has_its_claim_there(self) -> None:
+        for pod in self.pods.values():
+            if pod.node is not None:
+                claim = self.claims[pod.claim]
+                assert claim.allocation is not None and claim.node == pod.node, f"pod {pod.uid} on {pod.node}: {claim}"
+
+    # --- the end: fair scheduling --------------------------------------------------------------------
+
+    def fair_step(self) -> bool:
+        """Every enabled step once, in a fixed order; False when none was."""
+        progressed = False
+        for i, s in enumerate(self.shards):
+            for node in NODES:
+                if s["mirror"].get(node) != self.bucket[node]:
+                    s["mirror"][node] = self.bucket[node]
+            if s["staged"] is not None:
+                if not s["staged"].written:
+                    self.commit(i)
+                if s["staged"] is not None and s["staged"].written:
+                    self.publish(i)
+                progressed = True
+            elif self.can_place(i):
+                self.place(i)
+                progressed = True
+        while self.claim_events:
+            self.binder_sees_claim_deleted()
+            progressed = True
+        for handler in list(self.handlers):
+            if handler.written:
+                self.ack(handler)
+            else:
+                self.write(handler)
+            progressed = True
+        if any(not m.delivered for m in self.placements):
+            self.binder_holds()
+            progressed = True
+        if self.to_confirm:
+            self.binder_confirms()
+            progressed = True
+        if not progressed:
+            # the binder's retry: pending pods with nothing queued are sent again
+            for pod in self.pending_pods():
+                if self.copies_queued(pod.uid) == 0 and self.choose(self.claims[pod.claim], self.view(self.bucket)):
+                    self.send_pending(pod.uid)
+                    progressed = True
+        return progressed
+
+    def settle(self) -> None:
+        for s in self.shards:
+            if not s["alive"]:
+                s.update(alive=True, mirror=dict(self.bucket))
+            for m in s["queue"]:
+                m.delivered = s["staged"] is not None and s["staged"].message is m
+        if not self.binder_alive:
+            self.restart_the_binder()
+        for _ in range(400):
+            if self.fair_step():
+                continue
+            leased = any(r.expires_at is not None for _, e in self.bucket.values() for r in e.claims.values())
+            if not leased:
+                return
+            self.now += LEASE + 1
+            self.lapse_all()
+        raise AssertionError("no quiescence after 400 fair rounds (livelock)")
+
+    def teardown(self) -> None:
+        if not self.shards:
+            return
+        self.settle()
+        reserved = {uid: (node, r) for node, (_, e) in self.bucket.items() for uid, r in e.claims.items()}
+        for uid, (node, reservation) in reserved.items():
+            claim = self.claims.get(uid)
+            assert reservation.confirmed, f"claim {uid}: still leased on {node} at the end"
+            assert claim is not None, f"claim {uid} is gone but its reservation on {node} stays (leaked)"
+            assert claim.node == node and rv.same_devices(claim.allocation or [], reservation.devices), \
+                f"claim {uid}: reserved on {node} as {reservation.devices}, allocated {claim.node} {claim.allocation}"
+        for claim in self.claims.values():
+            if claim.allocation is not None:
+                assert claim.uid in reserved, f"claim {claim.uid} allocated without its reservation"
+        for pod in self.pending_pods():
+            claim = self.claims[pod.claim]
+            assert not self.placeable(claim), f"pod {pod.uid} ({claim.kind}) is placeable but still pending"
+
+
+ReservationProtocol.TestCase.settings = settings(
+    max_examples=LONG_RUN_EXAMPLES or 100,
+    stateful_step_count=100,
+    deadline=None,
+    derandomize=LONG_RUN_EXAMPLES is None,
+    database=None,
+    suppress_health_check=[HealthCheck.too_slow, HealthCheck.filter_too_much],
+)
+test_reservation_protocol = ReservationProtocol.TestCase
+
+
+class WithoutReconcile(ReservationProtocol):
+    reconcile_on_start = False
+
+
+def test_the_model_finds_the_leak_without_reconcile():
+    """A claim deleted while the binder is down keeps its confirmed reservation for ever unless the
+    binder reconciles when it starts (the interleaving, shrunk, is in the next test)."""
+    machine = WithoutReconcile()
+    replay_binder_down_when_claim_deleted(machine)
+    with pytest.raises(AssertionError, match="leaked"):
+        machine.teardown()
+
+
+def replay_binder_down_when_claim_deleted(machine: ReservationProtocol) -> None:
+    machine.start(shards=2)
+    machine.create_pod(kind="whole")
+    machine.place(machine.shard_of("p1"))
+    machine.commit(machine.shard_of("p1"))
+    machine.publish(machine.shard_of("p1"))
+    machine.binder_holds()
+    machine.write(machine.handlers[0])
+    machine.binder_confirms()
+    machine.ack(machine.handlers[0])
+    machine.crash_binder()
+    machine.delete_pod_named("p1")
+    machine.restart_binder()
+
+
+def test_a_claim_deleted_while_the_binder_is_down_is_released_at_its_start():
+    machine = ReservationProtocol()
+    replay_binder_down_when_claim_deleted(machine)
+    assert not machine.bucket["n0"][1].claims
+    machine.teardown()
+
+
+
+# --- the steps one by one ----------------------------------------------------------------------------
+
+
+def reservation(claim: str, device: str, *, expires: float | None, node: str = "n0") -> rv.Reservation:
+    devices = (rv.ReservedDevice(DRIVER, node, device),)
+    return rv.Reservation(claim_uid=claim, claim_namespace="ns", claim_name=claim, pod_uid=f"pod-{claim}",
+                          devices=list(devices), allocation=allocation_of(node, devices), reserved_at=0.0,
+                          expires_at=expires)
+
+
+def test_commit_prunes_a_lapsed_lease_and_gives_its_device_in_the_same_write():
+    entry = rv.add(rv.NodeReservations(node="n0"), [reservation("old", "gpu-0", expires=5.0)])
+    step = protocol.commit(entry, [reservation("new", "gpu-0", expires=40.0)], None, 10.0, lambda uid: False)
+    assert [r.claim_uid for r in step.lapsed.released] == ["old"]
+    assert set(step.entry.claims) == {"new"}
+    # the same placement again (a redelivery): nothing to write
+    again = protocol.commit(step.entry, [reservation("new", "gpu-0", expires=40.0)], None, 11.0, lambda uid: False)
+    assert again.entry is None
+
+
+def test_commit_keeps_a_lapsed_lease_whose_claim_is_allocated_and_conflicts_on_its_device():
+    entry = rv.add(rv.NodeReservations(node="n0"), [reservation("written", "gpu-0", expires=5.0)])
+    with pytest.raises(rv.ReservationConflict):
+        protocol.commit(entry, [reservation("new", "gpu-0", expires=40.0)], None, 10.0, lambda uid: uid == "written")
+    lapsed = protocol.lapse(entry, 10.0, lambda uid: uid == "written")
+    assert lapsed.confirmed == ["written"] and lapsed.entry.claims["written"].confirmed
+
+
+def test_hold_renews_only_leases_with_less_than_half_left_and_names_what_is_still_held():
+    entry = rv.add(rv.NodeReservations(node="n0"), [reservation("a", "gpu-0", expires=18.0),
+                                                     reservation("b", "gpu-1", expires=12.0)])
+    mine = {"a": entry.claims["a"].devices, "b": entry.claims["b"].devices,
+            "gone": [rv.ReservedDevice(DRIVER, "n0", "gpu-9")]}
+    step = protocol.hold(entry, mine, [], now=10.0, lease_seconds=10.0)
+    assert step.held == {"a", "b"}
+    assert step.entry.claims["a"].expires_at == 18.0  # 8 s left of 10: not renewed
+    assert step.entry.claims["b"].expires_at == 20.0
+    assert protocol.hold(entry, {"a": mine["a"]}, [], now=10.0, lease_seconds=10.0).entry is None
+
+
+def test_plan_write_abandons_a_pod_whose_cpu_and_memory_lapsed_unless_it_is_bound_there():
+    assert isinstance(protocol.plan_write(["c"], "p", {"c"}, pod_bound_here=False, node="n0"), protocol.Abandon)
+    assert protocol.plan_write(["c"], "p", {"c"}, pod_bound_here=True, node="n0") == protocol.Write()
+    assert protocol.plan_write(["c", "d"], "p", {"p", "c"}, pod_bound_here=False, node="n0") == protocol.Write(("d",))
+
+
+def test_abandon_gives_back_only_what_still_holds_the_placements_devices():
+    entry = rv.add(rv.NodeReservations(node="n0"), [reservation("a", "gpu-0", expires=30.0),
+                                                     reservation("b", "gpu-1", expires=30.0)])
+    give_back = protocol.what_to_abandon(
+        {"a": entry.claims["a"].devices, "b": [rv.ReservedDevice(DRIVER, "n0", "gpu-0")]},
+        lambda uid: False, "p", pod_bound_here=False)
+    assert give_back.pods == ["p"]
+    # b is reserved again since, with other devices: it keeps them
+    assert set(protocol.abandon(entry, give_back.claims, give_back.pods).claims) == {"b"}
+    written = protocol.what_to_abandon({"a": entry.claims["a"].devices}, lambda uid: True, "p", pod_bound_here=True)
+    assert written.empty
+
+
+def test_stale_confirmations_are_confirmed_reservations_whose_claim_is_gone_or_allocated_otherwise():
+    entry = rv.add(rv.NodeReservations(node="n0"), [
+        reservation("gone", "gpu-0", expires=None), reservation("moved", "gpu-1", expires=None),
+        reservation("fine", "gpu-2", expires=None), reservation("leased", "gpu-3", expires=30.0)])
+    allocated = {"moved": [rv.ReservedDevice(DRIVER, "n0", "gpu-7")], "fine": entry.claims["fine"].devices}
+    stale = protocol.stale_confirmations(entry, lambda r: allocated.get(r.claim_uid))
+    assert set(stale) == {"gone", "moved"}
+    assert set(protocol.abandon(entry, stale).claims) == {"fine", "leased"}
