@@ -5,6 +5,9 @@ with every NATS URL of a local 3-server JetStream cluster and R3 streams and buc
 in waves; once about a third are bound, the server leading the most streams (or the meta leader)
 is killed. Every pod must still end bound, with its claim allocated once and no device shared.
 
+NATS is as deployed: TLS, and each process its own key with its role's permissions
+(draplane.nats_roles); the servers refuse them nothing (no "Violation" in their logs).
+
 The node agents get one URL only, of a server that is never killed: they connect without
 reconnecting to a pool (AgentFleet retries its one URL), and the agents' own failover is not
 what this test is about.
@@ -25,10 +28,11 @@ import pytest
 
 from draplane.api.core import Node
 from draplane.api.resource import ResourceSlice
-from draplane.localenv import binaries
+from draplane.localenv import binaries, natssecurity
 from draplane.localenv.environment import _apply, _ready, _register_node, standard_device_classes
 from draplane.localenv.natscluster import NatsCluster
 from draplane.localenv.processes import ServerProcess, free_port
+from draplane.nats_roles import fleet_inbox_prefix
 from draplane.scheduling import scenario
 from conftest import audit, create_many  # noqa: E402  (tests/services/conftest.py)
 
@@ -80,7 +84,10 @@ async def test_pipeline_loses_nothing_when_a_nats_server_is_killed(kube, control
     # other tests' binders must not take these pods.
     scheduler_name = f"draplane-{token}"
     node_names = [f"{node_prefix}-{i:04d}" for i in range(NODES)]
-    cluster = NatsCluster(tmp_path / "nats")
+    security = natssecurity.create(tmp_path / "nats-auth", prefix=subject_prefix,
+                                   agents=[natssecurity.NodeAgentIdentity("node-agent", tuple(node_names),
+                                                                          fleet_inbox_prefix(node_prefix))])
+    cluster = NatsCluster(tmp_path / "nats", extra_config=security.server_config())
     services: list[ServerProcess] = []
     started = time.monotonic()
     try:
@@ -99,28 +106,27 @@ async def test_pipeline_loses_nothing_when_a_nats_server_is_killed(kube, control
         env.pop("DRAPLANE_NATS_URL", None)
         logs = tmp_path / "logs"
 
-        def service(name: str, module: str, *args: str) -> ServerProcess:
-            # The cluster's servers take any client (no auth config): said explicitly.
-            process = ServerProcess(name, [sys.executable, "-m", module, f"--prefix={subject_prefix}", "--insecure-dev", *args],
-                                    logs / f"{name}.log", env=env)
+        def service(name: str, identity: str, module: str, *args: str) -> ServerProcess:
+            process = ServerProcess(name, [sys.executable, "-m", module, f"--prefix={subject_prefix}", *args],
+                                    logs / f"{name}.log", env={**env, **security.environment(identity)})
             process.start()
             services.append(process)
             return process
 
         probes: list[tuple[ServerProcess, str]] = []
         port = free_port()
-        probes.append((service("inventory", "draplane_inventory", f"--nats={urls}", "--stream-replicas=3",
+        probes.append((service("inventory", "inventory", "draplane_inventory", f"--nats={urls}", "--stream-replicas=3",
                                f"--listen=127.0.0.1:{port}"), f"http://127.0.0.1:{port}/readyz"))
         for shard in range(SHARDS):
             port = free_port()
-            probes.append((service(f"allocator-{shard}", "draplane_allocator", f"--nats={urls}", "--stream-replicas=3",
+            probes.append((service(f"allocator-{shard}", "allocator", "draplane_allocator", f"--nats={urls}", "--stream-replicas=3",
                                    f"--shards={SHARDS}", f"--shard-index={shard}", f"--port={port}"),
                            f"http://127.0.0.1:{port}/readyz"))
         port = free_port()
-        probes.append((service("binder", "draplane_binder", f"--nats={urls}", "--stream-replicas=3",
+        probes.append((service("binder", "binder", "draplane_binder", f"--nats={urls}", "--stream-replicas=3",
                                f"--shards={SHARDS}", f"--scheduler-name={scheduler_name}", f"--port={port}"),
                        f"http://127.0.0.1:{port}/readyz"))
-        service("node-agent", "draplane_node_agent", f"--nats={cluster.members[agents_index].client_url}",
+        service("node-agent", "node-agent", "draplane_node_agent", f"--nats={cluster.members[agents_index].client_url}",
                 "--profile=dgx-h100", f"--nodes={NODES}", f"--node-prefix={node_prefix}", "--listen=")
 
         deadline = time.monotonic() + 60
@@ -222,3 +228,7 @@ async def test_pipeline_loses_nothing_when_a_nats_server_is_killed(kube, control
     orphans = [p.name for p in services if p.alive()] + [
         cluster.members[i].name for i, p in enumerate(cluster.processes) if p is not None and p.alive()]
     assert orphans == [], f"processes still running after stop: {orphans}"
+    # Every service did its whole job, through the kill, within its role's permissions.
+    refused = [line for member in cluster.members
+               for line in (tmp_path / "nats" / "logs" / f"{member.name}.log").read_text().splitlines() if "Violation" in line]
+    assert refused == []
