@@ -7,7 +7,7 @@ import time
 
 import pytest
 
-from draplane.allocation import Cluster, Unallocatable, claim_key
+from draplane.allocation import Cluster, NodePlacement, Unallocatable
 from draplane.allocation.gang import (
     DomainKind,
     Gang,
@@ -274,3 +274,49 @@ def test_bad_gangs_are_named():
     twice = GangMember("default/p", (claim("p", request("gpu", CLASS_A)),))
     with pytest.raises(GangError, match="member default/p is listed twice"):
         place_gang(c, Gang("default/twice", (twice, twice)))
+
+
+def test_a_claim_the_allocator_rejects_is_an_error_naming_it():
+    from draplane.allocation import AllocationError
+
+    c = make_cluster([gpu_node("node-0")])
+    gang = Gang("default/bad", (GangMember("default/bad-0", (claim("bad-0-gpus", request("gpus", "no-such-class", 1)),)),))
+    with pytest.raises(AllocationError, match="bad-0-gpus"):
+        place_gang(c, gang)
+    assert held_claims(c) == set()
+
+
+@pytest.mark.parametrize("seed", range(40))
+def test_the_joint_search_finds_a_placement_whenever_one_exists(seed):
+    # Small random gangs against every assignment of members to nodes, each node's members
+    # allocated together: the pruned search must agree, and leave the state as it found it.
+    import itertools
+    import random
+
+    rng = random.Random(seed)
+    sizes = [rng.randint(1, 4) for _ in range(3)]
+    c = make_cluster([gpu_node(f"node-{i}", gpus=g) for i, g in enumerate(sizes)])
+    for i in range(rng.randint(0, 2)):  # something already running
+        busy = claim(f"busy-{i}", request("gpu", CLASS_A, 1))
+        placement = c.allocate([busy])
+        if not isinstance(placement, Unallocatable):
+            c.commit([busy], placement)
+    before = held_claims(c)
+    members = tuple(GangMember(f"default/m-{i}", (claim(f"m-{i}", request("gpus", CLASS_A, rng.randint(1, 3))),))
+                    for i in range(rng.randint(2, 4)))
+    names = sorted(c.nodes)
+
+    def assignment_fits(nodes) -> bool:
+        for n in set(nodes):
+            claims = [m.claims[0] for m, at in zip(members, nodes) if at == n]
+            if not isinstance(c.allocate_on_node(claims, n), NodePlacement):
+                return False
+        return True
+
+    exists = any(assignment_fits(nodes) for nodes in itertools.product(names, repeat=len(members)))
+    outcome = place_gang(c, Gang("default/random", members))
+    assert isinstance(outcome, GangPlacement) == exists, (sizes, [m.claims[0].spec.devices.requests[0].exactly.count for m in members], str(outcome))
+    assert held_claims(c) == before
+    if exists:
+        commit_gang(c, outcome)
+        assert held_claims(c) == before | {f"default/m-{i}" for i in range(len(members))}
