@@ -19,7 +19,8 @@ in every permutation. A failure of a set of alike members on a node is remembere
 A claim named by several members (a claim shared by the pods, or reserved for the pod group) is
 allocated once, with the first member that names it; the members after it use that allocation and
 must go to a node its node selector admits. Its devices are chosen again only when that first
-member moves.
+member moves. A claim allocated before (its status.allocation) is kept: its member goes where
+that allocation's node selector admits.
 
 Topology (`GangTopology`): all members within one domain, named by a node-label key (a rack) or by a
 device attribute that every device of the gang shares (an NVLink clique); the domains are tried
@@ -148,6 +149,11 @@ class _Member:
     requests: Mapping[str, int]
     own_claims: list[ResourceClaim]  # named by this member only
     shared_claims: list[ResourceClaim]  # named by several members
+    # Claims allocated before (status.allocation): kept as they are, the member goes where they are.
+    allocated: list[AllocationResult] = field(default_factory=list)
+
+    def admitted_by_allocated(self, node: Node) -> bool:
+        return all(_allocation_admits(a, node) for a in self.allocated)
 
 
 @dataclass(slots=True)
@@ -202,6 +208,8 @@ class _GangSearch:
         if memo and memo_key in self.failed:
             return False
         node = self.cluster.nodes[node_name]
+        if not member.admitted_by_allocated(node):
+            return False
         if not self._node_fits(group_members, node):
             self.failed.add(memo_key)
             return False
@@ -293,7 +301,7 @@ class _GangSearch:
             scored = []
             for order, name in enumerate(node_names):
                 node = self.cluster.nodes[name]
-                if not self._node_fits([member], node):
+                if not member.admitted_by_allocated(node) or not self._node_fits([member], node):
                     continue
                 if any(not _allocation_admits(o[1], node) for c in member.shared_claims
                        if (o := self.shared_owner.get(claim_key(c))) is not None):
@@ -466,9 +474,12 @@ def _members(gang: Gang) -> list[_Member]:
     if len(set(names)) != len(names):
         twice = sorted({n for n in names if names.count(n) > 1})
         raise GangError(f"gang {gang.name}: member {twice[0]} is listed twice")
+    def is_allocated(c: ResourceClaim) -> bool:
+        return c.status is not None and c.status.allocation is not None
+
     refs: dict[str, int] = {}
     for m in gang.members:
-        for key in {claim_key(c) for c in m.claims}:
+        for key in {claim_key(c) for c in m.claims if not is_allocated(c)}:
             refs[key] = refs.get(key, 0) + 1
     out = []
     for m in gang.members:
@@ -476,12 +487,14 @@ def _members(gang: Gang) -> list[_Member]:
             requests = pod_requests(m.pod) if m.pod is not None else {}
         except NodeFitError as exc:
             raise GangError(f"gang {gang.name}: member {m.name}: {exc}") from None
-        shape = (tuple(encode_json(c.spec) for c in m.claims),
-                 tuple(claim_key(c) for c in m.claims if refs[claim_key(c)] > 1),
+        allocated = [c.status.allocation for c in m.claims if is_allocated(c)]
+        shape = (tuple(encode_json(c.spec) for c in m.claims if not is_allocated(c)),
+                 tuple(claim_key(c) for c in m.claims if not is_allocated(c) and refs[claim_key(c)] > 1),
+                 tuple(encode_json(a) for a in allocated),
                  encode_json(m.pod.spec) if m.pod is not None else b"")
-        own = [c for c in m.claims if refs[claim_key(c)] == 1]
-        shared = [c for c in m.claims if refs[claim_key(c)] > 1]
-        out.append(_Member(0, m, shape, requests, own, shared))
+        own = [c for c in m.claims if not is_allocated(c) and refs[claim_key(c)] == 1]
+        shared = [c for c in m.claims if not is_allocated(c) and refs[claim_key(c)] > 1]
+        out.append(_Member(0, m, shape, requests, own, shared, allocated))
     return out
 
 
@@ -489,7 +502,7 @@ def _largest_first(cluster: Cluster, members: list[_Member]) -> list[_Member]:
     """Members asking the most devices first (they have the fewest places to go); alike members
     next to each other, as the search's symmetry rule wants."""
     def devices(m: _Member) -> int:
-        return sum(cluster.allocator.plan(c).min_devices for c in m.spec.claims)  # bad claims fail here
+        return sum(cluster.allocator.plan(c).min_devices for c in m.own_claims + m.shared_claims)  # bad claims fail here
     ordered = sorted(members, key=lambda m: (-devices(m), m.shape, m.spec.name))
     for i, m in enumerate(ordered):
         m.index = i
@@ -512,7 +525,7 @@ def place_gang(
     policy = policy or cluster.policy
     members = _largest_first(cluster, _members(gang))
     demand = sum(cluster.allocator.plan(c).min_devices
-                 for c in {claim_key(c): c for m in members for c in m.spec.claims}.values())
+                 for c in {claim_key(c): c for m in members for c in m.own_claims + m.shared_claims}.values())
     attempts = [0]
     deadline = time.monotonic() + budget.seconds
     exhausted = False

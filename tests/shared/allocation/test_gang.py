@@ -320,3 +320,23 @@ def test_the_joint_search_finds_a_placement_whenever_one_exists(seed):
     if exists:
         commit_gang(c, outcome)
         assert held_claims(c) == before | {f"default/m-{i}" for i in range(len(members))}
+
+
+def test_a_claim_allocated_before_is_kept_and_pins_its_member():
+    from draplane.api.resource import ResourceClaimStatus
+
+    c = make_cluster([gpu_node("node-0", gpus=2), gpu_node("node-1", gpus=2)])
+    earlier = claim("earlier", request("gpu", CLASS_A, 1))
+    placement = c.allocate_on_node([earlier], "node-1")
+    c.commit([earlier], placement)
+    earlier.status = ResourceClaimStatus(allocation=placement.allocations[0])
+    gang = Gang("default/pinned", (
+        GangMember("default/pinned-0", (earlier, claim("pinned-0-own", request("gpu", CLASS_A, 1)))),
+        GangMember("default/pinned-1", (claim("pinned-1-own", request("gpu", CLASS_A, 2)),)),
+    ))
+    placed = place_gang(c, gang)
+    assert isinstance(placed, GangPlacement), str(placed)
+    assert placed.nodes == {"default/pinned-0": "node-1", "default/pinned-1": "node-0"}
+    assert sorted(placed.claims_allocated()) == ["default/pinned-0-own", "default/pinned-1-own"]
+    assert held_claims(c) == {"default/earlier"}
+    assert c.state.claims()["default/earlier"][0].device[2] == placement.allocations[0].devices.results[0].device
