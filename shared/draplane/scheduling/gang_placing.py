@@ -1,0 +1,103 @@
+"""A gang placed from what a shard knows: the members' pods and claims through the gang core
+(`draplane.allocation.gang`) on the shard's `ClusterState`, answered as one `Placed` per member,
+the form in which the shard reserves and publishes a pod's placement. Pure: no I/O.
+
+What the shard must add around it (not wired yet): reserve every member's `Placed` with one
+compare-and-set per node and publish the placements only once all of them hold, taking back the
+ones written when one fails; a crash between writes leaves reservations without placements,
+which the binder never binds and whose leases lapse.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Sequence
+
+import msgspec
+
+from draplane.allocation.errors import AllocationError
+from draplane.allocation.gang import Gang, GangError, GangMember, GangPlacement, GangUnplaceable, SearchBudget, place_gang
+from draplane.allocation.nodefit import NodeFitError, pod_requests
+from draplane.allocation.state import claim_key
+from draplane.api.core import Pod
+from draplane.api.resource import ResourceClaim, ResourceClaimStatus
+from draplane.scheduling.gangs import GangSpec
+from draplane.scheduling.placing import ClusterState, Placed
+
+
+@dataclasses.dataclass(slots=True)
+class GangPlaced:
+    """Every member's placement (pod UID -> Placed), all of which must be committed together."""
+
+    gang: str
+    members: dict[str, Placed]
+    placement: GangPlacement
+
+
+def _as_allocated(state: ClusterState, claim: ResourceClaim) -> ResourceClaim:
+    """A claim reserved in the bucket but not yet written to Kubernetes counts as allocated."""
+    if claim.status is not None and claim.status.allocation is not None:
+        return claim
+    reservation = state.reserved.get(claim.metadata.uid or "")
+    if reservation is None:
+        return claim
+    return msgspec.structs.replace(claim, status=ResourceClaimStatus(allocation=reservation.allocation))
+
+
+def place_gang_members(
+    state: ClusterState,
+    spec: GangSpec,
+    members: Sequence[tuple[Pod, Sequence[ResourceClaim]]],
+    *,
+    budget: SearchBudget = SearchBudget(),
+) -> GangPlaced | GangUnplaceable:
+    """All members placed on the shard's state, or the gang's one explanation. The state is as
+    before when this returns. Raises GangError (and AllocationError) for a gang that cannot be
+    searched, naming the member or claim."""
+    gang_members = []
+    by_key: dict[str, tuple[Pod, list[ResourceClaim]]] = {}
+    for pod, claims in members:
+        key = f"{pod.metadata.namespace or ''}/{pod.metadata.name or ''}"
+        ready = [_as_allocated(state, c) for c in claims]
+        by_key[key] = (pod, ready)
+        gang_members.append(GangMember(key, tuple(ready), pod))
+
+    def bound(node: str):
+        pods = state.pods_here(node)
+        own = {p.metadata.uid for p, _ in members}
+        used: dict[str, int] = {}
+        count = 0
+        for uid, requests in pods.items():
+            if uid in own:
+                continue  # a member placed before and retried counts once, as itself
+            count += 1
+            for resource, amount in requests.items():
+                used[resource] = used.get(resource, 0) + amount
+        return used, count
+
+    outcome = place_gang(state.cluster, Gang(spec.key, tuple(gang_members), spec.topology), budget=budget, bound=bound)
+    if isinstance(outcome, GangUnplaceable):
+        return outcome
+    allocated = outcome.claims_allocated()
+    placed: dict[str, Placed] = {}
+    for key, node in outcome.nodes.items():
+        pod, claims = by_key[key]
+        allocations = {}
+        new_claims = []
+        for c in claims:
+            uid = c.metadata.uid or ""
+            if c.status is not None and c.status.allocation is not None:
+                allocations[uid] = c.status.allocation
+            else:
+                allocations[uid] = allocated[claim_key(c)]
+                new_claims.append(uid)
+        try:
+            requests = pod_requests(pod)
+        except NodeFitError as exc:  # place_gang read them already; kept for a clear message
+            raise GangError(f"gang {spec.key}: member {key}: {exc}") from None
+        placed[pod.metadata.uid or ""] = Placed(node=node, allocations=allocations, new_claims=new_claims,
+                                                requests=requests)
+    return GangPlaced(spec.key, placed, outcome)
+
+
+__all__ = ["AllocationError", "GangError", "GangPlaced", "place_gang_members"]
