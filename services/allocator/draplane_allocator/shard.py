@@ -639,9 +639,7 @@ class Shard:
     def _lease_of(self, placed: Placed, default: float) -> float:
         """A placement sent again keeps the lease its claims already have."""
         _, entry = self.store.entry(placed.node)
-        live = [entry.claims[u].expires_at for u in placed.allocations if u in entry.claims]
-        live = [t for t in live if t is not None]
-        return min(live) if live else default
+        return protocol.republished_lease(entry, placed.allocations, default)
 
     def _placement(self, pending: PendingPod, claims: list[ResourceClaim], placed: Placed, expires_at: float) -> Placement:
         claim_uids = {c.metadata.uid for c in claims}

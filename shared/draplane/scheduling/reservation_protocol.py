@@ -112,6 +112,15 @@ def commit(
     return Commit(entry=None if added is base else added, lapsed=lapsed)
 
 
+def republished_lease(entry: NodeReservations, claim_uids: Iterable[str], default: float) -> float:
+    """The lease a placement sent again (`commit` gave no entry) carries: the one its claims have
+    already, the soonest to end, not a fresh one, as nothing renewed it; `default` when all of them
+    are confirmed or not here (allocated in Kubernetes)."""
+    leases = [entry.claims[uid].expires_at for uid in claim_uids if uid in entry.claims]
+    leases = [t for t in leases if t is not None]
+    return min(leases) if leases else default
+
+
 def recommit(commit: Commit, entry: NodeReservations, reservations: Iterable[Reservation],
              pod: PodReservation | None) -> Commit:
     """The next placement of a batch on the same node, added to `entry` (what `commit` made so far;

@@ -842,3 +842,11 @@ def test_stale_confirmations_are_confirmed_reservations_whose_claim_is_gone_or_a
     stale = protocol.stale_confirmations(entry, lambda r: allocated.get(r.claim_uid))
     assert set(stale) == {"gone", "moved"}
     assert set(protocol.abandon(entry, stale).claims) == {"fine", "leased"}
+
+
+def test_a_placement_sent_again_keeps_the_lease_its_claims_have():
+    entry = rv.add(rv.NodeReservations(node="n0"), [reservation("a", "gpu-0", expires=25.0),
+                                                     reservation("b", "gpu-1", expires=15.0),
+                                                     reservation("c", "gpu-2", expires=None)])
+    assert protocol.republished_lease(entry, ["a", "b", "c"], 40.0) == 15.0
+    assert protocol.republished_lease(entry, ["c", "elsewhere"], 40.0) == 40.0
