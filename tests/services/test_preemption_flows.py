@@ -117,7 +117,8 @@ async def audit_events(nats, prefix: str, kind: str) -> list:
 
 async def test_an_eight_gpu_pod_evicts_exactly_one_nodes_pods_and_binds_there(scheduling, kube, kubectl, namespace,
                                                                                classes, control_plane, nats,
-                                                                               subject_prefix):
+                                                                               subject_prefix, caplog):
+    caplog.set_level("INFO", logger="draplane_allocator")
     await scheduling.start()
     nodes = await full_cluster(scheduling, kube, kubectl, namespace)
     await kubectl.apply(pod_yaml(namespace, "big", scheduling.scheduler_name, "eight-gpus",
@@ -136,6 +137,9 @@ async def test_an_eight_gpu_pod_evicts_exactly_one_nodes_pods_and_binds_there(sc
     victims = ", ".join(sorted(f"{namespace}/low-{index}-{g}" for g in range(8)))
     assert f"It preempted 8 pod(s) on node {node} (lower priority, evicted to free what it needs): {victims}" in \
         await explained(control_plane, namespace, "big")
+    # The shard held the eight GPUs for it in the reservation bucket before anyone was evicted.
+    assert any(f"node {node}'s devices held for it until its 8 victim(s) go" in r.getMessage()
+               for r in caplog.records), [r.getMessage() for r in caplog.records if "preempt" in r.getMessage()]
     # The audit log has one preempted event per victim, naming the preemptor.
     preempted = await audit_events(nats, subject_prefix, "preempted")
     assert sorted(e.pod.name for e in preempted) == sorted(f"low-{index}-{g}" for g in range(8))

@@ -24,6 +24,7 @@ import nats.js.errors
 from nats.aio.client import Client as NatsClient
 
 from draplane.allocation.taintrules import rule_selects
+from draplane.allocation.nodefit import pod_requests
 from draplane.api.core import Node, Pod
 from draplane.api.meta import ObjectMeta
 from draplane.api.policy import PodDisruptionBudget
@@ -58,6 +59,9 @@ log = logging.getLogger(__name__)
 
 COMMIT_ATTEMPTS = 20
 PRUNE_INTERVAL_SECONDS = 5.0
+# A preemption's hold lasts the shard's lease plus the victims' longest grace period plus this,
+# so that it outlives their eviction and the resourceclaim controller's deallocation.
+PREEMPTION_HOLD_MARGIN_SECONDS = 30.0
 # Placements published but not yet taken by the binder, above which shards wait.
 MAX_BINDER_BACKLOG = 128
 
@@ -577,7 +581,8 @@ class Shard:
             unschedulable = []
 
         messages = [self._placement(pending, claims, placed, lease) for pending, claims, placed, lease in placements]
-        messages += [self._unschedulable(pending, pod, claims, outcome) for pending, pod, claims, outcome in unschedulable]
+        messages += [await self._unschedulable(pending, pod, claims, outcome)
+                     for pending, pod, claims, outcome in unschedulable]
         await asyncio.gather(*(self._publish(m) for m in messages))
         self.m.placed.inc(len(placements))
         self.m.unschedulable.inc(len(unschedulable))
@@ -595,9 +600,12 @@ class Shard:
             raise failure
         return again
 
-    def _unschedulable(self, pending: PendingPod, pod: Pod, claims: list[ResourceClaim], outcome: NotPlaced) -> Unschedulable:
+    async def _unschedulable(self, pending: PendingPod, pod: Pod, claims: list[ResourceClaim],
+                             outcome: NotPlaced) -> Unschedulable:
         """The answer for a pod that fits nowhere, with the preemption that would make room for it
-        where its priority allows one (kube-scheduler appends preemption's verdict to the message)."""
+        where its priority allows one (kube-scheduler appends preemption's verdict to the message).
+        What the preemption frees is held for the pod in the reservation bucket first; without
+        that hold nobody is evicted (the next attempt plans again)."""
         message, plan = outcome.message, None
         if not outcome.claim_error:
             try:
@@ -607,17 +615,64 @@ class Shard:
                                    extra=fields(pod=pending.pod.key()))
         preempt = None
         if isinstance(plan, preemption.PreemptionPlan):
-            preempt = Preemption(node=plan.node, explanation=plan.explain(), victims=[
-                PodRef(namespace=v.namespace, name=v.name, uid=v.uid) for v in plan.victims])
-            message = f"{message} {plan.explain()}"
-            self.log.info("shard %d: pod %s: %s", self.index, pending.pod.key(), plan.explain(),
-                          extra=fields(pod=pending.pod.key(), node=plan.node))
+            if await self._hold_for_preemption(pending, pod, claims, plan.node, plan.placement, plan.victims):
+                preempt = Preemption(node=plan.node, explanation=plan.explain(), victims=[
+                    PodRef(namespace=v.namespace, name=v.name, uid=v.uid) for v in plan.victims])
+                message = f"{message} {plan.explain()}"
+                self.log.info("shard %d: pod %s: %s", self.index, pending.pod.key(), plan.explain(),
+                              extra=fields(pod=pending.pod.key(), node=plan.node))
+            else:
+                message = (f"{message} preemption: postponed, node {plan.node}'s reservations changed while it "
+                           f"was planned; planning again at the next attempt")
         elif isinstance(plan, preemption.AwaitingVictims):
+            if plan.placement is not None:
+                await self._hold_for_preemption(pending, pod, claims, plan.node, plan.placement, plan.going)
             message = f"{message} preemption: {plan.explain()}"
         elif isinstance(plan, preemption.NoPreemption):
             message = f"{message} {plan.reason}"
         return Unschedulable(pod=pending.pod, shard=self.index, message=message, failures=outcome.failures,
                              claim_error=outcome.claim_error, preemption=preempt)
+
+    async def _hold_for_preemption(self, pending: PendingPod, pod: Pod, claims: list[ResourceClaim], node: str,
+                                   placement, victims) -> bool:
+        """protocol.nominate on the node: the preemptor's claims reserved on what its victims free,
+        with its CPU and memory, for a lease that outlasts the victims' grace periods. True when it
+        is in the bucket (already, or now); False when the compare-and-set lost a race."""
+        now = time.time()
+        grace = max((v.grace_seconds for v in victims), default=30)
+        expires_at = now + self.lease_seconds + grace + PREEMPTION_HOLD_MARGIN_SECONDS
+        allocations = {c.metadata.uid or "": a for c, a in zip(claims, placement.allocations)}
+        placed = Placed(node=node, allocations=allocations, new_claims=list(allocations), requests=pod_requests(pod))
+        victim_keys = {key for v in victims for key in v.claims}
+        victim_claims = {uid for uid, c in self.state.claims.items()
+                         if f"{c.metadata.namespace}/{c.metadata.name}" in victim_keys}
+        pod_reservation = rv.PodReservation(
+            pod_uid=pending.pod.uid, pod_namespace=pending.pod.namespace, pod_name=pending.pod.name,
+            requests=placed.requests, reserved_at=now, expires_at=expires_at, shard=self.index,
+        )
+        revision, entry = self.store.entry(node)
+        try:
+            step = protocol.nominate(entry, self._reservations(pending, placed, now, expires_at), pod_reservation,
+                                     victim_claims, now, self.state.claim_is_allocated)
+        except rv.ReservationConflict as exc:
+            self.log.info("shard %d: pod %s: no hold on node %s for its preemption: %s", self.index,
+                          pending.pod.key(), node, exc, extra=fields(pod=pending.pod.key(), node=node))
+            await self.store.refresh(node)
+            self._on_reservations(node)
+            return False
+        if step.entry is None:
+            return True
+        try:
+            await self.store.write(node, step.entry, revision)
+        except StaleRevision:
+            await self.store.refresh(node)
+            self._on_reservations(node)
+            return False
+        self.state.set_reservations(node, step.entry)
+        self.log.info("shard %d: pod %s: node %s's devices held for it until its %d victim(s) go (lease %.0f s)",
+                      self.index, pending.pod.key(), node, len(victims), expires_at - now,
+                      extra=fields(pod=pending.pod.key(), node=node))
+        return True
 
     def _reservations(self, pending: PendingPod, placed: Placed, now: float, expires_at: float) -> list[rv.Reservation]:
         claims = {c.uid: c for c in pending.claims}
@@ -637,7 +692,6 @@ class Shard:
         ]
 
     def _lease_of(self, placed: Placed, default: float) -> float:
-        """A placement sent again keeps the lease its claims already have."""
         _, entry = self.store.entry(placed.node)
         return protocol.republished_lease(entry, placed.allocations, default)
 

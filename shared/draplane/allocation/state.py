@@ -104,6 +104,11 @@ class AllocatedState:
         """The claim holds devices now."""
         return key in self._claims
 
+    def exclusive_holders(self, device: DeviceID) -> int:
+        """How many claims hold the device whole: more than one only while a preemptor's
+        reservation waits for its victims' claims to let go (see ClusterState.place_pod)."""
+        return self._exclusive.get(device, 0)
+
     def in_use(self, device: DeviceID) -> bool:
         """Allocated exclusively to some claim."""
         return device in self._exclusive

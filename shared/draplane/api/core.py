@@ -103,6 +103,7 @@ class PodSpec(Base, kw_only=True):
     priority_class_name: str | None = None
     # PreemptLowerPriority (the default) or Never: whether this pod may evict others to fit.
     preemption_policy: str | None = None
+    termination_grace_period_seconds: int | None = None
     scheduling_group: PodSchedulingGroup | None = None
 
 

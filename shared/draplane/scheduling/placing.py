@@ -413,6 +413,10 @@ class ClusterState:
         priority = preemption.pod_priority(pod)
         if not any(p.priority < priority for pods in self.running.values() for p in pods.values()):
             return None
+        if any((c.metadata.uid or "") in self.reserved for c in claims):
+            # Reserved already: held for it by an earlier preemption (place_pod says what it waits
+            # for), or placed and on its way to the binder. Evicting more could only over-evict.
+            return None
         if any(c.status is not None and c.status.allocation is not None for c in claims):
             # A claim already allocated pins the pod to its devices; freeing others cannot help it.
             return None
@@ -432,6 +436,28 @@ class ClusterState:
 
         return preemption.plan_preemption(self.cluster, pod, claims, running=running, claims_in_use=in_use,
                                           budgets=list(self.budgets.values()), in_use=used, now=now)
+
+    def _held_elsewhere(self, claims: Sequence[ResourceClaim]) -> NotPlaced | None:
+        """A claim reserved (not yet written) on devices another claim still holds: a preemption
+        holds them for this pod while its victims go. Placing it now would give Kubernetes two
+        claims on one device, so it waits, and says for what."""
+        state = self.cluster.state
+        for claim in claims:
+            uid = claim.metadata.uid or ""
+            reservation = self.reserved.get(uid)
+            if reservation is None or (claim.status is not None and claim.status.allocation is not None):
+                continue
+            busy = [d for d in reservation.devices if d.exclusive
+                    and state.exclusive_holders((d.driver, d.pool, d.device)) > 1]
+            if busy:
+                node = allocation_node(reservation.allocation) or "?"
+                names = ", ".join(f"{d.pool}/{d.device}" for d in busy)
+                detail = (f"resourceclaim {claim.metadata.namespace}/{claim.metadata.name}: its devices {names} are "
+                          f"held for it while the pods preempted for it go")
+                message = f"waiting on node {node}: {detail}"
+                return NotPlaced(message=message, failures=[NodeFailure(
+                    node=node, reason=FailureReason.CAPACITY_EXHAUSTED.value, detail=detail, reasons=[message])])
+        return None
 
     def place_pod(self, pod: Pod, claims: Sequence[ResourceClaim]) -> Placed | NotPlaced:
         """Where `pod` and its claims can go: node fit first, then the devices, best score wins."""
@@ -458,6 +484,9 @@ class ClusterState:
         if len(pinned) > 1:
             message = f"the pod's claims are allocated on different nodes: {', '.join(sorted(pinned))}"
             return NotPlaced(message=message, failures=[], claim_error=message)
+        waiting = self._held_elsewhere(claims)
+        if waiting is not None:
+            return waiting
 
         # node -> (detail, the reasons kube-scheduler would count) for nodes that failed node fit,
         # or whose pinned claims keep the pod away

@@ -95,6 +95,7 @@ class RunningPod:
     claims: tuple[str, ...] = ()  # "namespace/name" of the claims it uses
     started: float | None = None  # seconds since the epoch (status.startTime), None if not started
     terminating: bool = False  # deletionTimestamp set: already on its way out, evicted or not
+    grace_seconds: int = 30  # spec.terminationGracePeriodSeconds: how long an eviction may take
 
     @property
     def key(self) -> str:
@@ -116,6 +117,8 @@ class RunningPod:
             labels=dict(pod.metadata.labels or {}), claims=tuple(dict.fromkeys(claims)),
             started=_timestamp(pod.status.start_time if pod.status else None),
             terminating=pod.metadata.deletion_timestamp is not None,
+            grace_seconds=30 if pod.spec.termination_grace_period_seconds is None
+            else pod.spec.termination_grace_period_seconds,
         )
 
 
@@ -147,6 +150,8 @@ class AwaitingVictims:
     preemptor: str
     node: str
     terminating: tuple[str, ...]
+    placement: NodePlacement | None = None  # what the preemptor gets once they are gone
+    going: tuple[RunningPod, ...] = ()
 
     def explain(self) -> str:
         return (f"waiting for {len(self.terminating)} terminating pod(s) on node {self.node} "
@@ -269,8 +274,8 @@ def plan_preemption(
     awaiting = _fits_once_terminating_pods_go(cluster, pod, claims, running, claims_in_use, requests, in_use,
                                               priority)
     if awaiting is not None:
-        node, pods = awaiting
-        return AwaitingVictims(key, node, tuple(p.key for p in pods))
+        node, pods, placement = awaiting
+        return AwaitingVictims(key, node, tuple(p.key for p in pods), placement, tuple(pods))
     outcomes: dict[str, _NodeOutcome] = {}
     per_node: dict[str, str] = {}
     for order, name in enumerate(sorted(cluster.nodes)):
@@ -320,7 +325,7 @@ def _fits_once_terminating_pods_go(cluster, pod, claims, running, claims_in_use,
         outcome = _victims_on_node(cluster, pod, claims, name, going, (), requests, used, count, claims_in_use,
                                    reprieve=False)
         if not isinstance(outcome, str):
-            return name, going
+            return name, going, outcome.placement
     return None
 
 

@@ -14,6 +14,8 @@ One placement's life, the steps in order and each undo beside its step:
 
   shard   commit    reserve the claims' devices and the pod's CPU and memory under a lease,
                     lapsed leases of the node pruned in the same write    undo: abandon
+          nominate  (preemption) the same, on devices its victims' claims still hold
+                                                                          undo: abandon
   binder  hold      check the reservation is still the placement's, renew its lease
                     (`plan_write` says what to do with the answer)        undo: abandon
           write     claim status and binding, in Kubernetes (draplane_binder.lifecycle;
@@ -109,6 +111,27 @@ def commit(
     lapsed = lapse(entry, now, claim_is_allocated)
     base = lapsed.entry if lapsed.entry is not None else entry
     added = rv.add(base, reservations, pod)
+    return Commit(entry=None if added is base else added, lapsed=lapsed)
+
+
+def nominate(
+    entry: NodeReservations,
+    reservations: Iterable[Reservation],
+    pod: PodReservation | None,
+    victims: Iterable[str],
+    now: float,
+    claim_is_allocated: Callable[[str], bool],
+) -> Commit:
+    """Hold what a preemption frees for its preemptor: its claims reserved on the devices the
+    victims' claims (`victims`, claim uids) still hold, and its CPU and memory, under a lease long
+    enough for the victims to go. Only the victims' devices may be shared this way; any other
+    reserved device is a ReservationConflict, as in `commit`. Every other shard then sees the
+    devices taken, so none gives them away when the victims go; the preemptor's own placement,
+    later, finds its claims reserved and waits until no other claim holds their devices
+    (`ClusterState.place_pod`). Undo: `abandon` (or the lease lapses)."""
+    lapsed = lapse(entry, now, claim_is_allocated)
+    base = lapsed.entry if lapsed.entry is not None else entry
+    added = rv.add(base, reservations, pod, displacing=set(victims))
     return Commit(entry=None if added is base else added, lapsed=lapsed)
 
 

@@ -24,7 +24,7 @@ removes it.
 from __future__ import annotations
 
 from collections import Counter
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Collection, Iterable
 
 import msgspec
 
@@ -132,11 +132,12 @@ def devices_of(allocation: AllocationResult) -> list[ReservedDevice]:
     return [ReservedDevice(r.driver, r.pool, r.device, r.share_id, bool(r.admin_access)) for r in results]
 
 
-def exclusive_devices(entry: NodeReservations, *, except_claim: str | None = None) -> set[tuple[str, str, str]]:
+def exclusive_devices(entry: NodeReservations, *, except_claim: str | None = None,
+                      except_claims: Collection[str] = ()) -> set[tuple[str, str, str]]:
     """(driver, pool, device) held whole by some reservation in the entry."""
     held: set[tuple[str, str, str]] = set()
     for claim_uid, reservation in entry.claims.items():
-        if claim_uid == except_claim:
+        if claim_uid == except_claim or claim_uid in except_claims:
             continue
         for d in reservation.devices:
             if d.exclusive:
@@ -177,10 +178,12 @@ def has_lapsed_claims(entry: NodeReservations, now: float) -> bool:
 
 
 def add(
-    entry: NodeReservations, reservations: Iterable[Reservation], pod: PodReservation | None = None
+    entry: NodeReservations, reservations: Iterable[Reservation], pod: PodReservation | None = None,
+    *, displacing: Collection[str] = (),
 ) -> NodeReservations:
     """The entry with these reservations (and the pod's) added; raises ReservationConflict if a
-    device is taken. The same entry object when there was nothing new to add.
+    device is taken. The same entry object when there was nothing new to add. The devices of the
+    claims in `displacing` (preemption's victims, on their way out) do not count as taken.
 
     Re-adding a claim's identical reservation, or a pod already reserved here, is a no-op so a
     redelivered commit stays idempotent; a *different* reservation for a claim already reserved
@@ -188,7 +191,7 @@ def add(
     with the pods of this entry.
     """
     claims = dict(entry.claims)
-    held = exclusive_devices(entry)
+    held = exclusive_devices(entry, except_claims=displacing)
     added = False
     for reservation in reservations:
         existing = claims.get(reservation.claim_uid)

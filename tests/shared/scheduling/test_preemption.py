@@ -245,3 +245,105 @@ def test_a_pod_that_fits_once_terminating_pods_are_gone_waits_for_them():
     plan = fleet.plan(*preemptor())
     assert isinstance(plan, PreemptionPlan) and len(plan.victims) == 4
     assert not any(v.terminating for v in plan.victims)
+
+
+# --- the hold: what a preemption frees stays the preemptor's ---------------------------------------
+
+
+def _shard_state_with_full_node():
+    """A shard's ClusterState: one 8-GPU node, each GPU allocated to a bound priority-0 pod."""
+    import time as _time
+
+    from draplane.scheduling.placing import ClusterState, Placed
+
+    state = ClusterState()
+    state.set_class(scenario.device_class("gpu.nvidia.com"))
+    state.set_node(scenario.gpu_node("node-0"))
+    state.set_feed_entry("node.node-0", [scenario.gpu_slice("node-0", 8, "80Gi")])
+    victims = []
+    for g in range(8):
+        claim = scenario.claim("ns", f"c{g}", "gpu.nvidia.com")
+        claim.metadata.uid = f"cuid-{g}"
+        pod = scenario.pod("ns", f"low-{g}", claim_name=f"c{g}")
+        pod.metadata.uid = f"puid-{g}"
+        placed = state.place_pod(pod, [claim])
+        assert isinstance(placed, Placed)
+        claim.status = ResourceClaimStatus(allocation=placed.allocations[claim.metadata.uid], reserved_for=[
+            ResourceClaimConsumerReference(resource="pods", name=pod.metadata.name, uid=pod.metadata.uid)])
+        state.set_claim(claim)
+        pod.spec.node_name = "node-0"
+        state.set_pod(pod)
+        victims.append((pod, claim))
+    big = scenario.pod("ns", "big", claim_name="big-claim")
+    big.metadata.uid = "puid-big"
+    big.spec.priority = 1000
+    big_claim = scenario.claim("ns", "big-claim", "gpu.nvidia.com", count=8)
+    big_claim.metadata.uid = "cuid-big"
+    return state, victims, big, big_claim, _time.time()
+
+
+def _hold(state, plan, pod, claim, victims, now):
+    from draplane.scheduling import reservation_protocol as protocol
+    from draplane.scheduling import reservations as rv
+
+    allocation = plan.placement.allocations[0]
+    reservation = rv.Reservation(claim_uid=claim.metadata.uid, claim_namespace="ns", claim_name=claim.metadata.name,
+                                 pod_uid=pod.metadata.uid, devices=rv.devices_of(allocation), allocation=allocation,
+                                 reserved_at=now, expires_at=now + 90, shard=0)
+    pod_reservation = rv.PodReservation(pod_uid=pod.metadata.uid, pod_namespace="ns", pod_name=pod.metadata.name,
+                                        requests={}, reserved_at=now, expires_at=now + 90, shard=0)
+    entry = rv.NodeReservations(node=plan.node)
+    step = protocol.nominate(entry, [reservation], pod_reservation, victims, now, state.claim_is_allocated)
+    state.set_reservations(plan.node, step.entry)
+    return reservation
+
+
+def test_what_a_preemption_frees_is_held_for_the_preemptor_until_its_victims_go():
+    from draplane.scheduling.placing import NotPlaced, Placed
+
+    state, victims, big, big_claim, now = _shard_state_with_full_node()
+    assert isinstance(state.place_pod(big, [big_claim]), NotPlaced)
+    plan = state.preemption_for(big, [big_claim], now)
+    assert isinstance(plan, PreemptionPlan) and len(plan.victims) == 8
+    reservation = _hold(state, plan, big, big_claim, {c.metadata.uid for _, c in victims}, now)
+    # While the victims' claims still hold the GPUs, the preemptor waits, and says why.
+    waiting = state.place_pod(big, [big_claim])
+    assert isinstance(waiting, NotPlaced)
+    assert "held for it while the pods preempted for it go" in waiting.message
+    assert state.preemption_for(big, [big_claim], now) is None  # nobody else is evicted meanwhile
+    # The victims go: their claims are released, yet a newcomer gets none of the eight GPUs...
+    for pod, claim in victims:
+        state.set_pod(pod, deleted=True)
+        state.set_claim(claim, deleted=True)
+    newcomer = scenario.pod("ns", "newcomer", claim_name="n")
+    newcomer.metadata.uid = "puid-n"
+    n_claim = scenario.claim("ns", "n", "gpu.nvidia.com")
+    n_claim.metadata.uid = "cuid-n"
+    assert isinstance(state.place_pod(newcomer, [n_claim]), NotPlaced)
+    # ...and the preemptor is placed on them, nothing new to reserve.
+    placed = state.place_pod(big, [big_claim])
+    assert isinstance(placed, Placed) and placed.node == "node-0" and placed.new_claims == []
+    assert placed.allocations["cuid-big"] == reservation.allocation
+
+
+def test_a_hold_may_share_only_the_victims_devices():
+    import pytest as _pytest
+
+    from draplane.scheduling import reservations as rv
+
+    state, victims, big, big_claim, now = _shard_state_with_full_node()
+    plan = state.preemption_for(big, [big_claim], now)
+    from draplane.scheduling import reservation_protocol as protocol
+    allocation = plan.placement.allocations[0]
+    taken = rv.Reservation(claim_uid="cuid-0", claim_namespace="ns", claim_name="c0", pod_uid="puid-0",
+                           devices=rv.devices_of(victims[0][1].status.allocation),
+                           allocation=victims[0][1].status.allocation, reserved_at=now, expires_at=None, shard=0)
+    entry = rv.NodeReservations(node="node-0", claims={"cuid-0": taken})
+    hold = rv.Reservation(claim_uid="cuid-big", claim_namespace="ns", claim_name="big-claim", pod_uid="puid-big",
+                          devices=rv.devices_of(allocation), allocation=allocation, reserved_at=now,
+                          expires_at=now + 90, shard=0)
+    # cuid-0 is not among the victims named: its device is taken.
+    with _pytest.raises(rv.ReservationConflict):
+        protocol.nominate(entry, [hold], None, {"cuid-1"}, now, state.claim_is_allocated)
+    step = protocol.nominate(entry, [hold], None, {"cuid-0"}, now, state.claim_is_allocated)
+    assert set(step.entry.claims) == {"cuid-0", "cuid-big"}
