@@ -935,8 +935,8 @@ async def chaos(args) -> int:
             until = time.monotonic() + args.minutes * 60
             injector = asyncio.create_task(faults.run(until, args.fault_interval))
             await load.offer(args.rate, until)
+            phases.append(Phase("faults", t1, time.time()))  # the offered window; a last fault may still run
             await injector
-            phases.append(Phase("faults", t1, time.time()))
         print("chaos: load stopped; undoing faults and settling", flush=True)
         settle_s = await settle(load, cluster, faults, args.settle_seconds)
         stop.set()
