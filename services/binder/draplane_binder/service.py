@@ -603,16 +603,21 @@ class Binder:
         for shard in inf.to_ask_about(self.in_flight, now):
             floors[shard] = await self._ack_floor(self.subjects.pending_stream, f"shard-{shard}")
         # read after the floors: an answer published before a floor moved is at or below this
-        try:
-            results_last = (await self.js.stream_info(self.subjects.results_stream)).state.last_seq
-        except (nats.errors.Error, nats.js.errors.Error, asyncio.TimeoutError):
-            results_last = None
+        pending_last = await self._last_sequence(self.subjects.pending_stream)
+        results_last = await self._last_sequence(self.subjects.results_stream)
         results_handled = await self._ack_floor(self.subjects.results_stream, "binder")
-        for uid in inf.lost(self.in_flight, floors, now, results_last=results_last, results_handled=results_handled):
+        for uid in inf.lost(self.in_flight, floors, now, pending_last=pending_last, results_last=results_last,
+                            results_handled=results_handled):
             self.in_flight.pop(uid, None)
             pod = self.pods_by_uid.get(uid)
             if pod is not None:
                 self.pod_queue.put(_key(pod))
+
+    async def _last_sequence(self, stream: str) -> int | None:
+        try:
+            return (await self.js.stream_info(stream)).state.last_seq
+        except (nats.errors.Error, nats.js.errors.Error, asyncio.TimeoutError):
+            return None
 
     async def _ack_floor(self, stream: str, durable: str) -> int | None:
         """The stream sequence a consumer has acknowledged everything up to; None when there is
