@@ -28,7 +28,7 @@ import pytest
 from aiohttp import web
 
 from draplane.api.core import Pod
-from draplane.api.resource import DeviceTaintRule, ResourceClaim
+from draplane.api.resource import DeviceTaintRule, ResourceClaim, ResourceSlice
 from draplane.audit_publisher import ensure_audit_stream
 from draplane.localenv.processes import ServerProcess, free_port
 from draplane.messages import audit
@@ -124,6 +124,22 @@ async def _true(value: bool) -> bool:
     return value
 
 
+async def overlapping_devices(kube, pool: str, device: str) -> int:
+    """The devices of the pool that share a counter with `device` (its GPU whole, the MIG
+    placements on the same memory slices): what allocating it makes unavailable."""
+    slices = [s for s in (await kube.list(ResourceSlice))[0] if s.spec.pool.name == pool]
+    devices = {d.name: d for s in slices for d in s.spec.devices or ()}
+
+    def used(d) -> set[tuple[str, str]]:
+        # The profiles give each placement its memory slices as counters: two placements overlap
+        # exactly when they share one (engines and memory in bytes are not short on an A100 here).
+        return {(c.counter_set, name) for c in d.consumes_counters or () for name in c.counters
+                if name.startswith("memory-slice-")}
+
+    mine = used(devices[device])
+    return sum(1 for name, d in devices.items() if name != device and used(d) & mine)
+
+
 def cells_in_rows(nodes: tuple[str, ...], state: str) -> str:
     """JS: how many cells of these nodes' rows are in `state` (the header's totals count every row
     of the feed, other tests' included)."""
@@ -211,7 +227,13 @@ async def test_the_map_shows_every_device_follows_an_allocation_and_lists_a_pend
         await kube.create(scenario.claim(namespace, "slice", mig_class))
         await kube.create(scheduling.pod(namespace, "notebook", claim_name="slice"))
         await scheduling.bound_pod(namespace, "notebook", timeout=60)
-        await browser.wait_for(f"{cells_in_rows((h100, a100), 'unavailable')} === 5", 10,
+        # Which placements the slice blocks depends on where the policy put it (a 1g slice at
+        # either end of the GPU overlaps fewer larger placements): count them from the slices.
+        slice_claim = await kube.get(ResourceClaim, "slice", namespace)
+        (mig,) = slice_claim.status.allocation.devices.results
+        overlapping = await overlapping_devices(kube, mig.pool, mig.device)
+        assert overlapping >= 2  # at least its whole GPU and the 7g placement
+        await browser.wait_for(f"{cells_in_rows((h100, a100), 'unavailable')} === {overlapping}", 10,
                                "the MIG slice's GPU and overlapping placements blocked")
 
         # Eight GPUs where six are left untainted and free: pending, with Kubernetes' reason.
