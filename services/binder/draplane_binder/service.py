@@ -75,6 +75,13 @@ EVENT_WRITERS = 4
 IN_FLIGHT_CHECK_SECONDS = 5.0
 
 
+# A claim's allocation is not written later than this before its reservation's lease ends
+# (see Binder._write_deadline): room for the request in flight and for clocks a little apart.
+WRITE_DEADLINE_MARGIN_SECONDS = 3.0
+# How long a ClaimReleased publish is tried again (see _tell_released).
+RELEASE_PUBLISH_RETRY_SECONDS = 10.0
+
+
 def _now_rfc3339() -> str:
     return datetime.now(timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ")
 
@@ -824,8 +831,9 @@ class Binder:
                 return False
 
         written: list[ClaimRef] = []
+        deadline = self._write_deadline(placement.node, claim_uids)
         for item in placement.claims:
-            outcome = await self._write_claim(item.claim, item.allocation, pod)
+            outcome = await self._write_claim(item.claim, item.allocation, pod, deadline=deadline)
             if outcome is not None:
                 await self._undo(placement, pod, written, outcome)
                 return False
@@ -868,7 +876,19 @@ class Binder:
             table.pop(uid, None)
         return True
 
-    async def _write_claim(self, ref: ClaimRef, allocation, pod: Pod) -> str | None:
+    def _write_deadline(self, node: str, claim_uids: list[str]) -> float:
+        """When (monotonic) the last attempt at writing these claims' allocation may start: the
+        soonest lease of their reservations, just held, less WRITE_DEADLINE_MARGIN_SECONDS. After
+        it a shard may prune the reservation and give the devices to another claim, so a write
+        that the client retried past it (the apiserver restarting, say) could allocate one device
+        twice; the chaos run saw exactly that with a write that landed 10 s after its lease."""
+        _, entry = self.store.entry(node)
+        leases = [entry.claims[u].expires_at for u in claim_uids
+                  if u in entry.claims and entry.claims[u].expires_at is not None]
+        left = (min(leases) - time.time()) if leases else self.settings.lease_seconds / 2
+        return time.monotonic() + max(0.0, left - WRITE_DEADLINE_MARGIN_SECONDS)
+
+    async def _write_claim(self, ref: ClaimRef, allocation, pod: Pod, *, deadline: float | None = None) -> str | None:
         """Steps 1 and 2 for one claim, retried on conflict. None on success, else why it failed."""
         cached = self.claims.get((ref.namespace, ref.name))
         for attempt in range(20):
@@ -892,7 +912,7 @@ class Binder:
                 finalizers = claim.metadata.finalizers or []
                 if lc.DELETE_PROTECTION_FINALIZER not in finalizers:
                     claim.metadata.finalizers = [*finalizers, lc.DELETE_PROTECTION_FINALIZER]
-                    claim = await self.kube.update(claim)
+                    claim = await self.kube.update(claim, deadline=deadline)
                 plan = lc.plan_claim_write(claim, allocation, pod)
                 if from_cache and not isinstance(plan, lc.WriteStatus):
                     continue  # "done" or "taken" is only believed from a fresh read
@@ -901,7 +921,7 @@ class Binder:
                 if isinstance(plan, lc.WriteStatus):
                     newly_allocated = claim.status is None or claim.status.allocation is None
                     claim.status = plan.status
-                    claim = await self.kube.update_status(claim)
+                    claim = await self.kube.update_status(claim, deadline=deadline)
                     if newly_allocated:
                         self.metrics.claims_allocated.inc()
                 self._on_claim("MODIFIED", claim)
@@ -911,6 +931,10 @@ class Binder:
                     continue
                 if exc.is_not_found:
                     return f"resourceclaim {ref.key()} is gone"
+                if exc.past_deadline:
+                    self.metrics.lease_lapses.inc()
+                    return (f"resourceclaim {ref.key()}: not written before its reservation's lease could run out "
+                            f"({exc.reason}: {exc.message})")
                 raise
         return f"resourceclaim {ref.key()}: 20 conflicting updates in a row"
 
@@ -999,7 +1023,24 @@ class Binder:
                              version: str, why: str) -> None:
         """A claim's devices are free again: the shards' and our retries, the audit log."""
         released = ClaimReleased(claim=ClaimRef(namespace=namespace, name=name, uid=uid), node=node)
-        await self.js.publish(self.subjects.released, encode_message(released))
+        # A NATS server dying makes the stream elect a new leader, and publishes get no answer for
+        # a few seconds: try again for a while, as the audit publisher does. The release is a
+        # hint (shards also see the claim change in their watch), so giving up logs and goes on
+        # to the audit event: the chaos run lost 12 release events when this publish raised.
+        deadline = time.monotonic() + RELEASE_PUBLISH_RETRY_SECONDS
+        delay = 0.25
+        while True:
+            try:
+                await self.js.publish(self.subjects.released, encode_message(released))
+                break
+            except (nats.errors.Error, asyncio.TimeoutError) as exc:
+                if time.monotonic() + delay >= deadline:
+                    log.warning("resourceclaim %s/%s: ClaimReleased not published (%r); the shards see the "
+                                "claim change in their watch", namespace, name, exc,
+                                extra=fields(claim=f"{namespace}/{name}", node=node))
+                    break
+                await asyncio.sleep(delay)
+                delay = min(delay * 2, 2.0)
         self.metrics.claims_released.inc()
         await self.audit.publish_and_wait(audit.AuditEvent(
             id=audit.released_id(uid, version), kind="released", at=time.time(), by=[self.instance], node=node,

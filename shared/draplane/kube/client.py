@@ -84,6 +84,9 @@ class Status(msgspec.Struct, omit_defaults=True):
     details: dict[str, Any] | None = None
 
 
+DEADLINE_REASON = "DeadlineExceeded"  # KubeApiError.reason when an attempt was not made in time
+
+
 class KubeApiError(Exception):
     def __init__(self, status: int, reason: str, message: str, method: str, path: str, details: dict | None = None):
         super().__init__(f"{method} {path}: {status} {reason}: {message}")
@@ -91,6 +94,9 @@ class KubeApiError(Exception):
         self.reason = reason
         self.message = message
         self.details = details or {}
+        # Set by KubeClient.request when it gave up because the caller's deadline left no time
+        # for another attempt (the error is then the last attempt's, or DEADLINE_REASON's).
+        self.past_deadline = False
 
     @property
     def is_conflict(self) -> bool:
@@ -210,6 +216,7 @@ class KubeClient:
     async def request(
         self, method: str, path: str, *, query: dict[str, Any] | None = None, body: Any = None,
         content_type: str = "application/json", headers: dict[str, str] | None = None,
+        deadline: float | None = None,
     ) -> bytes:
         """One request, retried with backoff on 429/5xx and on no answer; raises KubeApiError.
 
@@ -223,10 +230,19 @@ class KubeClient:
         attempt = 0
         while True:
             started = time.monotonic()
+            if deadline is not None and started >= deadline:
+                # `deadline` (monotonic): no attempt may start after it. The binder's writes of a
+                # reservation's allocation pass the moment its lease could run out: an attempt
+                # retried past it, once the apiserver is back, could allocate devices the shards
+                # have given to another claim meanwhile.
+                error = KubeApiError(504, DEADLINE_REASON, "not sent: its deadline passed", method, path)
+                error.past_deadline = True
+                raise error
             retry_after = None
+            timeout = None if deadline is None else aiohttp.ClientTimeout(total=min(60.0, deadline - started))
             try:
                 async with await self._open(
-                    method, path, query=query, body=payload, content_type=content_type, timeout=None, extra_headers=headers
+                    method, path, query=query, body=payload, content_type=content_type, timeout=timeout, extra_headers=headers
                 ) as response:
                     data = await response.read()
                     if self.metrics is not None:
@@ -245,6 +261,9 @@ class KubeClient:
                 raise error
             attempt += 1
             delay = retry_delay(attempt, retry_after)
+            if deadline is not None and time.monotonic() + delay >= deadline:
+                error.past_deadline = True  # no time for another attempt
+                raise error
             log.debug("retrying %s %s in %.2fs after %s", method, path, delay, error)
             await asyncio.sleep(delay)
 
@@ -306,14 +325,16 @@ class KubeClient:
         )
         return msgspec.json.decode(data, type=type(obj))
 
-    async def update(self, obj: T) -> T:
+    async def update(self, obj: T, *, deadline: float | None = None) -> T:
         kind = kind_of(type(obj))
-        data = await self.request("PUT", kind.path(obj.metadata.namespace, obj.metadata.name), body=obj)
+        data = await self.request("PUT", kind.path(obj.metadata.namespace, obj.metadata.name), body=obj,
+                                  deadline=deadline)
         return msgspec.json.decode(data, type=type(obj))
 
-    async def update_status(self, obj: T) -> T:
+    async def update_status(self, obj: T, *, deadline: float | None = None) -> T:
         kind = kind_of(type(obj))
-        data = await self.request("PUT", kind.path(obj.metadata.namespace, obj.metadata.name, "status"), body=obj)
+        data = await self.request("PUT", kind.path(obj.metadata.namespace, obj.metadata.name, "status"), body=obj,
+                                  deadline=deadline)
         return msgspec.json.decode(data, type=type(obj))
 
     async def patch(

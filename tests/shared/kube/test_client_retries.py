@@ -170,3 +170,27 @@ async def test_retries_take_tokens_too(serve):
         await kube.request("GET", PATH)
         assert time.monotonic() - started >= 3 * 0.2 - 0.02
     assert len(apiserver.seen) == 4
+
+
+
+async def test_no_attempt_starts_after_the_callers_deadline(serve):
+    """A write retried while the apiserver is away must not land after the caller's deadline (the
+    binder's: its reservation's lease): the client gives up, and says it was the deadline."""
+    from draplane.kube.client import DEADLINE_REASON
+
+    apiserver = Apiserver([(503, {})] * 50)
+    kube = _client(await serve(apiserver))
+    try:
+        started = time.monotonic()
+        with pytest.raises(KubeApiError) as caught:
+            await kube.request("PUT", PATH, body={}, deadline=started + 1.0)
+        assert caught.value.past_deadline and caught.value.status == 503
+        assert len(apiserver.seen) >= 2 and all(t < started + 1.0 for t in apiserver.seen)
+        assert time.monotonic() - started < 1.5
+        before = len(apiserver.seen)
+        with pytest.raises(KubeApiError) as late:
+            await kube.request("PUT", PATH, body={}, deadline=time.monotonic() - 1)
+        assert late.value.reason == DEADLINE_REASON and late.value.past_deadline
+        assert len(apiserver.seen) == before  # not sent at all
+    finally:
+        await kube.close()
