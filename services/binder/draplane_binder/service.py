@@ -193,6 +193,7 @@ class Binder:
         # pile up without bound whenever the apiserver answers slower than pods are bound.
         self.events: asyncio.Queue = asyncio.Queue(maxsize=MAX_QUEUED_EVENTS)
         self._tasks: list[asyncio.Task] = []
+        self._one_offs: set[asyncio.Task] = set()  # releases and reconciles in progress
         self.metrics = metrics if metrics is not None else BinderMetrics()
         self.metrics.export_claims(self._waiting_claims)
 
@@ -258,6 +259,8 @@ class Binder:
             await asyncio.sleep(0.05)
 
     async def stop(self) -> None:
+        for task in list(self._one_offs):
+            task.cancel()
         for task in self._tasks:
             task.cancel()
         done, pending = await asyncio.wait(self._tasks, timeout=10) if self._tasks else (set(), set())
@@ -389,8 +392,11 @@ class Binder:
             self._flush_retries()
 
     def _spawn_once(self, coro: Awaitable, name: str) -> None:
+        """A one-off task (a release, a reconcile), cancelled by `stop` if still running."""
         task = asyncio.create_task(coro, name=name)
         task.add_done_callback(_log_failure)
+        self._one_offs.add(task)
+        task.add_done_callback(self._one_offs.discard)
 
     # --- pods --------------------------------------------------------------------------------------
 
@@ -1003,7 +1009,25 @@ class Binder:
     # --- claims ------------------------------------------------------------------------------------
 
     async def _release(self, claim: ResourceClaim) -> None:
-        """A claim's allocation is gone (cleared or deleted): free its reservation, tell everyone."""
+        """A claim's allocation is gone (cleared or deleted): free its reservation, tell everyone.
+
+        Tried again until it is done (0.25 s doubling to 5 s apart): while a killed NATS server's
+        streams and buckets elect new leaders, the bucket write or the publishes fail for a few
+        seconds, and a release given up then would leave the reservation, or the audit's release
+        event, missing (the chaos run saw both). Each step is idempotent."""
+        delay = 0.25
+        while True:
+            try:
+                await self._release_once(claim)
+                return
+            except (nats.errors.Error, nats.js.errors.Error, asyncio.TimeoutError) as exc:
+                log.warning("resourceclaim %s/%s: release not done (%r); trying again in %.2f s",
+                            claim.metadata.namespace, claim.metadata.name, exc, delay,
+                            extra=fields(claim=f"{claim.metadata.namespace}/{claim.metadata.name}"))
+                await asyncio.sleep(delay)
+                delay = min(delay * 2, 5.0)
+
+    async def _release_once(self, claim: ResourceClaim) -> None:
         uid = claim.metadata.uid or ""
         found = self.store.find_claim(uid) if self.store else None
         node = found[0] if found else allocation_node(claim.status.allocation if claim.status else None)
