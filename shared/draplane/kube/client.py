@@ -162,13 +162,14 @@ class KubeClient:
             await asyncio.sleep(wait)
 
     @classmethod
-    async def from_kubeconfig(cls, path: str | Path | None = None, *, impersonate: str | None = None) -> "KubeClient":
+    async def from_kubeconfig(cls, path: str | Path | None = None, *, impersonate: str | None = None,
+                              max_retries: int = 5) -> "KubeClient":
         configuration = k8s_client.Configuration()
         await k8s_config.load_kube_config(config_file=str(path) if path else None, client_configuration=configuration)
         api = k8s_client.ApiClient(configuration)
         if impersonate:
             api.set_default_header("Impersonate-User", impersonate)
-        return cls(api)
+        return cls(api, max_retries=max_retries)
 
     @classmethod
     def in_cluster(cls) -> "KubeClient":
