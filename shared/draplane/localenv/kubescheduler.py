@@ -29,10 +29,13 @@ def scheduler_configuration(kubeconfig: Path, *, qps: float, burst: int) -> dict
     }
 
 
-def kube_scheduler(plane: ControlPlane, log_path: Path, *, qps: float = 50.0, burst: int = 100) -> ServerProcess:
+def kube_scheduler(
+    plane: ControlPlane, log_path: Path, *, qps: float = 50.0, burst: int = 100, verbosity: int = 1
+) -> ServerProcess:
     """kube-scheduler for `plane`, with the apiserver's DRA feature gates. `qps`/`burst` are its
     client's limits: 50/100 is kube-scheduler's default; scheduler_perf, kube-scheduler's own
-    benchmark, runs it at 5000/5000."""
+    benchmark, runs it at 5000/5000. `verbosity` 2 logs each scheduling attempt and binding, which
+    a test wants when it fails and a benchmark does not pay for."""
     config = log_path.parent / f"{log_path.stem}-config.json"
     config.parent.mkdir(parents=True, exist_ok=True)
     # JSON is YAML: kube-scheduler's --config reads either
@@ -48,6 +51,6 @@ def kube_scheduler(plane: ControlPlane, log_path: Path, *, qps: float = 50.0, bu
         "--bind-address=127.0.0.1",
         f"--secure-port={free_port()}",
         *([f"--feature-gates={gates}"] if gates else []),
-        "--v=1",
+        f"--v={verbosity}",
     ]
     return ServerProcess("kube-scheduler", argv, log_path)
