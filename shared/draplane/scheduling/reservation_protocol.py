@@ -16,6 +16,9 @@ One placement's life, the steps in order and each undo beside its step:
                     lapsed leases of the node pruned in the same write    undo: abandon
           nominate  (preemption) the same, on devices its victims' claims still hold
                                                                           undo: abandon
+          commit_gang  every member of a gang, one commit per node involved; the
+                    placements are published only once every node's write held
+                                                                          undo: abandon_gang
   binder  hold      check the reservation is still the placement's, renew its lease
                     (`plan_write` says what to do with the answer)        undo: abandon
           write     claim status and binding, in Kubernetes (draplane_binder.lifecycle;
@@ -112,6 +115,65 @@ def commit(
     base = lapsed.entry if lapsed.entry is not None else entry
     added = rv.add(base, reservations, pod)
     return Commit(entry=None if added is base else added, lapsed=lapsed)
+
+
+class GangCommit(msgspec.Struct, kw_only=True):
+    """A gang's commit: per node, what to write (`entries`; nodes where every member's claims and
+    pod are reserved already are left out) and what each write reserves (`reserved`, the
+    arguments of `abandon` there), so the nodes written before one that failed can be taken back.
+    `lapsed`: per node, what the write prunes."""
+
+    entries: dict[str, NodeReservations]
+    reserved: dict[str, tuple[dict[str, list[ReservedDevice]], list[str]]]
+    lapsed: dict[str, Lapse]
+
+
+def commit_gang(
+    entries: Mapping[str, NodeReservations],
+    members: Mapping[str, Iterable[tuple[Iterable[Reservation], PodReservation | None]]],
+    now: float,
+    claim_is_allocated: Callable[[str], bool],
+) -> GangCommit:
+    """`commit` for all of a gang's members: `members` gives, per node, each member's reservations
+    and pod there; `entries` each node's entry as the gang was placed on it. Raises
+    ReservationConflict (its text names the node) if any member's device is taken: nothing of the gang is
+    written then. A claim two members share is reserved once, by the first.
+
+    The writes that follow are one compare-and-set per node and cannot be atomic across nodes:
+    the atomicity is that the binder binds nothing until the shard publishes the placements, after
+    every write held. A write that fails is answered with `abandon_gang` on the nodes written; a
+    crash between writes leaves reservations with no placement, whose leases lapse."""
+    written: dict[str, NodeReservations] = {}
+    reserved: dict[str, tuple[dict[str, list[ReservedDevice]], list[str]]] = {}
+    lapsed: dict[str, Lapse] = {}
+    seen_claims: set[str] = set()
+    for node, items in members.items():
+        step = lapse(entries[node], now, claim_is_allocated)
+        base = step.entry if step.entry is not None else entries[node]
+        current = base
+        claims: dict[str, list[ReservedDevice]] = {}
+        pods: list[str] = []
+        for reservations, pod in items:
+            fresh = [r for r in reservations if r.claim_uid not in seen_claims]
+            seen_claims.update(r.claim_uid for r in fresh)
+            after = rv.add(current, fresh, pod)
+            if after is not current:
+                claims.update({r.claim_uid: list(r.devices) for r in fresh if r.claim_uid not in current.claims})
+                if pod is not None and pod.pod_uid not in current.pods:
+                    pods.append(pod.pod_uid)
+            current = after
+        lapsed[node] = step
+        if current is not base:
+            written[node] = current
+            reserved[node] = (claims, pods)
+    return GangCommit(entries=written, reserved=reserved, lapsed=lapsed)
+
+
+def abandon_gang(entry: NodeReservations, reserved: tuple[Mapping[str, list[ReservedDevice]], Iterable[str]]
+                 ) -> NodeReservations | None:
+    """Undo of commit_gang on one node it wrote: `abandon` of what it reserved there."""
+    claims, pods = reserved
+    return abandon(entry, claims, pods)
 
 
 def nominate(

@@ -850,3 +850,54 @@ def test_a_placement_sent_again_keeps_the_lease_its_claims_have():
                                                      reservation("c", "gpu-2", expires=None)])
     assert protocol.republished_lease(entry, ["a", "b", "c"], 40.0) == 15.0
     assert protocol.republished_lease(entry, ["c", "elsewhere"], 40.0) == 40.0
+
+
+def pod_reservation(uid: str, *, expires: float = 40.0) -> rv.PodReservation:
+    return rv.PodReservation(pod_uid=uid, pod_namespace="ns", pod_name=uid, requests={"cpu": 1000}, reserved_at=0.0,
+                             expires_at=expires)
+
+
+def test_commit_gang_reserves_every_member_on_every_node_and_its_undo_takes_back_only_the_gangs():
+    n0 = rv.add(rv.NodeReservations(node="n0"), [reservation("other", "gpu-1", expires=40.0)])
+    n1 = rv.NodeReservations(node="n1")
+    members = {
+        "n0": [([reservation("a", "gpu-0", expires=40.0)], pod_reservation("pa"))],
+        "n1": [([reservation("b", "gpu-0", expires=40.0, node="n1")], pod_reservation("pb")),
+               ([reservation("c", "gpu-1", expires=40.0, node="n1")], pod_reservation("pc"))],
+    }
+    step = protocol.commit_gang({"n0": n0, "n1": n1}, members, 10.0, lambda uid: False)
+    assert set(step.entries) == {"n0", "n1"}
+    assert set(step.entries["n0"].claims) == {"other", "a"} and set(step.entries["n1"].claims) == {"b", "c"}
+    assert set(step.entries["n1"].pods) == {"pb", "pc"}
+    assert step.reserved["n1"][1] == ["pb", "pc"] and set(step.reserved["n1"][0]) == {"b", "c"}
+    # n1's write failed: n0's is taken back, and only the gang's part of it
+    undone = protocol.abandon_gang(step.entries["n0"], step.reserved["n0"])
+    assert set(undone.claims) == {"other"} and undone.pods == {}
+    # what n0's entry holds again after the undo is written: undoing twice finds nothing
+    assert protocol.abandon_gang(undone, step.reserved["n0"]) is None
+
+
+def test_commit_gang_writes_nothing_anywhere_when_one_members_device_is_taken():
+    n1 = rv.add(rv.NodeReservations(node="n1"), [reservation("someone", "gpu-0", expires=40.0, node="n1")])
+    members = {
+        "n0": [([reservation("a", "gpu-0", expires=40.0)], pod_reservation("pa"))],
+        "n1": [([reservation("b", "gpu-0", expires=40.0, node="n1")], pod_reservation("pb"))],
+    }
+    with pytest.raises(rv.ReservationConflict, match="gpu-0 on node n1"):
+        protocol.commit_gang({"n0": rv.NodeReservations(node="n0"), "n1": n1}, members, 10.0, lambda uid: False)
+
+
+def test_commit_gang_leaves_out_nodes_where_the_gang_is_reserved_already_and_reserves_a_shared_claim_once():
+    first = protocol.commit_gang(
+        {"n0": rv.NodeReservations(node="n0")},
+        {"n0": [([reservation("shared", "gpu-0", expires=40.0)], pod_reservation("pa")),
+                ([reservation("shared", "gpu-0", expires=40.0)], pod_reservation("pb"))]},
+        10.0, lambda uid: False)
+    assert list(first.entries["n0"].claims) == ["shared"] and set(first.entries["n0"].pods) == {"pa", "pb"}
+    # a redelivery after a crash that wrote n0: nothing new on n0, only n1 is written
+    again = protocol.commit_gang(
+        {"n0": first.entries["n0"], "n1": rv.NodeReservations(node="n1")},
+        {"n0": [([reservation("shared", "gpu-0", expires=40.0)], pod_reservation("pa"))],
+         "n1": [([reservation("c", "gpu-0", expires=40.0, node="n1")], pod_reservation("pc"))]},
+        11.0, lambda uid: False)
+    assert set(again.entries) == {"n1"}
