@@ -1,8 +1,8 @@
 """The services' logs: one JSON object per line in a cluster, plain text on a developer's terminal.
 
 Every service takes `--log-format json|text` (default text; deploy/ sets json). A line about one
-claim, pod, node or shard carries it as a field of its own, so a log pipeline can select all that
-happened to `ns/pod` without parsing sentences:
+claim, pod, node, shard or gang (a PodGroup) carries it as a field of its own, so a log pipeline
+can select all that happened to `ns/pod` without parsing sentences:
 
     log.info("pod %s bound to node %s", key, node, extra=fields(pod=key, node=node, shard=3))
     {"time": "2026-05-01T12:00:00.123Z", "level": "info", "logger": "draplane_binder.service",
@@ -23,7 +23,7 @@ import msgspec
 
 LOG_FORMATS = ("json", "text")
 # The fields a line may carry beside its message, in the order a JSON line lists them.
-FIELDS = ("claim", "pod", "node", "shard")
+FIELDS = ("claim", "pod", "node", "shard", "gang")
 TEXT_FORMAT = "%(asctime)s %(levelname)s %(name)s: %(message)s"
 
 # A field holding something JSON has no word for is still written, as its text.
@@ -31,9 +31,10 @@ _encoder = msgspec.json.Encoder(enc_hook=str)
 
 
 def fields(*, claim: str | None = None, pod: str | None = None, node: str | None = None,
-           shard: int | None = None) -> dict[str, Any]:
-    """`extra=` for a log call: the named objects, leaving out those not given."""
-    given = {"claim": claim, "pod": pod, "node": node, "shard": shard}
+           shard: int | None = None, gang: str | None = None) -> dict[str, Any]:
+    """`extra=` for a log call: the named objects (`gang`: a PodGroup's namespace/name), leaving out
+    those not given."""
+    given = {"claim": claim, "pod": pod, "node": node, "shard": shard, "gang": gang}
     return {name: value for name, value in given.items() if value is not None}
 
 

@@ -1,11 +1,17 @@
-"""Gangs through the live services, with kubectl: what is wired so far is the partitioning, so a
-PodGroup's members all reach one shard. (Placing them all or none there is not wired yet; each is
-placed as it comes.)"""
+"""Gangs through the live services, with kubectl: a PodGroup's members all reach one shard, wait
+for the gang's minCount, and are placed all or none (two gangs that cannot both fit: one runs
+whole, the other waits whole, where per-pod placement deadlocks both), within one rack when the
+PodGroup asks for it. kill -9 of a shard in the middle of a gang's commit is in
+tests/services/allocator/test_allocator_crashes.py."""
+
+import asyncio
 
 import pytest
 
 from draplane.scheduling.messages import shard_for
-from test_user_flows import claim_yaml, get_json, gpu_cluster, no_races_or_errors, pod_yaml, wait_bound
+from test_user_flows import (
+    claim_yaml, get_json, gpu_cluster, no_races_or_errors, pod_yaml, wait_bound, wait_unschedulable,
+)
 
 pytestmark = pytest.mark.integration
 
@@ -15,16 +21,40 @@ def member_yaml(namespace: str, name: str, scheduler: str, claim: str, group: st
         f"  schedulerName: {scheduler}", f"  schedulerName: {scheduler}\n  schedulingGroup: {{podGroupName: {group}}}")
 
 
+def pod_group_yaml(namespace: str, name: str, min_count: int, topology_key: str | None = None) -> str:
+    constraints = f"\n  schedulingConstraints: {{topology: [{{key: {topology_key}}}]}}" if topology_key else ""
+    return f"""
+apiVersion: scheduling.k8s.io/v1beta1
+kind: PodGroup
+metadata: {{name: {name}, namespace: {namespace}}}
+spec:
+  schedulingPolicy: {{gang: {{minCount: {min_count}}}}}{constraints}
+"""
+
+
+def gang_yaml(namespace: str, group: str, scheduler: str, class_name: str, pods: int, gpus: int) -> list[str]:
+    """One document per member: its claim and its pod."""
+    return [claim_yaml(namespace, f"{group}-{i}-gpus", class_name, count=gpus) + "---"
+            + member_yaml(namespace, f"{group}-{i}", scheduler, f"{group}-{i}-gpus", group) for i in range(pods)]
+
+
+async def nodes_of(kubectl, namespace: str, prefix: str) -> dict[str, str | None]:
+    """pod name -> its node (None: not bound), for the pods whose name starts with `prefix`."""
+    pods = await get_json(kubectl, "pods", "-n", namespace)
+    return {p["metadata"]["name"]: p["spec"].get("nodeName") for p in pods["items"]
+            if p["metadata"]["name"].startswith(prefix)}
+
+
+async def allocated_claims(kubectl, namespace: str, prefix: str) -> list[str]:
+    claims = await get_json(kubectl, "resourceclaims", "-n", namespace)
+    return [c["metadata"]["name"] for c in claims["items"]
+            if c["metadata"]["name"].startswith(prefix) and (c.get("status") or {}).get("allocation")]
+
+
 async def test_the_members_of_a_pod_group_are_placed_by_one_shard(scheduling, kube, kubectl, namespace):
     class_name, nodes = await gpu_cluster(scheduling, kube, nodes=2)
     await scheduling.start(shards=3)
-    manifest = f"""
-apiVersion: scheduling.k8s.io/v1beta1
-kind: PodGroup
-metadata: {{name: workers, namespace: {namespace}}}
-spec:
-  schedulingPolicy: {{gang: {{minCount: 6}}}}
-"""
+    manifest = pod_group_yaml(namespace, "workers", 6)
     claims = [f"w-{i}-gpus" for i in range(6)]
     while len({shard_for(f"{namespace}/{c}", 3) for c in claims}) == 1:
         claims[-1] += "-x"  # so that keyed by their claims, the pods would not all go to one shard
@@ -40,4 +70,100 @@ spec:
     assert sorted(placed) == [0, 0, 6], placed
     group = await get_json(kubectl, "podgroup", "workers", "-n", namespace)
     assert group["spec"]["schedulingPolicy"] == {"gang": {"minCount": 6}}
+    no_races_or_errors(scheduling)
+
+
+async def test_members_wait_for_the_gangs_min_count_then_bind_together(scheduling, kube, kubectl, namespace):
+    class_name, _ = await gpu_cluster(scheduling, kube, nodes=2)
+    await scheduling.start()
+    members = gang_yaml(namespace, "trio", scheduling.scheduler_name, class_name, pods=3, gpus=4)
+    await kubectl.apply(pod_group_yaml(namespace, "trio", 3) + "---" + "---".join(members[:2]))
+    for name in ("trio-0", "trio-1"):
+        # the first member may have said "1 of 3" first: each says the count when it is retried
+        message = await wait_unschedulable(scheduling, kubectl, namespace, name, "2 of 3")
+        assert message == f"waiting for the gang's minimum count: 2 of 3 pods of PodGroup {namespace}/trio exist"
+    assert await allocated_claims(kubectl, namespace, "trio") == [], "no device is held for a gang still waiting"
+    await kubectl.apply(members[2])
+    bound = [await wait_bound(scheduling, kubectl, namespace, f"trio-{i}") for i in range(3)]
+    assert len({p["spec"]["nodeName"] for p in bound}) == 2  # 3 x 4 GPUs on two 8-GPU nodes
+    no_races_or_errors(scheduling)
+
+
+def two_gangs_interleaved(namespace: str, scheduler: str, class_name: str) -> str:
+    """Two 8-pod x 8-GPU gangs, their members applied in turns (a-0, b-0, a-1, b-1, ...)."""
+    a = gang_yaml(namespace, "train-a", scheduler, class_name, pods=8, gpus=8)
+    b = gang_yaml(namespace, "train-b", scheduler, class_name, pods=8, gpus=8)
+    documents = [pod_group_yaml(namespace, "train-a", 8), pod_group_yaml(namespace, "train-b", 8)]
+    for x, y in zip(a, b):
+        documents += [x, y]
+    return "---".join(documents)
+
+
+async def test_two_8_by_8_gpu_gangs_on_12_nodes_one_runs_whole_the_other_waits_whole(
+        scheduling, kube, kubectl, namespace):
+    class_name, _ = await gpu_cluster(scheduling, kube, nodes=12)
+    await scheduling.start(policy="first-fit")
+    await kubectl.apply(two_gangs_interleaved(namespace, scheduling.scheduler_name, class_name))
+
+    async def one_gang_whole():
+        placed = await nodes_of(kubectl, namespace, "train-")
+        bound = {g: sum(1 for name, node in placed.items() if name.startswith(g) and node)
+                 for g in ("train-a", "train-b")}
+        return bound if sorted(bound.values()) == [0, 8] else None
+
+    bound = await scheduling.wait_for(one_gang_whole, 90, "one gang bound whole")
+    running, waiting = sorted(bound, key=lambda g: -bound[g])
+    placed = await nodes_of(kubectl, namespace, running)
+    assert len(set(placed.values())) == 8, "an 8-GPU member per node"
+    message = await wait_unschedulable(scheduling, kubectl, namespace, f"{waiting}-0", "do not fit together")
+    assert message.startswith(f"the gang's 8 pods do not fit together: gang {namespace}/{waiting}: 8 members, "
+                              f"placed none of them; "), message
+    assert "fit alone on 4 node(s)" in message and "too few free" in message, message
+    # Whole or nothing: no claim of the waiting gang is allocated, nor reserved in the bucket,
+    # and it stays so (a second look after the binder's retries).
+    await asyncio.sleep(3)
+    assert await allocated_claims(kubectl, namespace, waiting) == []
+    assert not any(node for node in (await nodes_of(kubectl, namespace, waiting)).values())
+    reserved = {r.claim_name for shard in scheduling.shards for _, entry in shard.store.entries.values()
+                for r in entry.claims.values()}
+    assert not {c for c in reserved if c.startswith(waiting)}, reserved
+    assert len(await allocated_claims(kubectl, namespace, running)) == 8
+    no_races_or_errors(scheduling)
+
+
+async def test_per_pod_first_fit_deadlocks_the_same_two_gangs(scheduling, kube, kubectl, namespace):
+    """The input above placed one pod at a time, as kube-scheduler does without gangs: each gang
+    gets part of the 12 nodes, neither can ever run whole, and 96 GPUs sit held by half gangs."""
+    class_name, _ = await gpu_cluster(scheduling, kube, nodes=12)
+    await scheduling.start(policy="first-fit", gang_scheduling=False)
+    await kubectl.apply(two_gangs_interleaved(namespace, scheduling.scheduler_name, class_name))
+
+    async def twelve_bound():
+        placed = await nodes_of(kubectl, namespace, "train-")
+        return placed if len(placed) == 16 and sum(1 for n in placed.values() if n) == 12 else None
+
+    placed = await scheduling.wait_for(twelve_bound, 90, "12 of the 16 pods bound")
+    await wait_unschedulable(scheduling, kubectl, namespace, next(n for n, node in placed.items() if not node))
+    bound = {g: sum(1 for name, node in placed.items() if name.startswith(g) and node) for g in ("train-a", "train-b")}
+    # deadlock: both gangs hold GPUs, neither has all 8 members running
+    assert 0 < bound["train-a"] < 8 and 0 < bound["train-b"] < 8, bound
+    assert len(await allocated_claims(kubectl, namespace, "train-")) == 12
+
+
+async def test_a_gang_with_a_rack_constraint_lands_in_one_rack(scheduling, kube, kubectl, namespace):
+    rack = f"example.com/rack-{namespace[-6:]}"
+    labels = {0: {rack: "r1"}, 1: {rack: "r1"}, 2: {rack: "r2"}, 3: {rack: "r2"}}
+    class_name, nodes = await gpu_cluster(scheduling, kube, nodes=4, labels=labels)
+    await scheduling.start(policy="first-fit")
+    # Half of r1's first node is taken: r1 has 12 GPUs free, r2 16. Four 4-GPU members fit in r2
+    # only; first-fit without the constraint would start on r1's nodes.
+    await kubectl.apply(claim_yaml(namespace, "busy-gpus", class_name, count=4) + "---"
+                        + pod_yaml(namespace, "busy", scheduling.scheduler_name, claim="busy-gpus"))
+    assert (await wait_bound(scheduling, kubectl, namespace, "busy"))["spec"]["nodeName"] in nodes[:2]
+    await kubectl.apply(pod_group_yaml(namespace, "racked", 4, topology_key=rack) + "---" + "---".join(
+        gang_yaml(namespace, "racked", scheduling.scheduler_name, class_name, pods=4, gpus=4)))
+    bound = [await wait_bound(scheduling, kubectl, namespace, f"racked-{i}") for i in range(4)]
+    assert {p["spec"]["nodeName"] for p in bound} == set(nodes[2:]), "all four in rack r2"
+    group = await get_json(kubectl, "podgroup", "racked", "-n", namespace)
+    assert group["spec"]["schedulingConstraints"] == {"topology": [{"key": rack}]}
     no_races_or_errors(scheduling)

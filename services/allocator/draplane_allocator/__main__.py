@@ -50,6 +50,9 @@ def build_parser() -> argparse.ArgumentParser:
                         help="the shard(s) this process runs (repeatable); default: all of them")
     parser.add_argument("--policy", default=None, help="scoring policy (default: the core's default)")
     parser.add_argument("--lease-seconds", type=float, default=DEFAULT_LEASE_SECONDS)
+    parser.add_argument("--no-gang-scheduling", dest="gang_scheduling", action="store_false",
+                        help="place every pod alone as it comes, as kube-scheduler without the Workload API "
+                             "does, even one naming a PodGroup (default: a PodGroup's gang is placed all or none)")
     # The shards watch, and read the apiserver only for what a watch has not delivered yet: a
     # redelivered pod, a claim made a moment ago (up to one read a pod, at bench/e2e.py's 138 pods/s).
     # kube-scheduler's 50/100 would throttle that; four times it does not.
@@ -76,7 +79,7 @@ async def shards(app: web.Application):
     indexes = args.shard_index or list(range(args.shards))
     app[SHARDS] = [
         Shard(app[KUBE], app[NATS], index=i, prefix=args.prefix, policy=args.policy, lease_seconds=args.lease_seconds,
-              stream_replicas=args.stream_replicas, metrics=app[METRICS])
+              stream_replicas=args.stream_replicas, metrics=app[METRICS], gang_scheduling=args.gang_scheduling)
         for i in indexes
     ]
     for shard in app[SHARDS]:

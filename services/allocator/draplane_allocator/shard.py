@@ -11,24 +11,35 @@ batches, and a batch is handled in four steps:
 3. publish the Placements (and Unschedulables) for the binder;
 4. acknowledge the pending messages. A crash anywhere before 4 means redelivery; the reservation
    already in the bucket makes the retry republish the same placement rather than make a new one.
+
+The members of a gang (pods naming a PodGroup whose policy is `gang`) skip step 1 alone: they
+wait in a waiting room until the gang has its minCount, are then placed together by the joint
+search (draplane.scheduling.gang_placing), committed on every node involved
+(reservation_protocol.commit_gang, undone with abandon_gang if one node's write fails) and
+published only once every write held, so the binder never binds part of a gang.
 """
 
 from __future__ import annotations
 
 import asyncio
 import logging
+import os
+import signal
 import time
 
 import nats.errors
 import nats.js.errors
 from nats.aio.client import Client as NatsClient
 
+from draplane.allocation.errors import AllocationError
+from draplane.allocation.gang import GangError, GangUnplaceable
 from draplane.allocation.taintrules import rule_selects
 from draplane.allocation.nodefit import pod_requests
 from draplane.api.core import Node, Pod
 from draplane.api.meta import ObjectMeta
 from draplane.api.policy import PodDisruptionBudget
 from draplane.api.resource import DeviceClass, DeviceTaintRule, ResourceClaim
+from draplane.api.scheduling import PodGroup
 from draplane.audit_publisher import AuditPublisher
 from draplane.kube import KubeApiError, KubeClient, watch_objects
 from draplane.messages import audit
@@ -50,8 +61,11 @@ from draplane.scheduling.messages import (
     decode_message,
     encode_message,
 )
+from draplane.scheduling.gang_placing import GangPlaced, place_gang_members
+from draplane.scheduling.gangs import GangSpec, GangSpecError, GangWaitingRoom, gang_spec, pod_group_key
 from draplane.scheduling.reservation_store import ReservationStore, StaleRevision
 from draplane.scheduling.placing import ClusterState, NotPlaced, Placed
+from draplane.scheduling.unschedulable import CLAIM_ERROR, GANG_UNPLACEABLE, GANG_WAITING
 from draplane.structured_logs import fields, with_fields
 from draplane_allocator.metrics import AllocatorMetrics
 
@@ -64,6 +78,12 @@ PRUNE_INTERVAL_SECONDS = 5.0
 PREEMPTION_HOLD_MARGIN_SECONDS = 30.0
 # Placements published but not yet taken by the binder, above which shards wait.
 MAX_BINDER_BACKLOG = 128
+# A test failpoint (the way etcd's gofail works): with this value in DRAPLANE_FAILPOINT, a shard
+# writes the first node of a gang commit that spans several, then SIGKILLs itself before the
+# others, so a test can check what a crash in the middle of that commit leaves behind.
+FAILPOINT_ENV = "DRAPLANE_FAILPOINT"
+GANG_COMMIT_FAILPOINT = "kill-after-first-gang-node-write"
+_TERMINAL_PHASES = ("Succeeded", "Failed")
 
 
 class Shard:
@@ -78,6 +98,7 @@ class Shard:
         lease_seconds: float = rv.DEFAULT_LEASE_SECONDS,
         stream_replicas: int = 1,
         metrics: AllocatorMetrics | None = None,
+        gang_scheduling: bool = True,
     ):
         self.kube = kube
         self.nc = nc
@@ -90,8 +111,14 @@ class Shard:
         self.state = ClusterState(policy=policy)
         self.store: ReservationStore | None = None
         self.pods: dict[str, Pod] = {}  # uid -> pod
+        # Gangs: off, every pod is placed alone as it comes (as kube-scheduler without the
+        # Workload API does), whatever PodGroup it names.
+        self.gang_scheduling = gang_scheduling
+        self.pod_groups: dict[str, PodGroup] = {}  # namespace/name -> PodGroup
+        self.gang_bound: dict[str, set[str]] = {}  # PodGroup key -> uids of its bound, running members
+        self.waiting = GangWaitingRoom()
         self.synced = {k: asyncio.Event() for k in ("classes", "nodes", "pods", "claims", "feed", "taint rules",
-                                                        "budgets")}
+                                                        "budgets", "pod groups")}
         self._tasks: list[asyncio.Task] = []
         self.audit = AuditPublisher(self.js, prefix)
         # The process' metrics (several shards may share them, each with its shard label); a
@@ -125,7 +152,12 @@ class Shard:
         self._spawn(self._watch_feed, "inventory feed watch")
         self._spawn(lambda: self._watch(DeviceClass, "classes", self._on_class), "classes watch")
         self._spawn(lambda: self._watch(Node, "nodes", self._on_node), "nodes watch")
-        self._spawn(self._watch_taint_rules, "device taint rules watch")
+        self._spawn(lambda: self._watch_if_served(DeviceTaintRule, "taint rules", self._on_taint_rule,
+                                                  "devicetaintrules (gate DRADeviceTaintRules)"),
+                    "device taint rules watch")
+        self._spawn(lambda: self._watch_if_served(PodGroup, "pod groups", self._on_pod_group,
+                                                  "podgroups (gate GenericWorkload): no gangs"),
+                    "pod groups watch")
         # Bound pods only: they are what node fit counts. A pending pod's spec comes with its
         # PendingPod, so the many changes of pending pods need not reach every shard.
         self._spawn(lambda: self._watch(Pod, "pods", self._on_pod, field_selector="spec.nodeName!="), "pods watch")
@@ -180,20 +212,20 @@ class Shard:
                 continue
             handle(event.object, event.type == "DELETED")
 
-    async def _watch_taint_rules(self) -> None:
-        """DeviceTaintRules, where the cluster serves them: one whose apiserver has the
-        DRADeviceTaintRules gate off answers 404, which means no rules, not a broken shard."""
+    async def _watch_if_served(self, model, what: str, handle, served_by: str) -> None:
+        """A kind the cluster may not serve (DeviceTaintRules, PodGroups): an apiserver with its
+        gate off answers 404, which means there are none, not a broken shard."""
         while True:
             try:
-                await self._watch(DeviceTaintRule, "taint rules", self._on_taint_rule)
+                await self._watch(model, what, handle)
                 return
             except KubeApiError as exc:
                 if not exc.is_not_found:
                     raise
-                if not self.synced["taint rules"].is_set():
-                    self.log.warning("shard %d: the apiserver does not serve devicetaintrules (%s); scheduling "
-                                     "without them, looking again every 60 s", self.index, exc)
-                    self.synced["taint rules"].set()
+                if not self.synced[what].is_set():
+                    self.log.warning("shard %d: the apiserver does not serve %s (%s); scheduling without them, "
+                                     "looking again every 60 s", self.index, served_by, exc)
+                    self.synced[what].set()
                 await asyncio.sleep(60.0)
 
     def _on_class(self, obj: DeviceClass, deleted: bool) -> None:
@@ -237,6 +269,25 @@ class Shard:
         else:
             self.pods[uid] = obj
         self.state.set_pod(obj, deleted)
+        gang = pod_group_key(obj.metadata.namespace or "", obj.spec)
+        if gang is not None:
+            running = not deleted and obj.metadata.deletion_timestamp is None and \
+                (obj.status is None or obj.status.phase not in _TERMINAL_PHASES)
+            members = self.gang_bound.setdefault(gang, set())
+            if running:
+                members.add(uid)
+                self.waiting.leave(uid)
+            else:
+                members.discard(uid)
+                if not members:
+                    del self.gang_bound[gang]
+
+    def _on_pod_group(self, obj: PodGroup, deleted: bool) -> None:
+        key = f"{obj.metadata.namespace or ''}/{obj.metadata.name or ''}"
+        if deleted:
+            self.pod_groups.pop(key, None)
+        else:
+            self.pod_groups[key] = obj
 
     def _on_claim(self, obj: ResourceClaim, deleted: bool) -> None:
         self.state.set_claim(obj, deleted)
@@ -455,6 +506,7 @@ class Shard:
         """
         started = time.monotonic() if started is None else started
         todo: list[tuple[PendingPod, Pod, list[ResourceClaim]]] = []
+        gangs: dict[str, list[tuple[PendingPod, Pod, list[ResourceClaim]]]] = {}
         seen: set[str] = set()
         for pending, inputs in batch:
             if inputs is None or pending.pod.uid in seen:
@@ -465,7 +517,13 @@ class Shard:
             current = self.pods.get(pending.pod.uid)
             if current is not None and current.spec.node_name:
                 continue
-            todo.append((pending, pod, claims))
+            gang = pod_group_key(pending.pod.namespace, pod.spec) if self.gang_scheduling else None
+            if gang is not None:
+                gangs.setdefault(gang, []).append((pending, pod, claims))
+            else:
+                todo.append((pending, pod, claims))
+        for gang, arrivals in gangs.items():
+            todo.extend(await self._handle_gang(gang, arrivals, started))
         for _ in range(COMMIT_ATTEMPTS):
             if not todo:
                 return
@@ -599,6 +657,174 @@ class Shard:
         if failure is not None:
             raise failure
         return again
+
+    # --- gangs -------------------------------------------------------------------------------------
+
+    async def _handle_gang(self, key: str, arrivals: list, started: float) -> list:
+        """The arriving members of gang `key`: wait for the gang's minimum count, then place and
+        commit all members together, or answer every member with the gang's one explanation.
+        Returns the arrivals to place alone (a PodGroup whose policy is `basic`)."""
+        group = self.pod_groups.get(key)
+        if group is None:
+            await self._answer_members([p for p, _, _ in arrivals], (
+                f"PodGroup {key} not found: the pod names it in spec.schedulingGroup.podGroupName and waits "
+                f"until it exists"), label=GANG_WAITING)
+            return []
+        try:
+            spec = gang_spec(group)
+        except GangSpecError as exc:
+            await self._answer_members([p for p, _, _ in arrivals], str(exc), claim_error=True)
+            return []
+        if spec is None:
+            return arrivals
+        inputs: dict[str, tuple[PendingPod, tuple[Pod, list[ResourceClaim]]]] = {}
+        for pending, pod, claims in arrivals:
+            self.waiting.join(key, pending.pod.uid, pending)
+            inputs[pending.pod.uid] = (pending, (pod, claims))
+        while True:
+            bound = len(self.gang_bound.get(key, ()))
+            ready = self.waiting.ready(spec, bound)
+            if ready is None:
+                message = self.waiting.waiting_for(spec, bound)
+                self.log.info("shard %d: gang %s: %s", self.index, key, message, extra=fields(gang=key))
+                await self._answer_members([p for p, _, _ in arrivals], message, label=GANG_WAITING)
+                return []
+            # Members that arrived before this batch are read again: their pods may be gone since.
+            earlier = [m for m in ready if m.pod.uid not in inputs]
+            read = await asyncio.gather(*(self._inputs(m, verify=True) for m in earlier))
+            for member, got in zip(earlier, read):
+                if got is None:
+                    self.waiting.leave(member.pod.uid)  # gone, bound, or a claim vanished
+                else:
+                    inputs[member.pod.uid] = (member, got)
+            if all(got is not None for got in read):
+                break
+        members = [inputs[m.pod.uid] for m in ready]
+        await self._place_gang(spec, members, started)
+        return []
+
+    async def _place_gang(self, spec: GangSpec, members: list, started: float) -> None:
+        pendings = [pending for pending, _ in members]
+        for _ in range(COMMIT_ATTEMPTS):
+            try:
+                outcome = place_gang_members(self.state, spec, [got for _, got in members])
+            except (GangError, AllocationError) as exc:
+                await self._answer_members(pendings, f"gang {spec.key}: {exc}", claim_error=True)
+                return
+            except Exception as exc:  # noqa: BLE001 - a bug met by one gang must not hold up the batch
+                self.m.errors.inc()
+                self.log.exception("shard %d: gang %s: placing it failed", self.index, spec.key,
+                                   extra=fields(gang=spec.key))
+                await self._answer_members(pendings, f"draplane shard {self.index}: internal error while placing "
+                                           f"gang {spec.key}: {exc!r}", claim_error=True)
+                return
+            if isinstance(outcome, GangUnplaceable):
+                # the core's explanation names the gang, the members and where each fits alone
+                message = f"the gang's {len(members)} pods do not fit together: {outcome.message}"
+                self.log.info("shard %d: %s", self.index, message, extra=fields(gang=spec.key))
+                await self._answer_members(pendings, message, label=GANG_UNPLACEABLE)
+                self.m.unschedulable.inc(len(members))
+                return
+            expires_at = await self._commit_gang(members, outcome)
+            if expires_at is None:
+                continue  # a node's entry changed under us: read again, place again
+            placements = []
+            for pending, (_, claims) in members:
+                placed = outcome.members[pending.pod.uid]
+                lease = expires_at if placed.new_claims else self._lease_of(placed, expires_at)
+                placements.append(self._placement(pending, claims, placed, lease))
+            await asyncio.gather(*(self._publish(m) for m in placements))
+            for pending in pendings:
+                self.waiting.leave(pending.pod.uid)
+            self.m.placed.inc(len(placements))
+            elapsed = time.monotonic() - started
+            for _ in placements:
+                self.m.placement_seconds.observe(elapsed)
+            nodes = sorted({p.node for p in placements})
+            self.log.info("shard %d: gang %s: %d pods placed together on %d nodes (%s)", self.index, spec.key,
+                          len(placements), len(nodes), ", ".join(nodes), extra=fields(gang=spec.key))
+            return
+        self.m.errors.inc(len(members))
+        message = (f"draplane shard {self.index}: gang {spec.key}: the commit lost {COMMIT_ATTEMPTS} reservation "
+                   f"races in a row (its nodes' reservations kept changing); retrying")
+        self.log.error("shard %d: %s", self.index, message, extra=fields(gang=spec.key))
+        await self._answer_members(pendings, message, claim_error=True)
+
+    async def _commit_gang(self, members: list, outcome: GangPlaced) -> float | None:
+        """Every member's reservations, one compare-and-set per node involved. The lease's end when
+        all held; None when one node lost a race (what was written on the others is taken back
+        first)."""
+        now = time.time()
+        expires_at = now + self.lease_seconds
+        per_node: dict[str, list] = {}
+        for pending, _ in members:
+            placed = outcome.members[pending.pod.uid]
+            pod_reservation = rv.PodReservation(
+                pod_uid=pending.pod.uid, pod_namespace=pending.pod.namespace, pod_name=pending.pod.name,
+                requests=placed.requests, reserved_at=now, expires_at=expires_at, shard=self.index,
+            )
+            per_node.setdefault(placed.node, []).append(
+                (self._reservations(pending, placed, now, expires_at), pod_reservation))
+        revisions = {node: self.store.entry(node) for node in per_node}
+        try:
+            step = protocol.commit_gang({node: entry for node, (_, entry) in revisions.items()}, per_node, now,
+                                        self.state.claim_is_allocated)
+        except rv.ReservationConflict as exc:
+            self.m.conflicts_in_view.inc()
+            self.log.debug("shard %d: gang %s: %s", self.index, outcome.gang, exc, extra=fields(gang=outcome.gang))
+            await self._refresh(per_node)
+            return None
+        nodes = list(step.entries)
+        if len(nodes) > 1 and os.environ.get(FAILPOINT_ENV) == GANG_COMMIT_FAILPOINT:
+            await self.store.write(nodes[0], step.entries[nodes[0]], revisions[nodes[0]][0])
+            self.log.warning("shard %d: failpoint %s: killing this process after node %s's write, before the "
+                             "other %d", self.index, GANG_COMMIT_FAILPOINT, nodes[0], len(nodes) - 1)
+            os.kill(os.getpid(), signal.SIGKILL)
+        results = await asyncio.gather(
+            *(self.store.write(node, step.entries[node], revisions[node][0]) for node in nodes),
+            return_exceptions=True,
+        )
+        written = [node for node, result in zip(nodes, results) if not isinstance(result, BaseException)]
+        failed = [result for result in results if isinstance(result, BaseException)]
+        if not failed:
+            for node in nodes:
+                self.m.lapses_released.inc(len(step.lapsed[node].released))
+                self.m.lapses_confirmed.inc(len(step.lapsed[node].confirmed))
+            return expires_at
+        # The undo, beside the step: what the gang reserved on the nodes already written goes back
+        # before anything is published, so no other pod finds those devices held by half a gang.
+        undone = await asyncio.gather(
+            *(self.store.change(node, lambda entry, node=node: protocol.abandon_gang(entry, step.reserved[node]))
+              for node in written),
+            return_exceptions=True,
+        )
+        for node, result in zip(written, undone):
+            if isinstance(result, BaseException):
+                # its lease lapses; until then the devices stay held, but nothing was published
+                self.log.error("shard %d: gang %s: node %s: taking back its reservations failed (%r); they lapse "
+                               "with their lease", self.index, outcome.gang, node, result, extra=fields(node=node))
+        self.m.conflicts_on_write.inc(sum(isinstance(r, StaleRevision) for r in failed))
+        self.log.info("shard %d: gang %s: the commit failed on %d of %d nodes (%s); took back the %d written",
+                      self.index, outcome.gang, len(failed), len(nodes), ", ".join(repr(r) for r in failed[:3]),
+                      len(written), extra=fields(gang=outcome.gang))
+        await self._refresh(per_node)
+        errors = [r for r in failed if not isinstance(r, StaleRevision)]
+        if errors:
+            raise errors[0]  # NATS failing: the batch is redelivered with backoff
+        return None
+
+    async def _refresh(self, nodes) -> None:
+        for node in nodes:
+            await self.store.refresh(node)
+            self._on_reservations(node)
+
+    async def _answer_members(self, members: list[PendingPod], message: str, *, label: str = "",
+                              claim_error: bool = False) -> None:
+        """The same answer for each of a gang's members: the binder records it on every pod."""
+        await asyncio.gather(*(self._publish(Unschedulable(
+            pod=pending.pod, shard=self.index, message=message, failures=[],
+            claim_error=message if claim_error else "", label=CLAIM_ERROR if claim_error else label,
+        )) for pending in members))
 
     async def _unschedulable(self, pending: PendingPod, pod: Pod, claims: list[ResourceClaim],
                              outcome: NotPlaced) -> Unschedulable:

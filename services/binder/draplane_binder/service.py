@@ -706,7 +706,8 @@ class Binder:
                         message = await self.preempt(pod, result.preemption, message, shard=result.shard)
                     await self._mark_unschedulable(pod, message, shard=result.shard,
                                                    answer=_stream_sequence(msg),
-                                                   reason=failure_label(result.failures, result.claim_error))
+                                                   reason=result.label or failure_label(result.failures,
+                                                                                        result.claim_error))
             else:
                 log.error("unexpected %s on the results subject", type(result).__name__)
         except Exception as exc:  # noqa: BLE001 - counted, logged, told to the pod, redelivered with backoff

@@ -2,10 +2,10 @@
 (`draplane.allocation.gang`) on the shard's `ClusterState`, answered as one `Placed` per member,
 the form in which the shard reserves and publishes a pod's placement. Pure: no I/O.
 
-What the shard must add around it (not wired yet): reserve every member's `Placed` with one
-compare-and-set per node and publish the placements only once all of them hold, taking back the
-ones written when one fails; a crash between writes leaves reservations without placements,
-which the binder never binds and whose leases lapse.
+The shard (draplane_allocator.shard) commits every member's `Placed` with one compare-and-set per
+node (reservation_protocol.commit_gang) and publishes the placements only once all of them held,
+taking back the ones written when one fails (abandon_gang); a crash between writes leaves
+reservations without placements, which the binder never binds and whose leases lapse.
 """
 
 from __future__ import annotations

@@ -115,6 +115,9 @@ class Unschedulable(msgspec.Struct, tag="unschedulable", kw_only=True):
     # Set when the pod has a higher priority than pods whose eviction would let it fit: the binder
     # evicts them and nominates the node (an older shard never sets it).
     preemption: Preemption | None = None
+    # The metric label the shard chose (draplane.scheduling.unschedulable's GANG_* ones), where the
+    # failures cannot say why: "" means the binder derives it from `failures` and `claim_error`.
+    label: str = ""
 
 
 class ClaimReleased(msgspec.Struct, tag="released", kw_only=True):

@@ -63,6 +63,8 @@ def _class_words(reason: str) -> str:
 # Metric labels for why a pod could not be scheduled, beside the four failure classes.
 CLAIM_ERROR = "ClaimError"  # the pod's claims themselves (an unknown class, a claim not there yet)
 NO_NODES = "NoNodes"  # no node to try
+GANG_WAITING = "GangWaiting"  # the pod's gang has fewer pods than its minCount, or no PodGroup yet
+GANG_UNPLACEABLE = "GangUnplaceable"  # the gang's members do not fit together
 
 
 def failure_label(failures: Iterable[NodeFailure], claim_error: str = "") -> str:

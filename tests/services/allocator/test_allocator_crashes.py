@@ -17,10 +17,16 @@ import sys
 import uuid
 
 import pytest
+from nats.js.errors import KeyNotFoundError
 
-from draplane.api.resource import DeviceConstraint
-from draplane.scheduling import scenario
+from draplane.api.resource import DeviceConstraint, ResourceClaim
+from draplane.api.core import Pod
+from draplane.scheduling import reservations as rv
+from draplane.scheduling import scenario, streams
+from draplane.scheduling.messages import Subjects
+from draplane_allocator.shard import FAILPOINT_ENV, GANG_COMMIT_FAILPOINT
 from conftest import audit, create_many, ensure_class  # noqa: E402  (tests/services/conftest.py)
+from test_gang_flows import gang_yaml, pod_group_yaml  # noqa: E402  (tests/services/test_gang_flows.py)
 
 pytestmark = pytest.mark.integration
 
@@ -29,16 +35,18 @@ NODES = 10
 
 
 class Process:
-    def __init__(self, args: list[str], log_path):
+    def __init__(self, args: list[str], log_path, env: dict[str, str] | None = None):
         self.args = args
         self.log_path = log_path
+        self.env = env  # added to this process' environment
         self.proc: subprocess.Popen | None = None
         self.kills = 0
 
     def start(self) -> None:
         log = open(self.log_path, "ab")
         # The session's NATS takes any client: said explicitly, as a service needs.
-        self.proc = subprocess.Popen([sys.executable, "-m", *self.args, "--insecure-dev"], stdout=log, stderr=subprocess.STDOUT)
+        self.proc = subprocess.Popen([sys.executable, "-m", *self.args, "--insecure-dev"], stdout=log, stderr=subprocess.STDOUT,
+                                     env={**os.environ, **(self.env or {})})
 
     def kill9(self) -> None:
         self.proc.send_signal(signal.SIGKILL)
@@ -137,3 +145,69 @@ async def test_kill_9_mid_run_leaves_every_claim_allocated_once_or_explained(
     for claim in allocated:
         # allocated exactly once: one consumer, and it is a bound pod
         assert len(claim.status.reserved_for) == 1
+
+
+@pytest.mark.timeout(300)
+async def test_kill_9_in_the_middle_of_a_gangs_commit_leaves_no_partial_gang(
+    scheduling, kube, kubectl, nats, namespace, control_plane, tmp_path
+):
+    """A shard SIGKILLed (failpoint GANG_COMMIT_FAILPOINT) when the first node's write of a
+    three-node gang commit has returned: the reservations written so far have no placement, so
+    no member is bound; the restarted shard places the gang whole."""
+    class_name = f"gpu-{uuid.uuid4().hex[:6]}"
+    await ensure_class(kube, scenario.device_class(class_name))
+    nodes = [f"gang-crash-{i}-{namespace[-6:]}" for i in range(3)]
+    for name in nodes:
+        await scheduling.put_node(scenario.gpu_node(name), [scenario.gpu_slice(name, 8, "80Gi")])
+    common = ["--nats", control_plane.nats_url, "--kubeconfig", str(control_plane.kubeconfig),
+              "--prefix", scheduling.prefix, "--shards", "1", "--port", "0", "--lease-seconds", "10"]
+    binder = Process(["draplane_binder", *common, "--scheduler-name", scheduling.scheduler_name], tmp_path / "binder.log")
+    shard = Process(["draplane_allocator", *common], tmp_path / "shard.log", env={FAILPOINT_ENV: GANG_COMMIT_FAILPOINT})
+    for p in (binder, shard):
+        p.start()
+    try:
+        await kubectl.apply(pod_group_yaml(namespace, "trio", 3) + "---" + "---".join(
+            gang_yaml(namespace, "trio", scheduling.scheduler_name, class_name, pods=3, gpus=8)))
+
+        async def crashed():
+            return shard.proc.poll() is not None
+
+        await scheduling.wait_for(crashed, 60, "the shard killed by its failpoint mid-commit")
+        assert shard.proc.returncode == -signal.SIGKILL, shard.log_path.read_text()[-2000:]
+        bucket = await streams.reservation_bucket(nats.jetstream(), Subjects(prefix=scheduling.prefix))
+        reserved_on = []
+        for node in nodes:
+            try:
+                entry = rv.decode_entry((await bucket.get(node)).value, node)
+            except KeyNotFoundError:
+                continue
+            if any(r.claim_name.startswith("trio-") for r in entry.claims.values()):
+                reserved_on.append(node)
+        # mid-commit: some of the gang's nodes written, not all
+        assert 1 <= len(reserved_on) < 3, reserved_on
+
+        async def members():
+            pods, _ = await kube.list(Pod, namespace)
+            claims, _ = await kube.list(ResourceClaim, namespace)
+            return ([p for p in pods if p.spec.node_name],
+                    [c for c in claims if c.status is not None and c.status.allocation is not None])
+
+        for _ in range(10):  # 2 s with the shard dead: the binder has nothing to bind
+            bound, allocated = await members()
+            assert bound == [] and allocated == [], "a partial gang reached Kubernetes"
+            await asyncio.sleep(0.2)
+        shard.env = None
+        shard.start()
+
+        async def whole():
+            bound, allocated = await members()
+            assert len(bound) in (0, 1, 2, 3)
+            return (bound, allocated) if len(bound) == 3 and len(allocated) == 3 else None
+
+        bound, allocated = await scheduling.wait_for(whole, 120, "the gang bound whole after the restart")
+    finally:
+        for p in (binder, shard):
+            p.stop()
+    assert sorted(p.spec.node_name for p in bound) == sorted(nodes)
+    devices = [(r.pool, r.device) for c in allocated for r in c.status.allocation.devices.results]
+    assert len(devices) == len(set(devices)) == 24
