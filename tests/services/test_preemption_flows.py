@@ -190,3 +190,32 @@ async def test_a_pod_with_preemption_policy_never_waits(scheduling, kube, kubect
     # (the session's apiserver holds other tests' nodes too: only this node's reason is checked)
     assert " 1 cannot allocate all claims: resourceclaim " in message and message.startswith("0/")
     assert len(await pods_left(kubectl, namespace)) == 9
+
+
+async def test_a_gang_preempts_as_a_whole_evicting_exactly_two_nodes_pods_and_binds_there(
+        scheduling, kube, kubectl, namespace, classes):
+    """kube-scheduler preempts for one pod at a time; here a PodGroup of two 8-GPU pods on a full
+    cluster of one-GPU priority-0 pods evicts the pods of two nodes, and both members bind there."""
+    await scheduling.start()
+    nodes = await full_cluster(scheduling, kube, kubectl, namespace, nodes=3)
+    group = f"""
+apiVersion: scheduling.k8s.io/v1beta1
+kind: PodGroup
+metadata: {{name: pair, namespace: {namespace}}}
+spec:
+  schedulingPolicy: {{gang: {{minCount: 2}}}}
+"""
+    members = [pod_yaml(namespace, f"pair-{i}", scheduling.scheduler_name, "eight-gpus",
+                        priority_class_name=classes["high"]).replace(
+        "  terminationGracePeriodSeconds: 0", "  terminationGracePeriodSeconds: 0\n  schedulingGroup: {podGroupName: pair}")
+        for i in range(2)]
+    await kubectl.apply("---".join([group, *members]))
+    bound = [await wait_bound(scheduling, kubectl, namespace, f"pair-{i}", timeout=120) for i in range(2)]
+    used = {p["spec"]["nodeName"] for p in bound}
+    assert len(used) == 2 and used <= set(nodes)
+    (kept,) = set(nodes) - used
+    left = await pods_left(kubectl, namespace)
+    assert {name for name in left if name.startswith("low-")} == {f"low-{nodes.index(kept)}-{g}" for g in range(8)}
+    events = await get_json(kubectl, "events", "-n", namespace, "--field-selector", "reason=Preempted")
+    assert len(events["items"]) == 16
+    no_races_or_errors(scheduling)

@@ -61,7 +61,7 @@ from draplane.scheduling.messages import (
     decode_message,
     encode_message,
 )
-from draplane.scheduling.gang_placing import GangPlaced, place_gang_members
+from draplane.scheduling.gang_placing import GangPlaced, gang_preemption_for, place_gang_members
 from draplane.scheduling.gangs import GangSpec, GangSpecError, GangWaitingRoom, gang_spec, pod_group_key
 from draplane.scheduling.reservation_store import ReservationStore, StaleRevision
 from draplane.scheduling.placing import ClusterState, NotPlaced, Placed
@@ -705,6 +705,14 @@ class Shard:
 
     async def _place_gang(self, spec: GangSpec, members: list, started: float) -> None:
         pendings = [pending for pending, _ in members]
+        for pending, (_, claims) in members:
+            # held for it by a preemption whose victims still hold the devices: wait, or Kubernetes
+            # would see two claims on one device
+            held = self.state.held_elsewhere(claims)
+            if held is not None:
+                await self._answer_members(pendings, f"gang {spec.key}: member {pending.pod.key()} is {held.message}",
+                                           label=GANG_WAITING)
+                return
         for _ in range(COMMIT_ATTEMPTS):
             try:
                 outcome = place_gang_members(self.state, spec, [got for _, got in members])
@@ -721,8 +729,10 @@ class Shard:
             if isinstance(outcome, GangUnplaceable):
                 # the core's explanation names the gang, the members and where each fits alone
                 message = f"the gang's {len(members)} pods do not fit together: {outcome.message}"
+                said, preemptions = await self._preempt_for_gang(spec, members)
+                message += said
                 self.log.info("shard %d: %s", self.index, message, extra=fields(gang=spec.key))
-                await self._answer_members(pendings, message, label=GANG_UNPLACEABLE)
+                await self._answer_members(pendings, message, label=GANG_UNPLACEABLE, preemptions=preemptions)
                 self.m.unschedulable.inc(len(members))
                 return
             expires_at = await self._commit_gang(members, outcome)
@@ -818,12 +828,46 @@ class Shard:
             await self.store.refresh(node)
             self._on_reservations(node)
 
+    async def _preempt_for_gang(self, spec: GangSpec, members: list) -> tuple[str, dict[str, Preemption]]:
+        """What preemption says for a gang that does not fit (appended to its message), and per
+        member uid what the binder is to evict and nominate. Each member's claims are held on the
+        devices its node's victims free first (as for one pod); without every hold nobody is
+        evicted. The victims of a node go with the first member placed there."""
+        try:
+            plan = gang_preemption_for(self.state, spec, [got for _, got in members])
+        except Exception:  # noqa: BLE001 - preemption is an extra; the gang's own answer must still go
+            self.log.exception("shard %d: gang %s: preemption search failed", self.index, spec.key,
+                               extra=fields(gang=spec.key))
+            return "", {}
+        if plan is None:
+            return "", {}
+        if isinstance(plan, preemption.NoPreemption):
+            return f" {plan.reason}", {}
+        explanation = plan.explain()
+        preemptions: dict[str, Preemption] = {}
+        nominated: set[str] = set()
+        for pending, (pod, claims) in members:
+            placed = plan.placement.members[pending.pod.uid]
+            victims = plan.victims_on(placed.node)
+            if not await self._hold_for_preemption(pending, pod, claims, placed.node, placed.allocations, victims):
+                # the holds made so far lapse with their lease; nobody is evicted
+                return (f" preemption: postponed, node {placed.node}'s reservations changed while it was planned; "
+                        f"planning again at the next attempt"), {}
+            preemptions[pending.pod.uid] = Preemption(
+                node=placed.node, explanation=explanation,
+                victims=[] if placed.node in nominated else [PodRef(namespace=v.namespace, name=v.name, uid=v.uid)
+                                                             for v in victims])
+            nominated.add(placed.node)
+        self.log.info("shard %d: gang %s: %s", self.index, spec.key, explanation, extra=fields(gang=spec.key))
+        return f" {explanation}", preemptions
+
     async def _answer_members(self, members: list[PendingPod], message: str, *, label: str = "",
-                              claim_error: bool = False) -> None:
+                              claim_error: bool = False, preemptions: dict[str, Preemption] | None = None) -> None:
         """The same answer for each of a gang's members: the binder records it on every pod."""
         await asyncio.gather(*(self._publish(Unschedulable(
             pod=pending.pod, shard=self.index, message=message, failures=[],
             claim_error=message if claim_error else "", label=CLAIM_ERROR if claim_error else label,
+            preemption=(preemptions or {}).get(pending.pod.uid),
         )) for pending in members))
 
     async def _unschedulable(self, pending: PendingPod, pod: Pod, claims: list[ResourceClaim],
@@ -841,7 +885,8 @@ class Shard:
                                    extra=fields(pod=pending.pod.key()))
         preempt = None
         if isinstance(plan, preemption.PreemptionPlan):
-            if await self._hold_for_preemption(pending, pod, claims, plan.node, plan.placement, plan.victims):
+            allocations = {c.metadata.uid or "": a for c, a in zip(claims, plan.placement.allocations)}
+            if await self._hold_for_preemption(pending, pod, claims, plan.node, allocations, plan.victims):
                 preempt = Preemption(node=plan.node, explanation=plan.explain(), victims=[
                     PodRef(namespace=v.namespace, name=v.name, uid=v.uid) for v in plan.victims])
                 message = f"{message} {plan.explain()}"
@@ -852,7 +897,8 @@ class Shard:
                            f"was planned; planning again at the next attempt")
         elif isinstance(plan, preemption.AwaitingVictims):
             if plan.placement is not None:
-                await self._hold_for_preemption(pending, pod, claims, plan.node, plan.placement, plan.going)
+                allocations = {c.metadata.uid or "": a for c, a in zip(claims, plan.placement.allocations)}
+                await self._hold_for_preemption(pending, pod, claims, plan.node, allocations, plan.going)
             message = f"{message} preemption: {plan.explain()}"
         elif isinstance(plan, preemption.NoPreemption):
             message = f"{message} {plan.reason}"
@@ -860,14 +906,13 @@ class Shard:
                              claim_error=outcome.claim_error, preemption=preempt)
 
     async def _hold_for_preemption(self, pending: PendingPod, pod: Pod, claims: list[ResourceClaim], node: str,
-                                   placement, victims) -> bool:
+                                   allocations: dict, victims) -> bool:
         """protocol.nominate on the node: the preemptor's claims reserved on what its victims free,
         with its CPU and memory, for a lease that outlasts the victims' grace periods. True when it
         is in the bucket (already, or now); False when the compare-and-set lost a race."""
         now = time.time()
         grace = max((v.grace_seconds for v in victims), default=30)
         expires_at = now + self.lease_seconds + grace + PREEMPTION_HOLD_MARGIN_SECONDS
-        allocations = {c.metadata.uid or "": a for c, a in zip(claims, placement.allocations)}
         placed = Placed(node=node, allocations=allocations, new_claims=list(allocations), requests=pod_requests(pod))
         victim_keys = {key for v in victims for key in v.claims}
         victim_claims = {uid for uid, c in self.state.claims.items()

@@ -11,7 +11,7 @@ reservations without placements, which the binder never binds and whose leases l
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Sequence
+from collections.abc import Collection, Sequence
 
 import msgspec
 
@@ -21,6 +21,7 @@ from draplane.allocation.nodefit import NodeFitError, pod_requests
 from draplane.allocation.state import claim_key
 from draplane.api.core import Pod
 from draplane.api.resource import ResourceClaim, ResourceClaimStatus
+from draplane.scheduling import preemption
 from draplane.scheduling.gangs import GangSpec
 from draplane.scheduling.placing import ClusterState, Placed
 
@@ -50,10 +51,12 @@ def place_gang_members(
     members: Sequence[tuple[Pod, Sequence[ResourceClaim]]],
     *,
     budget: SearchBudget = SearchBudget(),
+    gone: Collection[str] = (),
 ) -> GangPlaced | GangUnplaceable:
     """All members placed on the shard's state, or the gang's one explanation. The state is as
-    before when this returns. Raises GangError (and AllocationError) for a gang that cannot be
-    searched, naming the member or claim."""
+    before when this returns. `gone`: uids of bound pods to count as evicted (their CPU and memory
+    off their nodes; preemption frees their claims in the core itself). Raises GangError (and
+    AllocationError) for a gang that cannot be searched, naming the member or claim."""
     gang_members = []
     by_key: dict[str, tuple[Pod, list[ResourceClaim]]] = {}
     for pod, claims in members:
@@ -68,7 +71,7 @@ def place_gang_members(
         used: dict[str, int] = {}
         count = 0
         for uid, requests in pods.items():
-            if uid in own:
+            if uid in own or uid in gone:
                 continue  # a member placed before and retried counts once, as itself
             count += 1
             for resource, amount in requests.items():
@@ -100,4 +103,43 @@ def place_gang_members(
     return GangPlaced(spec.key, placed, outcome)
 
 
-__all__ = ["AllocationError", "GangError", "GangPlaced", "place_gang_members"]
+def gang_preemption_for(
+    state: ClusterState,
+    spec: GangSpec,
+    members: Sequence[tuple[Pod, Sequence[ResourceClaim]]],
+    *,
+    budget: SearchBudget = SearchBudget(),
+) -> preemption.GangPreemptionPlan | preemption.NoPreemption | None:
+    """For a gang `place_gang_members` could not place: the lower-priority pods whose eviction
+    lets all its members fit together (`preemption.plan_gang_preemption`), or why there are none.
+    None when preemption has nothing to say: no pod anywhere has a lower priority, or a member's
+    claim is allocated or reserved already (held by an earlier preemption, or on its way). The
+    state is as before when this returns."""
+    priority = min(preemption.pod_priority(pod) for pod, _ in members)
+    if not any(p.priority < priority for pods in state.running.values() for p in pods.values()):
+        return None
+    for _, claims in members:
+        for claim in claims:
+            if (claim.metadata.uid or "") in state.reserved or (claim.status is not None
+                                                                 and claim.status.allocation is not None):
+                return None
+    in_use = {f"{c.metadata.namespace}/{c.metadata.name}": c for c in state.claims.values()
+              if c.status is not None and c.status.allocation is not None}
+    released = preemption.ReleasedClaims(state.cluster, in_use)
+
+    def try_place(gone: Sequence[preemption.RunningPod]) -> GangPlaced | None:
+        released.restore_all()
+        released.release_unused(gone)
+        outcome = place_gang_members(state, spec, members, budget=budget, gone={p.uid for p in gone})
+        return outcome if isinstance(outcome, GangPlaced) else None
+
+    try:
+        return preemption.plan_gang_preemption(
+            spec.key, [pod for pod, _ in members],
+            running={node: list(pods.values()) for node, pods in state.running.items()},
+            budgets=list(state.budgets.values()), try_place=try_place)
+    finally:
+        released.restore_all()
+
+
+__all__ = ["AllocationError", "GangError", "GangPlaced", "gang_preemption_for", "place_gang_members"]

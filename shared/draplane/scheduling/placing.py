@@ -437,7 +437,7 @@ class ClusterState:
         return preemption.plan_preemption(self.cluster, pod, claims, running=running, claims_in_use=in_use,
                                           budgets=list(self.budgets.values()), in_use=used, now=now)
 
-    def _held_elsewhere(self, claims: Sequence[ResourceClaim]) -> NotPlaced | None:
+    def held_elsewhere(self, claims: Sequence[ResourceClaim]) -> NotPlaced | None:
         """A claim reserved (not yet written) on devices another claim still holds: a preemption
         holds them for this pod while its victims go. Placing it now would give Kubernetes two
         claims on one device, so it waits, and says for what."""
@@ -484,7 +484,7 @@ class ClusterState:
         if len(pinned) > 1:
             message = f"the pod's claims are allocated on different nodes: {', '.join(sorted(pinned))}"
             return NotPlaced(message=message, failures=[], claim_error=message)
-        waiting = self._held_elsewhere(claims)
+        waiting = self.held_elsewhere(claims)
         if waiting is not None:
             return waiting
 

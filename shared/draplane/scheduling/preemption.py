@@ -30,6 +30,13 @@ Where draplane differs, and why:
   PodDisruptionBudget. So a node whose victims would break one is not chosen at all: another node
   is, or the pod stays pending with a reason naming the budget (kube-scheduler deletes the
   victims and only prefers nodes with fewer violations).
+
+A gang (`plan_gang_preemption`) preempts as a whole: kube-scheduler 1.37 preempts for one pod at a
+time only. Its priority is its lowest member's; with every lower-priority pod gone the whole gang
+must fit together (else nobody is evicted), then victims are given back, first a node's worth at a
+time (the nodes whose victims matter most first), then one by one as above, each staying evicted
+only if the gang no longer fits without its eviction. The trials are bounded
+(`GANG_PREEMPTION_TRIALS`); a search that runs out evicts nobody, rather than more than it needs.
 """
 
 from __future__ import annotations
@@ -209,7 +216,7 @@ class _NodeOutcome:
         return (len(self.victims), max(priorities, default=0), sum(priorities), lost, order)
 
 
-class _ReleasedClaims:
+class ReleasedClaims:
     """The victims' claims taken out of the core while one node is tried, and put back after.
 
     A claim frees its devices only when every consumer in its status.reservedFor is a victim."""
@@ -345,7 +352,7 @@ def _victims_on_node(cluster, pod, claims, name, candidates, budgets, requests, 
     fits, give victims back most important first (budget-breaking ones before the rest). `going`
     (terminating pods) count as gone throughout and are never victims."""
     node = cluster.nodes[name]
-    released = _ReleasedClaims(cluster, claims_in_use)
+    released = ReleasedClaims(cluster, claims_in_use)
     evicted: list[RunningPod] = list(candidates)
 
     def fits() -> NodePlacement | str:
@@ -396,3 +403,95 @@ def _summary(per_node: Mapping[str, str], total: int) -> str:
         counts[reason] = counts.get(reason, 0) + 1
     parts = sorted(f"{n} {reason.rstrip('.')}" for reason, n in counts.items())
     return f"preemption: 0/{total} nodes are available: " + ", ".join(parts) + "."
+
+
+# --- gangs -------------------------------------------------------------------------------------------
+
+# Joint placements tried while a gang's victims are given back; each is a whole-gang search.
+GANG_PREEMPTION_TRIALS = 200
+
+
+@dataclass(frozen=True, slots=True)
+class GangPreemptionPlan:
+    gang: str  # the PodGroup's namespace/name
+    priority: int
+    victims: tuple[RunningPod, ...]
+    placement: object  # what the gang's search returned with the victims gone (GangPlaced)
+
+    def victims_on(self, node: str) -> tuple[RunningPod, ...]:
+        return tuple(v for v in self.victims if v.node == node)
+
+    def explain(self) -> str:
+        nodes = sorted({v.node for v in self.victims})
+        names = ", ".join(f"{v.key} (priority {v.priority})" for v in self.victims[:8])
+        if len(self.victims) > 8:
+            names += f" and {len(self.victims) - 8} more"
+        return (f"preempting {len(self.victims)} pod(s) on {len(nodes)} node(s) ({', '.join(nodes)}) for gang "
+                f"{self.gang} (priority {self.priority}): {names}; with them gone all its members fit together")
+
+
+def plan_gang_preemption(
+    gang: str,
+    members: Sequence[Pod],
+    *,
+    running: Mapping[str, Sequence[RunningPod]],
+    budgets: Sequence[PodDisruptionBudget] = (),
+    try_place: Callable[[Sequence[RunningPod]], object | None],
+    trials: int = GANG_PREEMPTION_TRIALS,
+) -> GangPreemptionPlan | NoPreemption:
+    """The victims whose eviction lets every member of `gang` fit together, or why there are none.
+
+    `try_place(gone)`: the gang's joint placement with the pods `gone` evicted (their claims
+    freed, their requests off their nodes), or None when it does not fit so; the caller leaves its
+    state as it was after each call."""
+    for member in members:
+        if preemption_refusal(member):
+            key = f"{member.metadata.namespace or 'default'}/{member.metadata.name}"
+            return NoPreemption(gang, f"preemption: member {key} is {NOT_ELIGIBLE_NEVER}")
+    priority = min(pod_priority(m) for m in members)
+    own = {m.metadata.uid for m in members}
+    bound = [p for pods in running.values() for p in pods if p.uid not in own and p.priority < priority]
+    # terminating pods are going anyway: counted as gone, never victims
+    going = [p for p in bound if p.terminating]
+    evicted = sorted((p for p in bound if not p.terminating), key=_more_important_first)
+    if not evicted:
+        return NoPreemption(gang, f"preemption: {NO_VICTIMS}")
+    best = try_place([*going, *evicted])
+    used = 1
+    if best is None:
+        return NoPreemption(gang, f"preemption: the gang does not fit together even with all {len(evicted)} "
+                                  f"lower-priority pods gone. {NOT_HELPFUL}")
+    by_node: dict[str, list[RunningPod]] = {}
+    for p in evicted:
+        by_node.setdefault(p.node, []).append(p)
+    # whole nodes given back first: the nodes whose most important victim matters most first
+    node_order = sorted(by_node, key=lambda n: (_more_important_first(by_node[n][0]), n))
+    ledger = _Budgets.of(budgets)
+    breaking = {p.uid: bool(ledger.violated_by(p)) for p in evicted}
+    one_by_one = sorted(evicted, key=lambda p: (not breaking[p.uid], _more_important_first(p)))
+    out_of_trials = NoPreemption(gang, f"preemption: gave up choosing victims after {trials} joint placements "
+                                       f"(the search budget): nobody is evicted rather than more than needed")
+    for node in node_order:
+        if used >= trials:
+            return out_of_trials
+        used += 1
+        trial = [p for p in evicted if p.node != node]
+        placed = try_place([*going, *trial])
+        if placed is not None:
+            evicted, best = trial, placed
+    for victim in one_by_one:
+        if victim not in evicted:
+            continue  # its node's victims were all given back
+        if used >= trials:
+            return out_of_trials
+        used += 1
+        trial = [p for p in evicted if p is not victim]
+        placed = try_place([*going, *trial])
+        if placed is not None:
+            evicted, best = trial, placed
+    final = _Budgets.of(budgets)
+    broken = sorted({b for p in evicted for b in final.violated_by(p)})
+    if broken:
+        return NoPreemption(gang, "preemption: evicting " + ", ".join(v.key for v in evicted) + " would violate "
+                            + ", ".join(f"PodDisruptionBudget {b}" for b in broken))
+    return GangPreemptionPlan(gang, priority, tuple(sorted(evicted, key=_more_important_first)), best)

@@ -58,3 +58,98 @@ def test_two_8_by_8_gangs_on_12_nodes_one_placed_the_other_refused_whole():
     four = place_gang_members(state, GangSpec("ns/b", 4), members("b", 4, 8))
     assert isinstance(four, GangPlaced)
     assert {p.node for p in four.members.values()}.isdisjoint({p.node for p in first.members.values()})
+
+
+# --- preemption for a whole gang -----------------------------------------------------------------------
+
+from draplane.api.resource import ResourceClaimConsumerReference, ResourceClaimStatus  # noqa: E402
+from draplane.scheduling.gang_placing import gang_preemption_for  # noqa: E402
+from draplane.scheduling.preemption import GangPreemptionPlan, NoPreemption  # noqa: E402
+
+
+def full_state(nodes: int, *, priority: int = 0) -> ClusterState:
+    """`nodes` 8-GPU nodes, every GPU allocated to a bound one-GPU pod of `priority`."""
+    state = eight_gpu_state(nodes)
+    for n in range(nodes):
+        node = f"node-{n:02d}"
+        for g in range(8):
+            name = f"low-{n}-{g}"
+            claim = with_uid(scenario.claim("ns", f"{name}-gpu", "gpu.nvidia.com"), f"cuid-{name}")
+            pod = with_uid(scenario.pod("ns", name, claim_name=claim.metadata.name), f"puid-{name}")
+            pod.spec.priority = priority
+            placed = state.place_pod(pod, [claim])
+            assert isinstance(placed, Placed) and placed.node == node, placed
+            claim.status = ResourceClaimStatus(allocation=placed.allocations[claim.metadata.uid], reserved_for=[
+                ResourceClaimConsumerReference(resource="pods", name=name, uid=pod.metadata.uid)])
+            state.set_claim(claim)
+            pod.spec.node_name = node
+            state.set_pod(pod)
+    return state
+
+
+def high(gang_members, priority: int = 1000, policy: str | None = None):
+    for pod, _ in gang_members:
+        pod.spec.priority = priority
+        pod.spec.preemption_policy = policy
+    return gang_members
+
+
+def test_a_gang_of_two_8_gpu_pods_on_a_full_cluster_evicts_exactly_two_nodes_pods():
+    state = full_state(4)
+    gang = high(members("big", 2, 8))
+    assert isinstance(place_gang_members(state, GangSpec("ns/big", 2), gang), GangUnplaceable)
+    before = dict(state.cluster.state.claims())
+    plan = gang_preemption_for(state, GangSpec("ns/big", 2), gang)
+    assert isinstance(plan, GangPreemptionPlan), plan
+    nodes = {v.node for v in plan.victims}
+    assert len(plan.victims) == 16 and len(nodes) == 2, [v.key for v in plan.victims]
+    assert {p.node for p in plan.placement.members.values()} == nodes
+    assert "preempting 16 pod(s) on 2 node(s)" in plan.explain() and "for gang ns/big (priority 1000)" in plan.explain()
+    assert state.cluster.state.claims() == before, "the search must put every victim's claim back"
+
+
+def test_a_gang_evicts_only_the_pods_it_needs_on_a_partly_full_node():
+    state = full_state(2)
+    gang = high(members("pair", 2, 2))  # 4 GPUs in all
+    plan = gang_preemption_for(state, GangSpec("ns/pair", 2), gang)
+    assert isinstance(plan, GangPreemptionPlan), plan
+    assert len(plan.victims) == 4, [v.key for v in plan.victims]
+
+
+def test_nobody_is_evicted_for_a_gang_that_would_not_fit_even_then():
+    state = full_state(2)
+    gang = high(members("huge", 3, 8))  # 24 GPUs on a 16-GPU cluster
+    plan = gang_preemption_for(state, GangSpec("ns/huge", 3), gang)
+    assert isinstance(plan, NoPreemption)
+    assert "does not fit together even with all 16 lower-priority pods gone" in plan.reason
+
+
+def test_a_gang_member_with_preemption_policy_never_keeps_the_gang_from_preempting():
+    state = full_state(2)
+    gang = high(members("polite", 2, 8))
+    gang[1][0].spec.preemption_policy = "Never"
+    plan = gang_preemption_for(state, GangSpec("ns/polite", 2), gang)
+    assert isinstance(plan, NoPreemption) and "member ns/polite-1 is not eligible due to preemptionPolicy=Never" in plan.reason
+
+
+def test_equal_priority_pods_are_no_victims_of_a_gang():
+    state = full_state(2, priority=1000)
+    assert gang_preemption_for(state, GangSpec("ns/big", 2), high(members("big", 2, 8))) is None
+
+
+def test_the_gang_search_budget_evicts_nobody_rather_than_too_many():
+    from draplane.scheduling import preemption
+
+    state = full_state(3)
+    gang = high(members("big", 1, 8))
+    calls = []
+
+    def try_place(gone):
+        calls.append(len(gone))
+        return object()  # fits whatever is gone: every trial gives victims back
+
+    plan = preemption.plan_gang_preemption("ns/big", [p for p, _ in gang],
+                                           running={n: list(p.values()) for n, p in state.running.items()},
+                                           try_place=try_place, trials=3)
+    assert isinstance(plan, NoPreemption) and "gave up choosing victims after 3 joint placements" in plan.reason
+    assert len(calls) == 3
