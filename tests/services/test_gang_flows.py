@@ -167,3 +167,19 @@ async def test_a_gang_with_a_rack_constraint_lands_in_one_rack(scheduling, kube,
     group = await get_json(kubectl, "podgroup", "racked", "-n", namespace)
     assert group["spec"]["schedulingConstraints"] == {"topology": [{"key": rack}]}
     no_races_or_errors(scheduling)
+
+
+async def test_a_claim_two_members_share_is_allocated_once_and_reserved_for_both(scheduling, kube, kubectl, namespace):
+    class_name, nodes = await gpu_cluster(scheduling, kube, nodes=2)
+    await scheduling.start()
+    shared = claim_yaml(namespace, "duo-shared-gpus", class_name, count=2)
+    members = [member_yaml(namespace, f"duo-{i}", scheduling.scheduler_name, "duo-shared-gpus", "duo")
+               for i in range(2)]
+    await kubectl.apply("---".join([pod_group_yaml(namespace, "duo", 2), shared, *members]))
+    bound = [await wait_bound(scheduling, kubectl, namespace, f"duo-{i}") for i in range(2)]
+    (node,) = {p["spec"]["nodeName"] for p in bound}  # one claim's devices: one node for both
+    claim = await get_json(kubectl, "resourceclaim", "duo-shared-gpus", "-n", namespace)
+    assert sorted(c["name"] for c in claim["status"]["reservedFor"]) == ["duo-0", "duo-1"]
+    results = claim["status"]["allocation"]["devices"]["results"]
+    assert len({r["device"] for r in results}) == 2 and {r["pool"] for r in results} == {node}
+    no_races_or_errors(scheduling)
