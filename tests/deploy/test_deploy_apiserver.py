@@ -169,9 +169,10 @@ JOBS = {
         (R, "deviceclasses", READ),
     ),
     "draplane-allocator": _expand(
-        (R, "resourceclaims,deviceclasses", READ),
+        (R, "resourceclaims,deviceclasses,devicetaintrules", READ),
         ("", "nodes,pods", READ),
         ("policy", "poddisruptionbudgets", READ),  # preemption keeps them
+        ("scheduling.k8s.io", "podgroups", READ),  # gangs: minCount and topology
     ),
     "draplane-binder": _expand(
         ("", "pods", "get,list,watch,patch"),
