@@ -1,13 +1,15 @@
 """Gangs through the live services, with kubectl: a PodGroup's members all reach one shard, wait
 for the gang's minCount, and are placed all or none (two gangs that cannot both fit: one runs
 whole, the other waits whole, where per-pod placement deadlocks both), within one rack when the
-PodGroup asks for it. kill -9 of a shard in the middle of a gang's commit is in
+PodGroup asks for it; kubernetes#138765's whole-or-half pair, which kube-scheduler 1.37.2 leaves
+unbound, binds with a half each. kill -9 of a shard in the middle of a gang's commit is in
 tests/services/allocator/test_allocator_crashes.py."""
 
 import asyncio
 
 import pytest
 
+from draplane.api.resource import ResourceClaim
 from draplane.scheduling.messages import shard_for
 from test_user_flows import (
     claim_yaml, get_json, gpu_cluster, no_races_or_errors, pod_yaml, wait_bound, wait_unschedulable,
@@ -182,4 +184,38 @@ async def test_a_claim_two_members_share_is_allocated_once_and_reserved_for_both
     assert sorted(c["name"] for c in claim["status"]["reservedFor"]) == ["duo-0", "duo-1"]
     results = claim["status"]["allocation"]["devices"]["results"]
     assert len({r["device"] for r in results}) == 2 and {r["pool"] for r in results} == {node}
+    no_races_or_errors(scheduling)
+
+
+def _kube_scheduler_case():
+    """case_138765 from tests/shared/localenv/test_kube_scheduler_gang.py, where kube-scheduler
+    runs the very same objects (loaded by path: that directory is not on this one's import path)."""
+    import importlib.util
+    from pathlib import Path
+
+    path = Path(__file__).parents[1] / "shared" / "localenv" / "test_kube_scheduler_gang.py"
+    spec = importlib.util.spec_from_file_location("kube_scheduler_gang_case", path)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module.case_138765
+
+
+async def test_kubernetes_138765_both_whole_or_half_members_get_a_half(scheduling, kube, namespace):
+    """kubernetes#138765 through the services: each member asks a whole GPU or half of one, and
+    the one GPU can be given as two halves. kube-scheduler 1.37.2 binds neither pod (it gives the
+    first the whole GPU: tests/shared/localenv/test_kube_scheduler_gang.py); the joint search
+    gives each a half, and both bind."""
+    case = _kube_scheduler_case()(namespace, namespace[-6:], scheduler_name=scheduling.scheduler_name)
+    (node,) = case["node"]
+    for device_class in case["classes"]:
+        await kube.create(device_class)
+    await scheduling.put_node(node, case["slices"])
+    await scheduling.start()
+    for obj in case["podgroups"] + case["claims"] + case["pods"]:
+        await kube.create(obj)
+    bound = [await scheduling.bound_pod(namespace, pod.metadata.name, timeout=45) for pod in case["pods"]]
+    assert {p.spec.node_name for p in bound} == {node.metadata.name}
+    claims = [await kube.get(ResourceClaim, c.metadata.name, namespace) for c in case["claims"]]
+    results = sorted((r.request, r.device) for c in claims for r in c.status.allocation.devices.results)
+    assert results == [("gpu/half", "gpu-0-half-0"), ("gpu/half", "gpu-0-half-1")]
     no_races_or_errors(scheduling)
