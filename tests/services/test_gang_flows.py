@@ -7,6 +7,7 @@ tests/services/allocator/test_allocator_crashes.py."""
 
 import asyncio
 
+import msgspec
 import pytest
 
 from draplane.api.resource import ResourceClaim
@@ -200,7 +201,7 @@ def _kube_scheduler_case():
     return module.case_138765
 
 
-async def test_kubernetes_138765_both_whole_or_half_members_get_a_half(scheduling, kube, namespace):
+async def test_kubernetes_138765_both_whole_or_half_members_get_a_half(scheduling, kube, kubectl, namespace):
     """kubernetes#138765 through the services: each member asks a whole GPU or half of one, and
     the one GPU can be given as two halves. kube-scheduler 1.37.2 binds neither pod (it gives the
     first the whole GPU: tests/shared/localenv/test_kube_scheduler_gang.py); the joint search
@@ -211,8 +212,9 @@ async def test_kubernetes_138765_both_whole_or_half_members_get_a_half(schedulin
         await kube.create(device_class)
     await scheduling.put_node(node, case["slices"])
     await scheduling.start()
-    for obj in case["podgroups"] + case["claims"] + case["pods"]:
-        await kube.create(obj)
+    # applied with kubectl, as JSON documents (JSON is YAML)
+    await kubectl.apply("\n---\n".join(msgspec.json.encode(obj).decode()
+                                       for obj in case["podgroups"] + case["claims"] + case["pods"]))
     bound = [await scheduling.bound_pod(namespace, pod.metadata.name, timeout=45) for pod in case["pods"]]
     assert {p.spec.node_name for p in bound} == {node.metadata.name}
     claims = [await kube.get(ResourceClaim, c.metadata.name, namespace) for c in case["claims"]]
