@@ -23,6 +23,8 @@ from dataclasses import dataclass
 from fractions import Fraction
 from typing import TYPE_CHECKING, Callable, Sequence
 
+import msgspec
+
 from draplane.api.core import Node
 from draplane.api.meta import NodeSelector, NodeSelectorRequirement, NodeSelectorTerm
 from draplane.api.quantity import Quantity, QuantityError, QuantityFormat, parse_quantity
@@ -76,7 +78,8 @@ class SelectorMatcher:
             from draplane import cel as cel_module
         self._cel = cel_module
         self._programs: dict[str, object] = {}
-        self._results: dict[tuple[str, object], object] = {}
+        self._results: dict[tuple, object] = {}
+        self._slice_projection = getattr(cel_module, "slice_projection", None)  # a stand-in has none
 
     def _entries(self, expression: str):
         referenced = getattr(self._cel, "referenced_entries", None)  # a stand-in evaluator has none
@@ -94,24 +97,32 @@ class SelectorMatcher:
         cached = record.match_cache.get(expression)
         if cached is not None:
             return cached
-        cel_device = record._cel_device
-        if cel_device is None:
-            cel_device = record._cel_device = self._cel.device_for_cel(record.driver, record.device)
         # Keyed by what the selector can see of the device where that is known, so that alike
-        # devices (one model, each with its own UUID) share one evaluation.
+        # devices (one model, each with its own UUID) share one evaluation. That key is read from
+        # the slice's device itself: the device's CEL view is built only for an evaluation, not
+        # for each of thousands of alike devices (time, and objects the garbage collector walks).
         entries = self._entries(expression)
-        key = (expression, cel_device if entries is None else self._cel.projection(cel_device, entries))
+        if entries is not None and self._slice_projection is not None:
+            key = (expression, "slice", self._slice_projection(record.driver, record.device, entries))
+        else:
+            key = (expression, self._cel_device(record))
         result = self._results.get(key)
         if result is None:
             if len(self._results) > 1_000_000:
                 self._results.clear()  # a bound, not an LRU: results are cheap to recompute
             try:
-                result = bool(self.compile(expression).matches(cel_device))
+                result = bool(self.compile(expression).matches(self._cel_device(record)))
             except self._cel.CELRuntimeError as exc:
                 result = exc
             self._results[key] = result
         record.match_cache[expression] = result
         return result
+
+    def _cel_device(self, record: DeviceRecord):
+        cel_device = record._cel_device
+        if cel_device is None:
+            cel_device = record._cel_device = self._cel.device_for_cel(record.driver, record.device)
+        return cel_device
 
 
 # --- plans ---------------------------------------------------------------------------------------
@@ -973,6 +984,39 @@ class NodeAllocator:
             if capacity_fits(candidate.record, request.capacity, None, None):
                 devices.append(candidate)
         return devices
+
+    def place_like(self, template: NodePlacement, positions: tuple[tuple[int, ...], ...], node: Node,
+                   pools: list[Pool]) -> NodePlacement:
+        """`template`, found on a node alike to `node` (see `Cluster._likeness`), as the search on
+        `node` finds it: the devices at the same `positions` (indices into the devices of the
+        node's pools, in order), with this node's device and pool names and node selector. The
+        search on an alike node goes the same way step by step, so this is its answer without
+        walking it again. Not for placements with share IDs (those must be fresh)."""
+        node_name = node.metadata.name or ""
+        flat = [(record, pool) for pool in pools for record in pool.devices]
+        chosen_all: list[list[ChosenDevice]] = []
+        allocations: list[AllocationResult] = []
+        for template_chosen, template_allocation, claim_positions in zip(template.chosen, template.allocations, positions):
+            chosen = []
+            results = []
+            template_results = template_allocation.devices.results if template_allocation.devices else None
+            for i, (c, position) in enumerate(zip(template_chosen, claim_positions)):
+                record, pool = flat[position]
+                chosen.append(ChosenDevice(record, pool, c.plan, c.share_id, dict(c.consumed) if c.consumed else c.consumed))
+                results.append(msgspec.structs.replace(
+                    template_results[i], driver=record.driver, pool=record.pool, device=record.name,
+                    binding_conditions=record.binding_conditions,
+                    binding_failure_conditions=record.binding_failure_conditions,
+                ))
+            config = template_allocation.devices.config if template_allocation.devices else None
+            config = [msgspec.structs.replace(e, requests=list(e.requests) if e.requests is not None else None)
+                      for e in config] if config else None
+            chosen_all.append(chosen)
+            allocations.append(AllocationResult(
+                devices=DeviceAllocationResult(results=results or None, config=config),
+                node_selector=_node_selector(chosen, node_name),
+            ))
+        return NodePlacement(node_name, allocations, chosen_all, template.score)
 
     def _search_order(self, node_name: str, pools: list[Pool]) -> list[Pool]:
         """Kubernetes' GatherPools order: sorted by ID, but pools with a device that has binding

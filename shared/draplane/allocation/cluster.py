@@ -3,9 +3,10 @@
 `Cluster` is what the allocator service, the simulator and `draplane allocate` hold. It answers
 "where do these claims go?" with the scoring policy, and remembers the answer per node for claims of
 the same shape: the per-node result stays valid until that node's version changes (a slice on it or
-an allocation from one of its pools), so after one commit only that node is recomputed. A simulator
-scheduling thousands of pods of a few shapes over a thousand nodes then costs about one node search
-per pod.
+an allocation from one of its pools), so after one commit only that node is recomputed. Nodes alike
+in devices and use share one search, and the node picked takes that search's devices at the same
+positions (`NodeAllocator.place_like`) rather than searching again. A simulator scheduling thousands
+of pods of a few shapes over a thousand nodes then costs less than one node search per pod.
 """
 
 from __future__ import annotations
@@ -46,6 +47,12 @@ def placement_device_milli(placement: NodePlacement) -> float:
     return total
 
 
+def _device_positions(placement: NodePlacement, pools) -> tuple[tuple[int, ...], ...]:
+    """Where each chosen device is among the devices of the node's pools, in order, per claim."""
+    position = {id(r): i for i, r in enumerate(r for pool in pools for r in pool.devices)}
+    return tuple(tuple(position[id(c.record)] for c in chosen) for chosen in placement.chosen)
+
+
 @dataclass(slots=True)
 class Unallocatable:
     """No node can take the claims. `failures` has one entry per node examined (when explained)."""
@@ -73,6 +80,22 @@ class _NodeEntry:
     stamp: tuple
     frees: int  # the node's count of capacity-freeing changes when the outcome was computed
     outcome: object  # NodePlacement | NodeFailure | AllocationError
+    # For a placement found on another, alike node: where its devices are among that node's
+    # (see `NodeAllocator.place_like`); None for an outcome computed on this node.
+    positions: tuple | None = None
+
+
+@dataclass(slots=True, eq=False)
+class _NodeLooks:
+    """What one node's devices look like (see `Cluster._likeness`), for one list of its pools: a
+    new list (a slice changed) starts afresh. One object per node, not one per cached part: the
+    garbage collector walks every object a busy cluster keeps."""
+
+    pools: list
+    columns: dict[tuple, tuple] = field(default_factory=dict)  # (kind, selector | attribute | policy name) -> column
+    contents: dict[tuple, int] = field(default_factory=dict)  # likeness key -> content number
+    used_versions: tuple | None = None  # the pools' state versions `used` was computed at
+    used: tuple = ()
 
 
 class _ShapeIndex:
@@ -84,8 +107,9 @@ class _ShapeIndex:
         self.entries: dict[str, _NodeEntry] = {}
         self.heap: list[tuple[float, int, str, tuple]] = []
         self.errors: dict[str, AllocationError] = {}
-        # Nodes alike in devices and use (see Cluster._likeness) share one search.
-        self.by_likeness: dict[tuple, object] = {}
+        # Nodes alike in devices and use (see Cluster._likeness) share one search:
+        # likeness -> (outcome, the positions of a placement's devices on the node searched).
+        self.by_likeness: dict[tuple, tuple[object, tuple | None]] = {}
         self.policy = policy
         self.policy_version = policy.version  # scores go stale when the policy learns (see ScoringPolicy.version)
         self.expressions: tuple[str, ...] = ()
@@ -120,11 +144,11 @@ class Cluster:
         self._node_frees: dict[str, int] = {}
         self._changes: list[str] = []
         self._shapes: dict[tuple, _ShapeIndex] = {}
-        # (selectors, constraint attributes, policy) -> node -> (its pools, what its devices look like)
-        self._likeness_cache: dict[tuple, dict[str, tuple]] = {}
-        # (node, column kind, selector | attribute | policy name) -> (its pools, the column)
-        self._columns: dict[tuple, tuple] = {}
-        self._used_cache: dict[str, tuple] = {}  # node -> (its pools, their state versions, what is taken)
+        self._looks: dict[str, _NodeLooks] = {}  # node -> what its devices look like (see `_likeness`)
+        # What devices look like -> a number for it, so that a likeness hashes and compares cheaply.
+        # Numbers are never reused (a cleared table only hands out new ones).
+        self._content_numbers: dict[tuple, int] = {}
+        self._next_content_number = 0
         self._device_free: dict[str, tuple[tuple, float]] = {}  # node -> (stamp, free milli-devices)
         for n in nodes:
             self.set_node(n)
@@ -139,6 +163,7 @@ class Cluster:
 
     def remove_node(self, name: str) -> None:
         self.nodes.pop(name, None)
+        self._looks.pop(name, None)
         self._reorder()
         self._node_changed(name)
 
@@ -281,16 +306,24 @@ class Cluster:
                 name = self._best(index, node_filter)
             if name is None:
                 return self._unallocatable(index, node_filter, claims, plans, explain)
-            template = index.entries[name].outcome
+            entry = index.entries[name]
+            template = entry.outcome
             if template.node == name:
                 return self._for_claims(template, claims, plans, policy)
             # Computed on a node just like this one: the search here gives the same answer, with
-            # this node's pool names and node selector.
-            placement = self.allocator.allocate(claims, self.nodes[name], policy, plans=plans, diagnose=False)
+            # this node's pool and device names and node selector. Share IDs must be fresh, so a
+            # placement with them is searched for again.
+            node = self.nodes[name]
+            if entry.positions is not None and not any(c.share_id for chosen in template.chosen for c in chosen):
+                placement = self.allocator.place_like(template, entry.positions, node, self.inventory.pools_for_node(node))
+                entry.outcome, entry.positions = placement, None
+                return placement
+            placement = self.allocator.allocate(claims, node, policy, plans=plans, diagnose=False)
             if isinstance(placement, NodePlacement):
                 index.entries[name].outcome = placement
                 return placement
             index.entries[name].outcome = placement  # should not happen; never trust it again
+            index.entries[name].positions = None
             index.by_likeness.clear()
 
     def _refresh(self, shape, claims, policy, plans) -> _ShapeIndex:
@@ -304,8 +337,6 @@ class Cluster:
                 e for plan in plans for subs in plan.requests for r in subs for e in r.class_selectors + r.request_selectors))
             index.attributes = tuple(dict.fromkeys(c.attribute for plan in plans for c in plan.constraints))
             index.likeness_key = (index.expressions, index.attributes, policy.name)
-            if len(self._likeness_cache) > 256:
-                self._likeness_cache.clear()
             self._shapes[shape] = index
             dirty = list(self.nodes)
         else:
@@ -327,19 +358,28 @@ class Cluster:
                 continue
             index.errors.pop(name, None)
             likeness = self._likeness(name, index)
-            outcome = index.by_likeness.get(likeness) if likeness is not None else None
-            if outcome is None:
+            shared = index.by_likeness.get(likeness) if likeness is not None else None
+            if shared is None:
                 try:
                     outcome = self.allocator.allocate(claims, self.nodes[name], policy, plans=plans, diagnose=False)
                 except AllocationError as exc:
                     outcome = NodeFailure(name, exc.reason, exc.message, from_error=True) if not exc.fatal else exc
+                positions = None
                 if likeness is not None:
+                    if isinstance(outcome, NodePlacement):
+                        positions = _device_positions(outcome, self.inventory.pools_for_node(self.nodes[name]))
                     if len(index.by_likeness) > 100_000:
                         index.by_likeness.clear()
-                    index.by_likeness[likeness] = outcome
+                    index.by_likeness[likeness] = (outcome, positions)
+                positions = None  # computed here: the outcome is this node's own
+            else:
+                outcome, positions = shared
             if isinstance(outcome, AllocationError):
                 index.errors[name] = outcome
-            index.entries[name] = _NodeEntry(stamp, frees, outcome)
+            if entry is None:
+                index.entries[name] = _NodeEntry(stamp, frees, outcome, positions)
+            else:  # updated in place: a busy cluster otherwise makes one object per node change
+                entry.stamp, entry.frees, entry.outcome, entry.positions = stamp, frees, outcome, positions
             if isinstance(outcome, NodePlacement):
                 heapq.heappush(index.heap, (outcome.score, self._node_order.get(name, 0), name, stamp))
         return index
@@ -353,27 +393,38 @@ class Cluster:
             return None
         node = self.nodes[name]
         pools = self.inventory.pools_for_node(node)
-        per_node = self._likeness_cache.setdefault(index.likeness_key, {})
-        cached = per_node.get(name)
-        if cached is None or cached[0] is not pools:
+        looks = self._looks.get(name)
+        if looks is None or looks.pools is not pools:
+            looks = self._looks[name] = _NodeLooks(pools)
+        number = looks.contents.get(index.likeness_key)
+        if number is None:
             # Column by column (the pools and devices, the policy's view, each selector's answers,
             # each constrained attribute), each column cached per node: claim shapes share
             # most columns (one class's selector, say), so a new shape computes only its own.
             content = (
-                self._column(name, pools, "devices", None),
-                self._column(name, pools, "policy", index.policy),
-                tuple(self._column(name, pools, "selector", e) for e in index.expressions),
-                tuple(self._column(name, pools, "attribute", a) for a in index.attributes),
+                self._column(looks, "devices", None),
+                self._column(looks, "policy", index.policy),
+                tuple(self._column(looks, "selector", e) for e in index.expressions),
+                tuple(self._column(looks, "attribute", a) for a in index.attributes),
             )
-            cached = per_node[name] = (pools, content)
-        return (cached[1], self._used(name, pools), index.policy.node_likeness(node))
+            number = self._content_numbers.get(content)
+            if number is None:
+                if len(self._content_numbers) > 100_000:
+                    self._content_numbers.clear()
+                number = self._content_numbers[content] = self._next_content_number
+                self._next_content_number += 1
+            if len(looks.contents) > 128:
+                looks.contents.clear()  # a bound, not an LRU, as for columns
+            looks.contents[index.likeness_key] = number
+        return (number, self._used(looks), index.policy.node_likeness(node))
 
-    def _column(self, name: str, pools, kind: str, what) -> tuple:
+    def _column(self, looks: _NodeLooks, kind: str, what) -> tuple:
         """One part of what a node's devices look like, in device order (see `_likeness`)."""
-        key = (name, kind, what.name if kind == "policy" else what)
-        cached = self._columns.get(key)
-        if cached is not None and cached[0] is pools:
-            return cached[1]
+        key = (kind, what.name if kind == "policy" else what)
+        column = looks.columns.get(key)
+        if column is not None:
+            return column
+        pools = looks.pools
         records = [r for pool in pools for r in pool.devices]
         if kind == "devices":
             column = (tuple((pool.id[0], pool.incomplete, pool.invalid_reason, len(pool.devices),
@@ -388,30 +439,28 @@ class Cluster:
                            for result in (evaluate(what, r) for r in records))
         else:
             column = tuple(r.attribute(what) for r in records)
-        if len(self._columns) > 500_000:
-            self._columns.clear()  # a bound, not an LRU: columns are cheap to recompute
-        self._columns[key] = (pools, column)
+        if len(looks.columns) > 128:
+            looks.columns.clear()  # a bound, not an LRU: columns are cheap to recompute
+        looks.columns[key] = column
         return column
 
-    def _used(self, name: str, pools) -> tuple:
+    def _used(self, looks: _NodeLooks) -> tuple:
         """Which of the node's devices are taken, and how much of the shared ones: the same for
         every claim shape, so computed once per change of the node's pools' state."""
         state = self.state
-        versions = tuple(state.pool_version(pool.id) for pool in pools)
-        cached = self._used_cache.get(name)
-        if cached is not None and cached[0] is pools and cached[1] == versions:
-            return cached[2]
+        versions = tuple([state.pool_version(pool.id) for pool in looks.pools])
+        if looks.used_versions == versions:
+            return looks.used
         used = []
         position = 0
-        for pool in pools:
+        for pool in looks.pools:
             for r in pool.devices:
                 if state.is_allocated(r.id):
                     shared = state.shared_capacity(r.id)
                     used.append((position, None if shared is None else tuple(sorted(shared.items()))))
                 position += 1
-        used = tuple(used)
-        self._used_cache[name] = (pools, versions, used)
-        return used
+        looks.used, looks.used_versions = tuple(used), versions
+        return looks.used
 
     def _best(self, index: _ShapeIndex, node_filter: NodeFilter | None) -> str | None:
         heap = index.heap

@@ -36,7 +36,10 @@ class AllocatedState:
         self._exclusive: dict[DeviceID, int] = {}
         self._shares: dict[DeviceID, int] = {}
         self._capacity: dict[DeviceID, dict[str, Fraction]] = {}
-        self._claims: dict[str, list[HeldDevice]] = {}
+        # Per claim, a tuple of (device, share ID, consumed) tuples rather than HeldDevice objects:
+        # plain tuples of strings and numbers are dropped from the garbage collector's lists, so
+        # the tens of thousands a big cluster holds add nothing to its full collections.
+        self._claims: dict[str, tuple[tuple, ...]] = {}
         self._pool_versions: dict[PoolID, int] = {}
         self.version = 0
 
@@ -45,7 +48,7 @@ class AllocatedState:
     def add_claim(self, key: str, allocation: AllocationResult | None) -> list[PoolID]:
         """Record one claim's allocation (replacing what the claim held before). Returns touched pools."""
         touched = self.remove_claim(key)
-        held: list[HeldDevice] = []
+        held: list[tuple] = []
         results = allocation.devices.results if allocation and allocation.devices else None
         for r in results or []:
             if r.admin_access:
@@ -54,13 +57,13 @@ class AllocatedState:
             consumed = tuple(
                 (name, parse_quantity(value).value) for name, value in sorted((r.consumed_capacity or {}).items())
             )
-            held.append(HeldDevice(device, r.share_id, consumed))
+            held.append((device, r.share_id, consumed))
         if not held:
             return touched
-        self._claims[key] = held
+        self._claims[key] = tuple(held)
         for h in held:
             self._hold(h, +1)
-            touched.append(h.device[:2])
+            touched.append(h[0][:2])
         self._bump(touched)
         return touched
 
@@ -70,28 +73,29 @@ class AllocatedState:
             return []
         for h in held:
             self._hold(h, -1)
-        touched = [h.device[:2] for h in held]
+        touched = [h[0][:2] for h in held]
         self._bump(touched)
         return touched
 
-    def _hold(self, h: HeldDevice, sign: int) -> None:
-        if h.share_id is None:
-            count = self._exclusive.get(h.device, 0) + sign
+    def _hold(self, held: tuple, sign: int) -> None:
+        device, share_id, consumed = held
+        if share_id is None:
+            count = self._exclusive.get(device, 0) + sign
             if count > 0:
-                self._exclusive[h.device] = count
+                self._exclusive[device] = count
             else:
-                self._exclusive.pop(h.device, None)
+                self._exclusive.pop(device, None)
             return
-        count = self._shares.get(h.device, 0) + sign
+        count = self._shares.get(device, 0) + sign
         if count > 0:
-            self._shares[h.device] = count
+            self._shares[device] = count
         else:
-            self._shares.pop(h.device, None)
-        totals = self._capacity.setdefault(h.device, {})
-        for name, value in h.consumed:
+            self._shares.pop(device, None)
+        totals = self._capacity.setdefault(device, {})
+        for name, value in consumed:
             totals[name] = totals.get(name, Fraction(0)) + sign * value
         if count <= 0:
-            self._capacity.pop(h.device, None)
+            self._capacity.pop(device, None)
 
     def _bump(self, pools: list[PoolID]) -> None:
         self.version += 1
@@ -127,7 +131,7 @@ class AllocatedState:
         return self._pool_versions.get(pool, 0)
 
     def claims(self) -> dict[str, list[HeldDevice]]:
-        return dict(self._claims)
+        return {key: [HeldDevice(*h) for h in held] for key, held in self._claims.items()}
 
     def holders(self, device: DeviceID) -> list[str]:
-        return [k for k, held in self._claims.items() if any(h.device == device for h in held)]
+        return [k for k, held in self._claims.items() if any(h[0] == device for h in held)]

@@ -8,7 +8,7 @@ The engine (cel-expr-python, Google's C++ CEL runtime) stays behind this module;
 
 from .device import CELDevice, device_for_cel, split_qualified_name
 from .errors import CELCompileError, CELError, CELRuntimeError
-from .references import projection, referenced_entries
+from .references import projection, referenced_entries, slice_projection
 from .selector import MAX_EXPRESSION_LENGTH, MAX_SELECTOR_COST, DeviceSelectorProgram, compile_selector
 from .semver import Semver, SemverError, parse_semver
 
@@ -27,5 +27,6 @@ __all__ = [
     "parse_semver",
     "projection",
     "referenced_entries",
+    "slice_projection",
     "split_qualified_name",
 ]

@@ -9,13 +9,17 @@ a comprehension or `in`), a macro or method on a map (`.exists(`, `.size()`), in
 syntax, odd spacing, single quotes. Giving up only costs the cache its sharing, never an answer:
 a string literal that looks like a reference adds an entry, which only makes the key finer.
 
-`projection` is the part of a device such a selector sees, as a hashable key.
+`projection` is the part of a device such a selector sees, as a hashable key. `slice_projection`
+is a key that decides it, read straight from the ResourceSlice device: a cache can then tell that
+a fresh device looks like one already evaluated without building its CELDevice first.
 """
 
 from __future__ import annotations
 
 import re
 from functools import lru_cache
+
+from draplane.api.resource import Device
 
 from .device import CELDevice
 
@@ -60,4 +64,40 @@ def projection(device: CELDevice, entries: tuple[Entry, ...]) -> tuple:
         else:
             # bool is an int to Python: the type keeps True apart from 1, as CEL keeps them apart
             key.append((type(value), value))
+    return tuple(key)
+
+
+@lru_cache(maxsize=4096)
+def _attribute_names(entries: tuple[Entry, ...]) -> tuple[frozenset[str], frozenset[tuple[str, str]]]:
+    """The attribute domains, and the (domain, name) pairs, that `entries` read."""
+    named = [(domain, name) for kind, domain, name in entries if kind == "attributes"]
+    return frozenset(domain for domain, _ in named), frozenset(named)
+
+
+def slice_projection(driver: str, device: Device, entries: tuple[Entry, ...]) -> tuple:
+    """A key for what a selector reading only `entries` sees of `device` (of `driver`): devices with
+    equal keys have equal `projection(device_for_cel(driver, device), entries)`. It keeps, in
+    order, everything `device_for_cel` could turn into a named entry, a named domain's presence or
+    the device's `invalid`: attributes of the named domains (the value of a named one), versions
+    and attributes without a value wherever they are (they may not parse, and the first one that
+    does not names the device's error), and every capacity (each is parsed)."""
+    domains, names = _attribute_names(entries)
+    key: list = [driver, bool(device.allow_multiple_allocations)]
+    for raw_name, attribute in (device.attributes or {}).items():
+        # device_for_cel's order of precedence among the value fields
+        value = attribute.int_value
+        if value is None:
+            value = attribute.bool_value
+            if value is None:
+                value = attribute.string_value
+                if value is None:
+                    key.append((raw_name, attribute.version_value))
+                    continue
+        domain, slash, ident = raw_name.partition("/")  # split_qualified_name, inline: this is hot
+        if not slash:
+            domain, ident = driver, raw_name
+        if domain in domains:
+            # the type keeps True apart from 1 (see `projection`)
+            key.append((domain, ident, type(value), value) if (domain, ident) in names else (domain,))
+    key.append(tuple((name, entry.value) for name, entry in (device.capacity or {}).items()))
     return tuple(key)

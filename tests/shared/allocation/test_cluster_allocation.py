@@ -9,11 +9,15 @@ from allocation_builders import (
     DRIVER_A,
     allocated,
     claim,
+    claim_config,
     device,
     device_class,
+    first_available,
+    match,
     node,
     request,
     slice_,
+    sub,
 )
 from draplane.allocation import (
     AllocationError,
@@ -247,11 +251,11 @@ def test_alike_nodes_share_one_search(monkeypatch):
     monkeypatch.setattr(NodeAllocator, "allocate", counting)
     c = cluster(*[gpu_node(f"node-{i:02d}") for i in range(20)])
     p = take(c, "c0", 2)
-    assert len(calls) <= 2, calls  # one search for all twenty alike nodes, one for the pick
+    assert len(calls) == 1, calls  # one search for all twenty alike nodes; the pick is placed like it
     assert p.node == "node-00"
     calls.clear()
     take(c, "c1", 2)
-    assert len(calls) <= 3, calls  # the changed node, and the pick
+    assert len(calls) <= 1, calls  # the changed node at most
 
 
 def test_draplane_keeps_a_whole_node_for_a_later_big_claim():
@@ -265,3 +269,55 @@ def test_draplane_keeps_a_whole_node_for_a_later_big_claim():
 
     assert isinstance(run("first-fit"), Unallocatable)
     assert run("draplane").node == "node-a"
+
+
+@pytest.mark.parametrize("policy", ["draplane", "first-fit"])
+def test_a_placement_taken_from_an_alike_node_is_what_the_search_on_the_picked_node_finds(policy, monkeypatch):
+    # Nodes alike but for their pool and device names (and UUIDs): the cluster searches one of
+    # them and places claims on the others like it (NodeAllocator.place_like). Each answer must
+    # be the one a search on the picked node gives: devices, names, config, node selector, score.
+    from random import Random
+
+    from draplane.allocation.allocator import NodeAllocator
+    from draplane.api.codec import encode_json
+
+    placed_like = []
+    original = NodeAllocator.place_like
+
+    def counting(self, template, positions, node, pools):
+        placed_like.append(node.metadata.name)
+        return original(self, template, positions, node, pools)
+
+    monkeypatch.setattr(NodeAllocator, "place_like", counting)
+    slices = []
+    for n in range(12):
+        name = f"node-{n:02d}"
+        slices.append(slice_(f"{name}-slice", name, f"pool-{n:02d}", A, *[
+            device(f"gpu-{g}" if n % 2 else f"dev{g}x", {ROOT: f"pci{g // 2}", NUMA: g // 4, "uuid": f"GPU-{n}-{g}"},
+                   {"memory": "80Gi"}, binding=["ready"] if n >= 10 else None)
+            for g in range(8)]))
+    classes = [device_class(CLASS_A, A, config=[{"from": "class"}]),
+               device_class("big", A, f'device.capacity["{A}"].memory.isGreaterThan(quantity("40Gi"))')]
+    c = Cluster(slices=slices, classes=classes, policy=policy)
+    c.ensure_nodes_from_slices()
+    rng = Random(3)
+    for i in range(60):
+        size = rng.choice([1, 1, 2, 2, 4, 8])
+        kind = rng.random()
+        if kind < 0.3:
+            cl = claim(f"c{i}", request("gpu", CLASS_A, size), constraints=[match(ROOT if size <= 2 else NUMA)])
+        elif kind < 0.5:
+            cl = claim(f"c{i}", first_available("gpu", sub("big", "big", size), sub("any", CLASS_A, size)))
+        else:
+            cl = claim(f"c{i}", request("gpu", CLASS_A, size), config=[claim_config(A, {"from": "claim"})])
+        placement = c.allocate([cl])
+        if not isinstance(placement, NodePlacement):
+            continue
+        searched = c.allocator.allocate([cl], c.nodes[placement.node], c.policy)
+        assert isinstance(searched, NodePlacement)
+        assert encode_json(placement.allocations) == encode_json(searched.allocations)
+        assert placement.score == searched.score
+        assert ([[(d.record.id, d.pool.id, d.plan.full_name) for d in chosen] for chosen in placement.chosen]
+                == [[(d.record.id, d.pool.id, d.plan.full_name) for d in chosen] for chosen in searched.chosen])
+        c.commit([cl], placement)
+    assert len(placed_like) >= 8, placed_like  # the path under test was taken

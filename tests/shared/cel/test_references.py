@@ -7,7 +7,16 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from draplane.api.quantity import parse_quantity
-from draplane.cel import CELDevice, CELRuntimeError, compile_selector, projection, referenced_entries
+from draplane.api.resource import Device, DeviceAttribute, DeviceCapacity
+from draplane.cel import (
+    CELDevice,
+    CELRuntimeError,
+    compile_selector,
+    device_for_cel,
+    projection,
+    referenced_entries,
+    slice_projection,
+)
 
 D = "gpu.nvidia.com"
 
@@ -72,3 +81,55 @@ def test_devices_with_one_projection_get_one_answer(expression, shapes):
     for device in devices:
         by_key.setdefault(projection(device, entries), set()).add(repr(answer(expression, device)))
     assert all(len(answers) == 1 for answers in by_key.values()), by_key
+
+
+# Slice devices built to reach every corner of device_for_cel: a name both plain and qualified
+# (the later one wins), another domain, versions that parse and that do not, an attribute with no
+# value, True next to 1, capacities that parse and that do not.
+ATTRIBUTE_NAMES = ["model", f"{D}/model", "uuid", "other.example.com/model", "resource.kubernetes.io/pcieRoot"]
+ATTRIBUTE_VALUES = [
+    DeviceAttribute(string_value="H100"), DeviceAttribute(string_value="A100"), DeviceAttribute(int_value=1),
+    DeviceAttribute(bool_value=True), DeviceAttribute(version_value="1.2.3"), DeviceAttribute(version_value="x.y"),
+    DeviceAttribute(),
+]
+SLICE_EXPRESSIONS = EXPRESSIONS + [
+    f'device.driver == "{D}"',
+    f'device.attributes["resource.kubernetes.io"].pcieRoot == "H100"',
+    f'has(device.attributes["other.example.com"].model)',
+    f'device.attributes["{D}"].uuid == "A100" || device.allowMultipleAllocations',
+]
+
+
+@settings(max_examples=300, deadline=None, derandomize=True)
+@given(st.sampled_from(SLICE_EXPRESSIONS), st.lists(
+    st.tuples(st.lists(st.tuples(st.sampled_from(ATTRIBUTE_NAMES), st.sampled_from(ATTRIBUTE_VALUES)), max_size=4),
+              st.sampled_from([None, "40Gi", "80Gi", "lots"]), st.sampled_from([None, True])),
+    min_size=2, max_size=8))
+def test_slice_devices_with_one_slice_projection_get_one_projection_and_one_answer(expression, shapes):
+    entries = referenced_entries(expression)
+    assert entries is not None
+    by_key: dict = {}
+    for i, (attributes, memory, multi) in enumerate(shapes):
+        device = Device(name=f"gpu-{i}", attributes=dict(attributes) or None,
+                        capacity={"memory": DeviceCapacity(value=memory)} if memory else None,
+                        allow_multiple_allocations=multi)
+        seen = device_for_cel(D, device)
+        by_key.setdefault(slice_projection(D, device, entries), set()).add(
+            (projection(seen, entries), repr(answer(expression, seen))))
+    assert all(len(seen) == 1 for seen in by_key.values()), by_key
+
+
+def test_slice_projection_ignores_what_the_selector_cannot_see_and_keeps_what_it_can():
+    entries = referenced_entries(f'device.attributes["{D}"].model == "H100"')
+
+    def key(uuid: str, model: str, version: str = "1.0.0"):
+        return slice_projection(D, Device(name=uuid, attributes={
+            "uuid": DeviceAttribute(string_value=uuid), "model": DeviceAttribute(string_value=model),
+            "driverVersion": DeviceAttribute(version_value=version)}), entries)
+
+    assert key("GPU-1", "H100") == key("GPU-2", "H100")  # one evaluation for a model's GPUs
+    assert key("GPU-1", "H100") != key("GPU-1", "A100")
+    assert key("GPU-1", "H100") != key("GPU-1", "H100", version="bad")  # the device's error differs
+    as_int, as_bool = (slice_projection(D, Device(name="gpu", attributes={"model": value}), entries)
+                       for value in (DeviceAttribute(int_value=1), DeviceAttribute(bool_value=True)))
+    assert as_int != as_bool  # CEL keeps 1 and true apart; Python's 1 == True must not merge them
