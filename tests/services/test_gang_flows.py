@@ -221,3 +221,24 @@ async def test_kubernetes_138765_both_whole_or_half_members_get_a_half(schedulin
     results = sorted((r.request, r.device) for c in claims for r in c.status.allocation.devices.results)
     assert results == [("gpu/half", "gpu-0-half-0"), ("gpu/half", "gpu-0-half-1")]
     no_races_or_errors(scheduling)
+
+
+async def test_pods_beyond_min_count_do_not_keep_the_gang_from_running(scheduling, kube, kubectl, namespace):
+    """minCount 2 of 3 eight-GPU pods, room for two: the two run, the third waits for room (all
+    three together would never fit)."""
+    class_name, nodes = await gpu_cluster(scheduling, kube, nodes=2)
+    await scheduling.start()
+    await kubectl.apply(pod_group_yaml(namespace, "job", 2) + "---" + "---".join(
+        gang_yaml(namespace, "job", scheduling.scheduler_name, class_name, pods=3, gpus=8)))
+
+    async def two_bound():
+        placed = await nodes_of(kubectl, namespace, "job-")
+        return placed if sum(1 for n in placed.values() if n) == 2 else None
+
+    placed = await scheduling.wait_for(two_bound, 45, "two of the three members bound")
+    assert {n for n in placed.values() if n} == set(nodes)
+    (waiting,) = [name for name, node in placed.items() if not node]
+    await wait_unschedulable(scheduling, kubectl, namespace, waiting)
+    await asyncio.sleep(2)
+    assert sum(1 for n in (await nodes_of(kubectl, namespace, "job-")).values() if n) == 2
+    no_races_or_errors(scheduling)

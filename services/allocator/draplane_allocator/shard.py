@@ -700,10 +700,15 @@ class Shard:
             if all(got is not None for got in read):
                 break
         members = [inputs[m.pod.uid] for m in ready]
-        await self._place_gang(spec, members, started)
+        # minCount must fit together; pods beyond it follow when they can (a Job whose parallelism
+        # exceeds minCount): if all do not fit, the first ones up to minCount are placed alone
+        needed = max(spec.min_count - len(self.gang_bound.get(key, ())), 1)
+        await self._place_gang(spec, members, started, needed=needed)
         return []
 
-    async def _place_gang(self, spec: GangSpec, members: list, started: float) -> None:
+    async def _place_gang(self, spec: GangSpec, members: list, started: float, needed: int | None = None) -> None:
+        """`needed`: how many of `members` (in arrival order) must fit together at the least; more
+        are placed when they all fit."""
         pendings = [pending for pending, _ in members]
         for pending, (_, claims) in members:
             # held for it by a preemption whose victims still hold the devices: wait, or Kubernetes
@@ -726,6 +731,17 @@ class Shard:
                 await self._answer_members(pendings, f"draplane shard {self.index}: internal error while placing "
                                            f"gang {spec.key}: {exc!r}", claim_error=True)
                 return
+            if isinstance(outcome, GangUnplaceable) and needed is not None and needed < len(members):
+                first = place_gang_members(self.state, spec, [got for _, got in members[:needed]])
+                if isinstance(first, GangPlaced):
+                    self.log.info("shard %d: gang %s: %d pods do not fit together, the first %d (its minCount "
+                                  "less those running) do; the others wait", self.index, spec.key, len(members),
+                                  needed, extra=fields(gang=spec.key))
+                    later = [pending for pending, _ in members[needed:]]
+                    members, pendings, outcome = members[:needed], pendings[:needed], first
+                    await self._answer_members(later, f"gang {spec.key}: waiting for room beside the {needed} "
+                                               f"members placed now: {len(later) + needed} pods do not fit together",
+                                               label=GANG_UNPLACEABLE)
             if isinstance(outcome, GangUnplaceable):
                 # the core's explanation names the gang, the members and where each fits alone
                 message = f"the gang's {len(members)} pods do not fit together: {outcome.message}"
@@ -846,13 +862,24 @@ class Shard:
         explanation = plan.explain()
         preemptions: dict[str, Preemption] = {}
         nominated: set[str] = set()
+        held: list[tuple[str, dict, str]] = []  # (node, claim uid -> devices, pod uid): the undo's arguments
         for pending, (pod, claims) in members:
             placed = plan.placement.members[pending.pod.uid]
             victims = plan.victims_on(placed.node)
             if not await self._hold_for_preemption(pending, pod, claims, placed.node, placed.allocations, victims):
-                # the holds made so far lapse with their lease; nobody is evicted
+                # the undo, beside the step: the members held so far are let go, so the next
+                # attempt plans afresh instead of waiting on holds that lead nowhere; nobody is evicted
+                for node, expected, pod_uid in held:
+                    try:
+                        await self.store.change(node, lambda e, x=expected, u=pod_uid: protocol.abandon(e, x, [u]))
+                    except Exception as exc:  # noqa: BLE001 - the hold then lapses with its lease
+                        self.log.warning("shard %d: gang %s: node %s: letting a preemption hold go failed (%r); it "
+                                         "lapses with its lease", self.index, spec.key, node, exc,
+                                         extra=fields(gang=spec.key, node=node))
                 return (f" preemption: postponed, node {placed.node}'s reservations changed while it was planned; "
                         f"planning again at the next attempt"), {}
+            held.append((placed.node, {uid: rv.devices_of(a) for uid, a in placed.allocations.items()},
+                         pending.pod.uid))
             preemptions[pending.pod.uid] = Preemption(
                 node=placed.node, explanation=explanation,
                 victims=[] if placed.node in nominated else [PodRef(namespace=v.namespace, name=v.name, uid=v.uid)

@@ -146,10 +146,23 @@ def test_the_gang_search_budget_evicts_nobody_rather_than_too_many():
 
     def try_place(gone):
         calls.append(len(gone))
-        return object()  # fits whatever is gone: every trial gives victims back
+        return object() if len(gone) == 24 else None  # fits only with every pod gone: nothing is given back
 
     plan = preemption.plan_gang_preemption("ns/big", [p for p, _ in gang],
                                            running={n: list(p.values()) for n, p in state.running.items()},
-                                           try_place=try_place, trials=3)
-    assert isinstance(plan, NoPreemption) and "gave up choosing victims after 3 joint placements" in plan.reason
-    assert len(calls) == 3
+                                           try_place=try_place, trials=4)
+    assert isinstance(plan, NoPreemption) and "gave up choosing victims at the search budget (4 joint" in plan.reason
+    assert len(calls) == 4
+
+
+def test_a_gang_facing_more_victim_nodes_than_trials_is_refused_before_any_search():
+    from draplane.scheduling import preemption
+
+    state = full_state(3)
+    gang = high(members("big", 1, 8))
+    calls = []
+    plan = preemption.plan_gang_preemption("ns/big", [p for p, _ in gang],
+                                           running={n: list(p.values()) for n, p in state.running.items()},
+                                           try_place=lambda gone: calls.append(1), trials=3)
+    assert isinstance(plan, NoPreemption) and "lower-priority pods run on 3 nodes, more than the 3" in plan.reason
+    assert calls == []
