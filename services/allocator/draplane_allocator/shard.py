@@ -745,7 +745,8 @@ class Shard:
             if isinstance(outcome, GangUnplaceable):
                 # the core's explanation names the gang, the members and where each fits alone
                 message = f"the gang's {len(members)} pods do not fit together: {outcome.message}"
-                said, preemptions = await self._preempt_for_gang(spec, members)
+                # room is made for minCount's worth, not for every pod beyond it
+                said, preemptions = await self._preempt_for_gang(spec, members[:needed] if needed else members)
                 message += said
                 self.log.info("shard %d: %s", self.index, message, extra=fields(gang=spec.key))
                 await self._answer_members(pendings, message, label=GANG_UNPLACEABLE, preemptions=preemptions)
