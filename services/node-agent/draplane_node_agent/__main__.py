@@ -21,7 +21,7 @@ from draplane.structured_logs import add_log_format_argument, configure_logging
 from draplane.messages.inventory import DEFAULT_PREFIX, InventoryNames
 from draplane_node_agent.agent import AgentFleet, SimulatedAgent
 from draplane_node_agent.hardware import driver_devices
-from draplane_node_agent.profile import ProfileError, load_profile, shipped_profiles
+from draplane_node_agent.profile import ProfileError, load_profile, profile_names
 
 
 class ProfileDiscovery:
@@ -65,7 +65,7 @@ def parse_args(argv: list[str] | None, *, check_credentials: bool = False) -> ar
     add_nats_arguments(parser)
     parser.add_argument("--prefix", default=DEFAULT_PREFIX, help="NATS subject prefix (default %(default)s)")
     parser.add_argument("--backend", choices=["nvml", "profile"], default=None)
-    parser.add_argument("--profile", help=f"profile name ({', '.join(shipped_profiles())}) or YAML path")
+    parser.add_argument("--profile", help=f"profile name ({', '.join(profile_names())}) or YAML path")
     parser.add_argument("--node", default=os.environ.get("NODE_NAME"), help="node name (one agent)")
     parser.add_argument("--nodes", type=int, default=0, help="run this many simulated agents in one process")
     parser.add_argument("--node-prefix", default="sim", help="simulated node names: <prefix>-0000, ...")

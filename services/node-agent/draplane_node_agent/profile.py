@@ -1,7 +1,9 @@
 """The `profile` discovery backend: a YAML hardware profile describes a simulated node.
 
-Profiles shipped with draplane live next to this module (`shipped_profiles()`); `load_profile()`
-takes either such a name or a path. Devices are laid out the way real servers are: GPUs, then NICs,
+Profiles shipped with draplane live next to this module (`shipped_profiles()`: the node mixes that
+`draplane up` and the benches deal out), more in `profiles/more` (`more_profiles()`: hardware only
+some tools ask for by name, such as the H100 MIG node of `draplane simulate --mig`); `load_profile()`
+takes either kind of name or a path. Devices are laid out the way real servers are: GPUs, then NICs,
 spread evenly over the PCIe roots, and the roots evenly over the NUMA nodes, so topology-aware
 requests ("a GPU and a NIC on the same PCIe root") have something real to match. UUIDs derive from
 the node name, so a node keeps its identity across agent restarts.
@@ -27,6 +29,7 @@ from draplane_node_agent.hardware import (
 )
 
 PROFILE_DIR = Path(__file__).parent / "profiles"
+MORE_PROFILE_DIR = PROFILE_DIR / "more"
 _UUID_NAMESPACE = uuid.UUID("6f1d3c52-3f0e-4f3a-9d0b-4a6b8f1e2c77")
 
 
@@ -110,13 +113,22 @@ def shipped_profiles() -> dict[str, Path]:
     return {p.stem: p for p in sorted(PROFILE_DIR.glob("*.yaml"))}
 
 
+def more_profiles() -> dict[str, Path]:
+    return {p.stem: p for p in sorted(MORE_PROFILE_DIR.glob("*.yaml"))}
+
+
+def profile_names() -> dict[str, Path]:
+    """Every profile `load_profile()` knows by name."""
+    return {**shipped_profiles(), **more_profiles()}
+
+
 def load_profile(name_or_path: str | Path) -> HardwareProfile:
     path = Path(name_or_path)
-    shipped = shipped_profiles()
-    if str(name_or_path) in shipped:
-        path = shipped[str(name_or_path)]
+    known = profile_names()
+    if str(name_or_path) in known:
+        path = known[str(name_or_path)]
     elif not path.exists():
-        raise ProfileError(f"profile {name_or_path!r}: no such file, and not a shipped profile ({', '.join(shipped)})")
+        raise ProfileError(f"profile {name_or_path!r}: no such file, and not a shipped profile ({', '.join(known)})")
     try:
         return parse_profile(path.read_text(), source=str(path))
     except OSError as exc:

@@ -7,11 +7,12 @@ Writes DIR/allocation.csv (policy,seed,arrived_pct,allocated_pct), DIR/allocatio
 one line per policy: the mean unallocated GPU % at the last point and the failed pods. With several
 --pods files, each gets its own folder DIR/<file stem>/ and its own table.
 
-    draplane simulate --mig --policy first-fit --policy draplane --seeds 1-5 --out DIR
+    draplane simulate --mig --mig-profile h100-mig --policy first-fit --policy draplane --seeds 1-5 --out DIR
 
-replays a seeded MIG workload instead (1g/2g/3g/4g/7g requests arriving and leaving on a100-mig
-nodes, see draplane.simulation.mig): DIR/mig.csv, a table of refused requests and stranded memory
-slices per policy, the offline bound on refusals (--bound), and one BENCH line per policy.
+replays a seeded MIG workload instead (1g/2g/3g/4g/7g requests arriving and leaving on nodes of a
+MIG node profile, a100-mig by default, see draplane.simulation.mig): DIR/mig.csv, a table of refused
+requests and stranded memory slices per policy, the offline bound on refusals (--bound), and one
+BENCH line per policy. With several --mig-profile each gets its own table and DIR/<profile>/mig.csv.
 Exit 0 done; 2 bad input (the message names file, line and column).
 """
 
@@ -71,6 +72,12 @@ def _positive(text: str) -> int:
     return value
 
 
+MIG_POLICIES = ("first-fit", "draplane")
+# The node profiles with MIG GPUs (draplane.simulation.mig.NODE_PROFILES, named here so that
+# `draplane --help` does not import the simulation); the first is the default.
+MIG_NODE_PROFILES = ("a100-mig", "h100-mig")
+
+
 def register(subparsers) -> None:
     p = subparsers.add_parser(
         "simulate",
@@ -83,7 +90,9 @@ def register(subparsers) -> None:
                    help="pod list CSV (name,cpu_milli,memory_mib,num_gpu,gpu_milli[,gpu_spec]); repeat for several traces")
     mig = p.add_argument_group("MIG workload (--mig)")
     mig.add_argument("--mig", action="store_true", help="replay the seeded MIG workload instead of a trace")
-    mig.add_argument("--mig-nodes", type=_positive, default=4, help="a100-mig nodes, 8 GPUs each (default 4)")
+    mig.add_argument("--mig-profile", action="append", choices=MIG_NODE_PROFILES, dest="mig_profiles",
+                     help="node profile whose GPUs the requests land on; repeat to run both (default a100-mig)")
+    mig.add_argument("--mig-nodes", type=_positive, default=4, help="nodes of the MIG profile, 8 GPUs each (default 4)")
     mig.add_argument("--mig-requests", type=_positive, default=600, help="requests per seed (default 600)")
     mig.add_argument("--mig-load", type=_inflate, default=1.0,
                      help="offered memory slices as a multiple of the cluster's (default 1.0)")
@@ -194,44 +203,53 @@ def run(args: argparse.Namespace) -> int:
     return 0
 
 
-MIG_POLICIES = ("first-fit", "draplane")
-
-
 def run_mig(args: argparse.Namespace) -> int:
-    from draplane.simulation import mig
-
     policies = list(dict.fromkeys(args.policies or MIG_POLICIES))
     unknown = [p for p in policies if p not in MIG_POLICIES]
     if unknown:
         print(f"draplane simulate --mig: policies {', '.join(unknown)} place trace pods only; use {', '.join(MIG_POLICIES)}",
               file=sys.stderr)
         return 2
-    args.out.mkdir(parents=True, exist_ok=True)
-    gpus = args.mig_nodes * mig.GPUS_PER_NODE
+    node_profiles = list(dict.fromkeys(args.mig_profiles or MIG_NODE_PROFILES[:1]))
+    several = len(node_profiles) > 1
+    for node_profile in node_profiles:
+        out = args.out / node_profile if several else args.out
+        out.mkdir(parents=True, exist_ok=True)
+        print(run_mig_profile(node_profile, policies, args, out))
+        sys.stdout.flush()
+    return 0
+
+
+def run_mig_profile(node_profile: str, policies: list[str], args: argparse.Namespace, out: Path) -> str:
+    """One node profile's runs, every seed and policy, written to out/mig.csv; returns the table."""
+    from draplane.simulation import mig
+
+    gpus = args.mig_nodes * mig.gpu_shape(node_profile).gpus_per_node
     results: list = []
     bounds: dict[int, object] = {}
-    with open(args.out / "mig.csv", "w", newline="") as handle:
+    with open(out / "mig.csv", "w", newline="") as handle:
         writer = csv.writer(handle)
         writer.writerow(["policy", "seed", "requests", "refused", "fragmentation_refusals", "stranded_slices"])
         for seed in args.seeds:
-            requests = mig.mig_requests(seed, args.mig_requests, gpus, args.mig_load)
+            requests = mig.mig_requests(seed, args.mig_requests, gpus, args.mig_load, node_profile=node_profile)
             for policy in policies:
-                result = mig.replay(requests, args.mig_nodes, policy, seed)
+                result = mig.replay(requests, args.mig_nodes, policy, seed, node_profile=node_profile)
                 results.append(result)
                 writer.writerow([policy, seed, result.requests, result.refused, result.fragmentation_refusals,
                                  f"{result.stranded_slices:.2f}"])
             if args.bound:
-                bounds[seed] = bound = mig.placement_bound(requests, gpus)
+                bounds[seed] = bound = mig.placement_bound(requests, gpus, node_profile=node_profile)
                 writer.writerow(["bound", seed, bound.requests, bound.fewest_refused, "", ""])
-    print(format_mig_table(results, bounds, args))
-    return 0
+    return format_mig_table(results, bounds, args, node_profile, gpus)
 
 
-def format_mig_table(results, bounds, args) -> str:
+def format_mig_table(results, bounds, args, node_profile: str, gpus: int) -> str:
     seeds = args.seeds
     seed_text = f"{seeds[0]}-{seeds[-1]}" if seeds == list(range(seeds[0], seeds[-1] + 1)) else ",".join(map(str, seeds))
+    # BENCH names keep their a100 form, so earlier records still line up; other GPUs add theirs.
+    suffix = "" if node_profile == MIG_NODE_PROFILES[0] else "_" + node_profile.split("-")[0]
     lines = [
-        f"MIG workload: {args.mig_nodes} a100-mig nodes ({args.mig_nodes * 8} GPUs), {args.mig_requests} requests "
+        f"MIG workload: {args.mig_nodes} {node_profile} nodes ({gpus} GPUs), {args.mig_requests} requests "
         f"per seed, load {args.mig_load}, {len(seeds)} seeds ({seed_text})",
         f"  {'policy':<10} {'refused %':>10} {'refused':>8} {'by fragmentation':>17} {'stranded slices':>16}  refused by profile",
     ]
@@ -248,7 +266,7 @@ def format_mig_table(results, bounds, args) -> str:
         stranded = statistics.fmean(r.stranded_slices for r in runs)
         profiles = "  ".join(f"{name} {count:.1f}" for name, count in sorted(by_profile.items()))
         lines.append(f"  {policy:<10} {refused_pct:>10.2f} {refused:>8.1f} {fragmentation:>17.1f} {stranded:>16.1f}  {profiles}")
-        bench.append(f"BENCH name=simulate_mig_{policy} refused_pct={refused_pct:.2f} refused={refused:.1f} "
+        bench.append(f"BENCH name=simulate_mig{suffix}_{policy} refused_pct={refused_pct:.2f} refused={refused:.1f} "
                      f"fragmentation_refusals={fragmentation:.1f} stranded_slices={stranded:.1f} "
                      f"seconds={sum(r.seconds for r in runs):.1f}")
     if bounds:
@@ -257,7 +275,7 @@ def format_mig_table(results, bounds, args) -> str:
         proven = sum(b.proven_optimal for b in bounds.values())
         lines.append(f"  {'bound':<10} {100 * fewest / requests:>10.2f} {fewest:>8.1f}  (fewest refusals any policy could have; "
                      f"optimal on {proven} of {len(bounds)} seeds, else the solver's dual bound)")
-        bench.append(f"BENCH name=simulate_mig_bound refused_pct={100 * fewest / requests:.2f} refused={fewest:.1f}")
+        bench.append(f"BENCH name=simulate_mig{suffix}_bound refused_pct={100 * fewest / requests:.2f} refused={fewest:.1f}")
     lines.append("  refused: no placement of the profile left anywhere; by fragmentation: some GPU had enough free memory slices,")
     lines.append("  but in no position the profile may take; stranded slices: free memory slices of the cluster at a refusal, mean")
     return "\n".join(lines + bench)

@@ -1,11 +1,12 @@
-"""A MIG workload: requests for MIG profiles arriving and leaving on partitionable A100s.
+"""A MIG workload: requests for MIG profiles arriving and leaving on partitionable A100s or H100s.
 
 NVIDIA's DRA driver and kube-scheduler place a MIG request first-fit: the first placement of the
 profile, in the slice's device order, that the GPU's counters still allow (NVIDIA dra-driver issue
 932 reports the fragmented GPUs this leaves). Here a seeded stream of 1g/2g/3g/4g/7g requests, each
-living a random while, goes through the allocator core (`Cluster`) on nodes made from the node
-agent's `a100-mig` profile, exactly as the agent and the inventory service publish them: one counter
-set per GPU (engines and one counter per memory slice), each MIG placement a device consuming from it.
+living a random while, goes through the allocator core (`Cluster`) on nodes made from a node agent
+profile with MIG (`a100-mig`, A100 40GB; `h100-mig`, H100 80GB), exactly as the agent and the
+inventory service publish them: one counter set per GPU (engines and one counter per memory slice),
+each MIG placement a device consuming from it. The placement rules come from the profile too.
 
 What is counted:
 - refused requests: no node had a placement left for the profile when it arrived (it is dropped);
@@ -45,11 +46,18 @@ from draplane.api.resource import (
 )
 
 PROFILE = "a100-mig"
+NODE_PROFILES = ("a100-mig", "h100-mig")
 DEVICE_CLASS = "mig.nvidia.com"
 DRIVER = "gpu.nvidia.com"
-GPUS_PER_NODE = 8
 # The mix of requests (profile, weight): small slices are the most common, as in shared inference.
 DEFAULT_MIX = (("1g.5gb", 0.35), ("2g.10gb", 0.25), ("3g.20gb", 0.2), ("4g.20gb", 0.1), ("7g.40gb", 0.1))
+# The H100's mix asks for the same compute sizes as often (1g 35 %, 2g 25 %, ...), so the two GPUs'
+# figures compare; its 1g requests split between 1g.10gb and the two-slice 1g.20gb.
+MIXES = {
+    "a100-mig": DEFAULT_MIX,
+    "h100-mig": (("1g.10gb", 0.25), ("1g.20gb", 0.1), ("2g.20gb", 0.25), ("3g.40gb", 0.2), ("4g.40gb", 0.1),
+                 ("7g.80gb", 0.1)),
+}
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
@@ -72,6 +80,8 @@ class MigProfileShape:
 
 @dataclasses.dataclass(frozen=True, slots=True)
 class MigGpuShape:
+    node_profile: str
+    gpus_per_node: int
     memory_slices: int
     engines: tuple[int, ...]  # the GPU's totals, in MigProfileShape.engines' order
     profiles: tuple[MigProfileShape, ...]
@@ -80,16 +90,20 @@ class MigGpuShape:
         for p in self.profiles:
             if p.name == name:
                 return p
-        raise KeyError(f"MIG profile {name!r} is not in the {PROFILE} profile ({', '.join(p.name for p in self.profiles)})")
+        raise KeyError(f"MIG profile {name!r} is not in the {self.node_profile} profile "
+                       f"({', '.join(p.name for p in self.profiles)})")
 
 
-@lru_cache(maxsize=1)
-def gpu_shape() -> MigGpuShape:
-    """The A100's MIG rules as the node agent's profile states them."""
+@lru_cache(maxsize=None)
+def gpu_shape(node_profile: str = PROFILE) -> MigGpuShape:
+    """One GPU's MIG rules as the node agent's profile states them (its GPUs are all alike)."""
     from draplane_node_agent.profile import load_profile, profile_hardware
 
-    gpu = profile_hardware(load_profile(PROFILE), "shape").gpus[0]
+    gpus = profile_hardware(load_profile(node_profile), "shape").gpus
+    gpu = gpus[0]
     mig = gpu.mig
+    if mig is None or any(g.mig != mig for g in gpus):
+        raise ValueError(f"node profile {node_profile!r}: the MIG workload needs GPUs that are all alike and all partitionable")
     profiles = tuple(
         MigProfileShape(
             p.name, p.placements[0][1], tuple(start for start, _ in p.placements),
@@ -98,20 +112,21 @@ def gpu_shape() -> MigGpuShape:
         for p in mig.profiles
     )
     engines = (mig.multiprocessors, mig.copy_engines, mig.decoders, mig.encoders, mig.jpeg_engines, mig.ofa_engines, gpu.memory)
-    return MigGpuShape(mig.memory_slices, engines, profiles)
+    return MigGpuShape(node_profile, len(gpus), mig.memory_slices, engines, profiles)
 
 
-def node_slices(nodes: int):
-    """(Node objects, ResourceSlices) of `nodes` a100-mig nodes, as the agent and inventory make them."""
+def node_slices(nodes: int, node_profile: str = PROFILE):
+    """(Node objects, ResourceSlices) of `nodes` nodes of a MIG node profile, as the agent and
+    inventory make them."""
     from draplane.api.core import Node, NodeSpec, NodeStatus
     from draplane_inventory.slices import NodeRef, plan_node
     from draplane_node_agent.hardware import driver_devices
     from draplane_node_agent.profile import load_profile, profile_hardware
 
-    profile = load_profile(PROFILE)
+    profile = load_profile(node_profile)
     k8s_nodes, slices = [], []
     for i in range(nodes):
-        name = f"{PROFILE}-{i:04d}"
+        name = f"{node_profile}-{i:04d}"
         drivers = [d for d in driver_devices(profile_hardware(profile, name)) if d.driver == DRIVER]
         slices.extend(s for plan in plan_node(NodeRef(name, f"uid-{name}"), drivers, []) for s in plan.creates)
         k8s_nodes.append(Node(metadata=ObjectMeta(name=name), spec=NodeSpec(), status=NodeStatus()))
@@ -134,10 +149,13 @@ def mig_claim(name: str, profile: str) -> ResourceClaim:
     )
 
 
-def mig_requests(seed: int, count: int, gpus: int, load: float, mix: Sequence[tuple[str, float]] = DEFAULT_MIX) -> list[MigRequest]:
+def mig_requests(seed: int, count: int, gpus: int, load: float, mix: Sequence[tuple[str, float]] | None = None,
+                 node_profile: str = PROFILE) -> list[MigRequest]:
     """`count` requests arriving one per time unit on average (Poisson), each staying an
-    exponential while whose mean makes the offered memory slices `load` x the cluster's."""
-    shape = gpu_shape()
+    exponential while whose mean makes the offered memory slices `load` x the cluster's. The mix
+    defaults to the node profile's (`MIXES`)."""
+    shape = gpu_shape(node_profile)
+    mix = MIXES[node_profile] if mix is None else mix
     rng = random.Random(f"mig-{seed}")
     names = [name for name, _ in mix]
     weights = [w for _, w in mix]
@@ -178,14 +196,15 @@ def _placed_slices(placement: NodePlacement, shape: MigGpuShape) -> tuple[str, i
     return placement.node, int(gpu_part.split("-")[1]), int(start), profile.slices
 
 
-def replay(requests: Sequence[MigRequest], nodes: int, policy, seed: int = 0) -> MigResult:
-    """Every request through the allocator core with `policy` (a name or a ScoringPolicy)."""
+def replay(requests: Sequence[MigRequest], nodes: int, policy, seed: int = 0, node_profile: str = PROFILE) -> MigResult:
+    """Every request through the allocator core with `policy` (a name or a ScoringPolicy), on
+    `nodes` nodes of `node_profile`."""
     import time
 
-    shape = gpu_shape()
-    k8s_nodes, slices = node_slices(nodes)
+    shape = gpu_shape(node_profile)
+    k8s_nodes, slices = node_slices(nodes, node_profile)
     cluster = Cluster(slices=slices, classes=[mig_device_class()], nodes=k8s_nodes, policy=policy)
-    free = {(n.metadata.name, g): [True] * shape.memory_slices for n in k8s_nodes for g in range(GPUS_PER_NODE)}
+    free = {(n.metadata.name, g): [True] * shape.memory_slices for n in k8s_nodes for g in range(shape.gpus_per_node)}
     holding: dict[str, tuple[str, int, int, int]] = {}
     leaving: list[tuple[float, str]] = []
     refused: Counter[str] = Counter()
@@ -256,7 +275,8 @@ class PlacementBound:
         return self.requests - self.most_placed
 
 
-def placement_bound(requests: Sequence[MigRequest], gpus: int, *, time_limit: float = 60.0) -> PlacementBound:
+def placement_bound(requests: Sequence[MigRequest], gpus: int, *, time_limit: float = 60.0,
+                    node_profile: str = PROFILE) -> PlacementBound:
     """An upper bound on the requests any policy could place, arrivals and departures as given.
 
     Variables: a_r ∈ {0, 1}, request r placed; y_tc ≥ 0 integer, GPUs in configuration c at the
@@ -270,7 +290,7 @@ def placement_bound(requests: Sequence[MigRequest], gpus: int, *, time_limit: fl
     from scipy.optimize import Bounds, LinearConstraint, milp
     from scipy.sparse import coo_matrix
 
-    shape = gpu_shape()
+    shape = gpu_shape(node_profile)
     configs = gpu_configurations(shape)
     names = [p.name for p in shape.profiles]
     n, c = len(requests), len(configs)
@@ -313,6 +333,6 @@ def placement_bound(requests: Sequence[MigRequest], gpus: int, *, time_limit: fl
 
 
 __all__ = [
-    "DEFAULT_MIX", "MigRequest", "MigResult", "PlacementBound", "gpu_configurations", "gpu_shape", "mig_claim",
+    "DEFAULT_MIX", "MIXES", "NODE_PROFILES", "MigRequest", "MigResult", "PlacementBound", "gpu_configurations", "gpu_shape", "mig_claim",
     "mig_requests", "node_slices", "placement_bound", "replay",
 ]
