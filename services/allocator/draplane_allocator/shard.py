@@ -624,9 +624,8 @@ class Shard:
                 self.m.lapses_released.inc(len(lapsed.released))
                 self.m.lapses_confirmed.inc(len(lapsed.confirmed))
                 placements.extend((pending, claims, placed, expires_at) for pending, _, claims, placed in staged[node])
-        for node in lost:
-            await self.store.refresh(node)
-            self._on_reservations(node)  # drop this round's reservations from the view if refresh saw no news
+        # drop this round's reservations from the view, even where the refresh saw no news
+        await self._refresh(lost)
         for pending, pod, claims, placed in republish:
             if placed.node in lost:
                 again.append((pending, pod, claims))  # it leaned on a reservation that did not stick
@@ -841,6 +840,7 @@ class Shard:
         return None
 
     async def _refresh(self, nodes) -> None:
+        """Read these nodes' entries again and rebuild the view of them from what was read."""
         for node in nodes:
             await self.store.refresh(node)
             self._on_reservations(node)
@@ -956,16 +956,14 @@ class Shard:
         except rv.ReservationConflict as exc:
             self.log.info("shard %d: pod %s: no hold on node %s for its preemption: %s", self.index,
                           pending.pod.key(), node, exc, extra=fields(pod=pending.pod.key(), node=node))
-            await self.store.refresh(node)
-            self._on_reservations(node)
+            await self._refresh([node])
             return False
         if step.entry is None:
             return True
         try:
             await self.store.write(node, step.entry, revision)
         except StaleRevision:
-            await self.store.refresh(node)
-            self._on_reservations(node)
+            await self._refresh([node])
             return False
         self.state.set_reservations(node, step.entry)
         self.log.info("shard %d: pod %s: node %s's devices held for it until its %d victim(s) go (lease %.0f s)",
