@@ -90,7 +90,9 @@ class Service:
 
 def start_service(name: str, module: str, plane: ControlPlane, logdir: Path, extra: list[str]) -> Service:
     port = free_port()
-    argv = [sys.executable, "-m", module, "--nats", plane.nats_url, "--kubeconfig", str(plane.kubeconfig),
+    # shards talk to NATS only: the kubeconfig is the binder's
+    kube = ["--kubeconfig", str(plane.kubeconfig)] if module != "draplane_allocator" else []
+    argv = [sys.executable, "-m", module, "--nats", plane.nats_url, *kube,
             "--prefix", PREFIX, "--shards", "1", "--port", str(port), *_insecure_dev_flag(module), *extra]
     out = open(logdir / f"{name}.log", "ab")
     return Service(name, subprocess.Popen(argv, stdout=out, stderr=subprocess.STDOUT), port)
@@ -315,10 +317,7 @@ async def run(args) -> int:
 
         # drain: a shard places what fits and answers the rest
         phase_start = len(sampler.samples)
-        shard_args = ["--shard-index", "0"]
-        if args.shard_qps is not None:
-            shard_args += ["--kube-api-qps", str(args.shard_qps), "--kube-api-burst", str(2 * int(args.shard_qps))]
-        services["shard"] = start_service("shard", "draplane_allocator", plane, workdir, shard_args)
+        services["shard"] = start_service("shard", "draplane_allocator", plane, workdir, ["--shard-index", "0"])
         sampler.add_service(services["shard"])
         capacity = min(created, args.nodes * args.gpus)
         deadline = time.monotonic() + args.drain_timeout
@@ -371,7 +370,6 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--drain-timeout", type=float, default=1800.0)
     parser.add_argument("--binder-qps", type=float, default=None, help="the binder's --kube-api-qps (default: its own)")
     parser.add_argument("--binder-burst", type=int, default=None)
-    parser.add_argument("--shard-qps", type=float, default=None, help="the shard's --kube-api-qps (burst 2x)")
     args = parser.parse_args(argv)
     if args.binder_qps is not None and args.binder_burst is None:
         args.binder_burst = max(1, int(2 * args.binder_qps))

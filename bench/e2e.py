@@ -144,8 +144,7 @@ async def setup_nodes(kube: KubeClient, nc, nodes: int, gpus: int, tag: str, *, 
 def start_services(plane: ControlPlane, shards: int, logdir: Path, *, manage_claims: bool = True) -> dict[str, subprocess.Popen]:
     """The shards and the binder, by component name."""
     # The benchmark's own NATS takes any client (no auth config): said explicitly.
-    common = ["--nats", plane.nats_url, "--insecure-dev", "--kubeconfig", str(plane.kubeconfig), "--prefix", PREFIX,
-              "--shards", str(shards), "--port", "0"]
+    common = ["--nats", plane.nats_url, "--insecure-dev", "--prefix", PREFIX, "--shards", str(shards), "--port", "0"]
     procs = {}
     for i in range(shards):
         log = open(logdir / f"shard-{i}.log", "ab")
@@ -153,7 +152,8 @@ def start_services(plane: ControlPlane, shards: int, logdir: Path, *, manage_cla
                                                stdout=log, stderr=subprocess.STDOUT)
     log = open(logdir / "binder.log", "ab")
     # said either way: the binder's default has changed before
-    procs["binder"] = subprocess.Popen([sys.executable, "-m", "draplane_binder", *common, "--concurrency", "64",
+    procs["binder"] = subprocess.Popen([sys.executable, "-m", "draplane_binder", *common, "--kubeconfig",
+                                        str(plane.kubeconfig), "--concurrency", "64",
                                         "--manage-claims" if manage_claims else "--no-manage-claims"],
                                        stdout=log, stderr=subprocess.STDOUT)
     return procs

@@ -13,7 +13,9 @@ Who writes what:
 | node agent | its own nodes' snapshot and heartbeat subjects | none |
 | inventory | feed change events, audit (node stale) events | the inventory feed |
 | allocator (every shard) | placements, audit (taint rule) events | reservations (compare-and-set) |
-| binder | pending pods (to the shards), releases, audit (placed, released, rejected, preempted) events | reservations (leases) |
+| binder | pending pods (to the shards), releases, audit (placed, released, rejected, preempted) events | reservations (leases), the cluster bucket |
+
+Shards read the cluster bucket (the binder's view of Kubernetes) and hold no Kubernetes client.
 | audit | nothing but acknowledgements of its own consumer | none |
 | reader (`draplane free`, `draplane dashboard`) | nothing | none |
 
@@ -150,7 +152,7 @@ def service_permissions(role: str, prefix: str) -> Permissions:
     """The permissions of one service role (SERVICE_ROLES) under a subject prefix."""
     inventory, scheduling, audit = InventoryNames(prefix), Subjects(prefix=prefix), AuditNames(prefix)
     inbox = service_inbox_prefix(role)
-    feed, reservations = inventory.feed_bucket, scheduling.reservations_bucket
+    feed, reservations, cluster = inventory.feed_bucket, scheduling.reservations_bucket, scheduling.cluster_bucket
     scheduling_streams = [scheduling.pending_stream, scheduling.results_stream, scheduling.released_stream]
     account_info = f"{JS_API}.INFO"
     deny: list[str] = []
@@ -171,7 +173,7 @@ def service_permissions(role: str, prefix: str) -> Permissions:
         publish = [
             account_info, *(s for stream in scheduling_streams for s in _stream_owner(stream)),
             *shard_consumers, scheduling.results,
-            *_bucket_writer(reservations), *_bucket_reader(feed),
+            *_bucket_writer(reservations), *_bucket_reader(feed), *_bucket_reader(cluster),
             *_audit_publisher(audit, role),
         ]
         subscribe = []
@@ -180,7 +182,7 @@ def service_permissions(role: str, prefix: str) -> Permissions:
             account_info, *(s for stream in scheduling_streams for s in _stream_owner(stream)),
             *_durable_consumer(scheduling.results_stream, "binder"),
             scheduling.pending_all, scheduling.released,
-            *_bucket_writer(reservations),
+            *_bucket_writer(reservations), *_bucket_writer(cluster),
             *_audit_publisher(audit, role),
         ]
         subscribe = []

@@ -150,11 +150,12 @@ def test_service_accounts_roles_and_bindings_refer_to_each_other(objects):
             assert subject["kind"] == "ServiceAccount" and subject["name"] in accounts, object_id(binding)
             assert subject["namespace"] == accounts[subject["name"]]["metadata"]["namespace"]
             bound.add(subject["name"])
-    # The node agent and the audit subscriber hold no Kubernetes role at all, and have no token
-    # to use one with: they talk to NATS only.
-    assert bound == {"draplane-inventory", "draplane-allocator", "draplane-binder"}
-    for account in ("draplane-node-agent", "draplane-audit"):
+    # The node agent, the allocator shards and the audit subscriber hold no Kubernetes role at
+    # all, and have no token to use one with: they talk to NATS only.
+    assert bound == {"draplane-inventory", "draplane-binder"}
+    for account in ("draplane-node-agent", "draplane-allocator", "draplane-audit"):
         assert accounts[account]["automountServiceAccountToken"] is False
+    assert pod_spec(by_kind(objects, "StatefulSet")["draplane-allocator"])["automountServiceAccountToken"] is False
     assert pod_spec(by_kind(objects, "DaemonSet")["draplane-node-agent"])["automountServiceAccountToken"] is False
     assert pod_spec(by_kind(objects, "Deployment")["draplane-audit"])["automountServiceAccountToken"] is False
 

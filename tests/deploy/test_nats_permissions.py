@@ -261,10 +261,10 @@ async def test_node_agent_cannot_touch_the_reservation_bucket(nats_server, keys)
 @pytest.mark.integration
 async def test_a_shard_cannot_write_what_only_the_binder_and_the_inventory_write(nats_server, keys):
     """Claim status is the binder's: on NATS, the binder alone sends pods to shards (pending),
-    announces releases and publishes placed/released/rejected audit events; the inventory alone
-    writes the feed. The shard's credentials do its own job and none of that. (In Kubernetes,
-    deploy/'s RBAC gives the shard no write at all: tests/deploy/test_deploy_apiserver.py has the
-    apiserver refuse its claim status update.)"""
+    writes the cluster bucket (the shards' view of Kubernetes), announces releases and publishes
+    placed/released/rejected audit events; the inventory alone writes the feed. The shard's credentials do its own job and none of that. (In Kubernetes,
+    deploy/'s RBAC gives the shard no rights at all: tests/deploy/test_deploy_apiserver.py has the
+    apiserver refuse its claims list and its claim status update.)"""
     subjects, names, audit = Subjects(), InventoryNames(), AuditNames()
     binder = await _connect(nats_server, keys["binder"], role="binder")
     inventory = await _connect(nats_server, keys["inventory"], role="inventory")
@@ -276,6 +276,10 @@ async def test_a_shard_cannot_write_what_only_the_binder_and_the_inventory_write
         await ensure_audit_stream(binder.jetstream(), audit)
         feed = await inventory.jetstream().create_key_value(KeyValueConfig(bucket=names.feed_bucket, history=1))
         await feed.put(f"node.{NODE_A}", b"the inventory's")
+        cluster = await streams.cluster_bucket(binder.jetstream(), subjects)
+        await cluster.put(f"node.{NODE_A}", b"the binder's")
+        await cluster.put("pod.gone", b"a pod")
+        await cluster.purge("pod.gone", msg_ttl=600)  # as ClusterPublisher deletes
 
         # Its own job: the streams exist (idempotent ensure), a reservation by compare-and-set, a
         # placement for the binder, a taint audit event, and the feed read.
@@ -286,11 +290,18 @@ async def test_a_shard_cannot_write_what_only_the_binder_and_the_inventory_write
         assert (await js.publish(subjects.results, b"placement")).stream == subjects.results_stream
         assert (await js.publish(audit.subject("tainted"), b"{}")).stream == audit.stream
         assert (await (await js.key_value(names.feed_bucket)).get(f"node.{NODE_A}")).value == b"the inventory's"
+        watcher = await (await js.key_value(subjects.cluster_bucket)).watchall()  # how a shard reads it
+        seen = {}
+        while (entry := await watcher.updates(timeout=5)) is not None:
+            seen[entry.key] = (entry.operation, entry.value)
+        await watcher.stop()
+        assert seen[f"node.{NODE_A}"] == (None, b"the binder's") and seen["pod.gone"][0] == "PURGE"
 
         # The binder's and the inventory's: refused, and nothing arrived.
         for subject in (subjects.pending(0), subjects.pending(1), subjects.released,
                         audit.subject("placed"), audit.subject("released"), audit.subject("rejected"),
-                        f"$KV.{names.feed_bucket}.node.{NODE_A}", f"$JS.API.STREAM.DELETE.{subjects.pending_stream}",
+                        f"$KV.{names.feed_bucket}.node.{NODE_A}", f"$KV.{subjects.cluster_bucket}.node.{NODE_A}",
+                        f"$JS.API.STREAM.DELETE.{subjects.pending_stream}",
                         f"$JS.API.CONSUMER.MSG.NEXT.{subjects.results_stream}.binder"):
             await _refused_publish(shard, errors, subject)
         binder_js = binder.jetstream()
@@ -298,6 +309,7 @@ async def test_a_shard_cannot_write_what_only_the_binder_and_the_inventory_write
         assert (await binder_js.stream_info(subjects.released_stream)).state.messages == 0
         assert (await binder_js.stream_info(audit.stream)).state.messages == 1  # the shard's taint event only
         assert (await feed.get(f"node.{NODE_A}")).value == b"the inventory's"
+        assert (await cluster.get(f"node.{NODE_A}")).value == b"the binder's"
         assert (await reservations.get(f"node.{NODE_B}")).value == b"reserved by the shard"
     finally:
         for client in (shard, inventory, binder):

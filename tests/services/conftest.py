@@ -46,7 +46,7 @@ class Scheduling:
                                   scheduler_names=tuple(scheduler_names or (self.scheduler_name,)),
                                   lease_seconds=lease_seconds)
         self.binder = Binder(settings, self.kube, self.nats)
-        self.shards = [Shard(self.kube, self.nats, index=i, prefix=self.prefix, lease_seconds=lease_seconds, policy=policy,
+        self.shards = [Shard(self.nats, index=i, prefix=self.prefix, lease_seconds=lease_seconds, policy=policy,
                              gang_scheduling=gang_scheduling)
                        for i in range(shards)]
         for shard in self.shards:

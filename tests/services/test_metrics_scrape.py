@@ -135,7 +135,7 @@ async def test_every_service_s_metrics_count_what_happened(kube, control_plane, 
             ["--nats", nats_url, "--kubeconfig", kubeconfig, "--prefix", subject_prefix, "--listen", "127.0.0.1:0"])))
         runners.append(runner)
         allocator = allocator_app(allocator_parser().parse_args(
-            ["--nats", nats_url, "--kubeconfig", kubeconfig, "--prefix", subject_prefix, "--shards", "2",
+            ["--nats", nats_url, "--prefix", subject_prefix, "--shards", "2",
              "--lease-seconds", LEASE_SECONDS, "--port", "0"]))
         runner, allocator_url = await _serve(allocator)
         runners.append(runner)

@@ -1,28 +1,25 @@
 """`draplane-allocator`: N shards in one process (or one shard per process with --shard-index).
 
-Resources live in aiohttp cleanup_ctx generators: the NATS connection and the Kubernetes client
-are opened before the shards start and closed after they stop. /healthz answers while the process
-runs; /readyz once every shard has synced its state; /metrics serves the shards' metrics (one
-registry for the process, a `shard` label on each) and its apiserver and NATS figures.
+A shard talks to NATS only (its view of Kubernetes is the binder's cluster bucket), so the process
+needs no kubeconfig and no Kubernetes rights. Resources live in aiohttp cleanup_ctx generators: the
+NATS connection is opened before the shards start and drained after they stop. /healthz answers
+while the process runs; /readyz once every shard has synced its state; /metrics serves the shards'
+metrics (one registry for the process, a `shard` label on each).
 """
 
 from __future__ import annotations
 
 import argparse
 import logging
-import os
 import sys
-from pathlib import Path
 
 import nats
 from aiohttp import web
 
 from draplane.entrypoints import (
-    add_http_arguments, add_kube_rate_arguments, add_nats_arguments, add_stream_replicas_argument,
-    check_kube_rate_arguments, require_nats_credentials, role_connect_options, serve,
+    add_http_arguments, add_nats_arguments, add_stream_replicas_argument, require_nats_credentials,
+    role_connect_options, serve,
 )
-from draplane.kube import KubeClient
-from draplane.kube.metrics import ApiserverMetrics
 from draplane.metrics import metrics_handler
 from draplane.scheduling.messages import DEFAULT_PREFIX
 from draplane.scheduling.reservations import DEFAULT_LEASE_SECONDS
@@ -34,7 +31,6 @@ log = logging.getLogger("draplane_allocator")
 
 SHARDS = web.AppKey("shards", list)
 ARGS = web.AppKey("args", argparse.Namespace)
-KUBE = web.AppKey("kube", KubeClient)
 NATS = web.AppKey("nats", object)
 METRICS = web.AppKey("metrics", AllocatorMetrics)
 
@@ -43,7 +39,6 @@ def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="draplane-allocator", description="draplane allocator shards")
     add_nats_arguments(parser)
     add_stream_replicas_argument(parser)
-    parser.add_argument("--kubeconfig", type=Path, default=os.environ.get("KUBECONFIG"))
     parser.add_argument("--prefix", default=DEFAULT_PREFIX, help="NATS subject prefix (default %(default)s)")
     parser.add_argument("--shards", type=int, default=1, help="total number of shards in the deployment")
     parser.add_argument("--shard-index", type=int, action="append",
@@ -53,10 +48,6 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--no-gang-scheduling", dest="gang_scheduling", action="store_false",
                         help="place every pod alone as it comes, as kube-scheduler without the Workload API "
                              "does, even one naming a PodGroup (default: a PodGroup's gang is placed all or none)")
-    # The shards watch, and read the apiserver only for what a watch has not delivered yet: a
-    # redelivered pod, a claim made a moment ago (up to one read a pod, at bench/e2e.py's 138 pods/s).
-    # kube-scheduler's 50/100 would throttle that; four times it does not.
-    add_kube_rate_arguments(parser, qps=200.0, burst=400)
     add_http_arguments(parser, default_port=8081)
     parser.add_argument("-v", "--verbose", action="count", default=0)
     add_log_format_argument(parser)
@@ -66,11 +57,7 @@ def build_parser() -> argparse.ArgumentParser:
 async def clients(app: web.Application):
     args = app[ARGS]
     app[NATS] = await nats.connect(**role_connect_options(args, "allocator", name="draplane-allocator"))
-    app[KUBE] = await KubeClient.from_environment(args.kubeconfig)
-    app[KUBE].metrics = ApiserverMetrics(app[METRICS].registry)
-    app[KUBE].limit_rate(args.kube_api_qps, args.kube_api_burst)
     yield
-    await app[KUBE].close()
     await app[NATS].drain()
 
 
@@ -78,7 +65,7 @@ async def shards(app: web.Application):
     args = app[ARGS]
     indexes = args.shard_index or list(range(args.shards))
     app[SHARDS] = [
-        Shard(app[KUBE], app[NATS], index=i, prefix=args.prefix, policy=args.policy, lease_seconds=args.lease_seconds,
+        Shard(app[NATS], index=i, prefix=args.prefix, policy=args.policy, lease_seconds=args.lease_seconds,
               stream_replicas=args.stream_replicas, metrics=app[METRICS], gang_scheduling=args.gang_scheduling)
         for i in indexes
     ]
@@ -119,9 +106,6 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     if args.shards < 1:
         print("draplane-allocator: --shards must be at least 1", file=sys.stderr)
-        return 2
-    if problem := check_kube_rate_arguments(args):
-        print(f"draplane-allocator: {problem}", file=sys.stderr)
         return 2
     require_nats_credentials(parser, args)
     serve(build_app(args), host=args.host, port=args.port, verbose=args.verbose, log_format=args.log_format)

@@ -1,7 +1,9 @@
 """One allocator shard: consume its partition of pending pods, place them, commit, publish.
 
-State (all in memory, rebuilt on start): the inventory feed bucket, DeviceClasses, Nodes, Pods and
-every ResourceClaim from Kubernetes, and the reservation bucket. Pending pods are fetched in
+State (all in memory, rebuilt on start from NATS alone; a shard holds no Kubernetes client): the
+inventory feed bucket, the cluster bucket the binder fills from its watches (DeviceClasses, Nodes,
+DeviceTaintRules, PodGroups, PodDisruptionBudgets, every ResourceClaim and the bound pods:
+draplane.scheduling.cluster_feed), and the reservation bucket. Pending pods are fetched in
 batches, and a batch is handled in four steps:
 1. place its pods one after the other against the state (pure: draplane.scheduling.placing), each
    seeing the devices the ones before it took;
@@ -41,11 +43,11 @@ from draplane.api.policy import PodDisruptionBudget
 from draplane.api.resource import DeviceClass, DeviceTaintRule, ResourceClaim
 from draplane.api.scheduling import PodGroup
 from draplane.audit_publisher import AuditPublisher
-from draplane.kube import KubeApiError, KubeClient, watch_objects
 from draplane.messages import audit
 from draplane.messages.inventory import InventoryNames, decode_feed_entry
 from draplane.messages.inventory import MessageError as InventoryMessageError
 from draplane.metrics import counter_value
+from draplane.scheduling import cluster_feed
 from draplane.scheduling import reservation_protocol as protocol
 from draplane.scheduling import reservations as rv
 from draplane.scheduling import preemption, streams
@@ -84,12 +86,14 @@ MAX_BINDER_BACKLOG = 128
 FAILPOINT_ENV = "DRAPLANE_FAILPOINT"
 GANG_COMMIT_FAILPOINT = "kill-after-first-gang-node-write"
 _TERMINAL_PHASES = ("Succeeded", "Failed")
+# How long a pending pod waits for this shard's watch of the cluster bucket to reach the revision
+# its PendingPod names (its claims in the bucket) before it goes back with backoff.
+CLUSTER_CATCH_UP_SECONDS = 10.0
 
 
 class Shard:
     def __init__(
         self,
-        kube: KubeClient,
         nc: NatsClient,
         *,
         index: int,
@@ -100,7 +104,6 @@ class Shard:
         metrics: AllocatorMetrics | None = None,
         gang_scheduling: bool = True,
     ):
-        self.kube = kube
         self.nc = nc
         self.js = nc.jetstream()
         self.index = index
@@ -117,8 +120,16 @@ class Shard:
         self.pod_groups: dict[str, PodGroup] = {}  # namespace/name -> PodGroup
         self.gang_bound: dict[str, set[str]] = {}  # PodGroup key -> uids of its bound, running members
         self.waiting = GangWaitingRoom()
-        self.synced = {k: asyncio.Event() for k in ("classes", "nodes", "pods", "claims", "feed", "taint rules",
-                                                        "budgets", "pod groups")}
+        self.synced = {k: asyncio.Event() for k in ("cluster", "feed")}
+        # the cluster bucket: key -> the object it holds (what a delete marker deletes)
+        self.cluster: dict[str, object] = {}
+        self.cluster_revision = 0  # the last revision of the bucket taken in
+        self._cluster_replayed = False  # past the entries the bucket held when the watch started
+        self._cluster_moved = asyncio.Condition()
+        self._revision_waiters = 0
+        self._handlers = {DeviceClass: self._on_class, Node: self._on_node, DeviceTaintRule: self._on_taint_rule,
+                          PodGroup: self._on_pod_group, PodDisruptionBudget: self._on_budget,
+                          ResourceClaim: self._on_claim, Pod: self._on_pod}
         self._tasks: list[asyncio.Task] = []
         self.audit = AuditPublisher(self.js, prefix)
         # The process' metrics (several shards may share them, each with its shard label); a
@@ -150,19 +161,7 @@ class Shard:
         self.store = ReservationStore(kv, on_change=self._on_reservations)
         self._spawn(self.store.watch, "reservations watch")
         self._spawn(self._watch_feed, "inventory feed watch")
-        self._spawn(lambda: self._watch(DeviceClass, "classes", self._on_class), "classes watch")
-        self._spawn(lambda: self._watch(Node, "nodes", self._on_node), "nodes watch")
-        self._spawn(lambda: self._watch_if_served(DeviceTaintRule, "taint rules", self._on_taint_rule,
-                                                  "devicetaintrules (gate DRADeviceTaintRules)"),
-                    "device taint rules watch")
-        self._spawn(lambda: self._watch_if_served(PodGroup, "pod groups", self._on_pod_group,
-                                                  "podgroups (gate GenericWorkload): no gangs"),
-                    "pod groups watch")
-        # Bound pods only: they are what node fit counts. A pending pod's spec comes with its
-        # PendingPod, so the many changes of pending pods need not reach every shard.
-        self._spawn(lambda: self._watch(Pod, "pods", self._on_pod, field_selector="spec.nodeName!="), "pods watch")
-        self._spawn(lambda: self._watch(ResourceClaim, "claims", self._on_claim), "claims watch")
-        self._spawn(lambda: self._watch(PodDisruptionBudget, "budgets", self._on_budget), "disruption budgets watch")
+        self._spawn(self._watch_cluster, "cluster bucket watch")
         self._spawn(self._consume, "pending consumer")
         self._spawn(self._prune_expired, "lease reconciler")
         self._spawn(lambda: self.metrics.consumer_lag.poll_forever(
@@ -205,28 +204,88 @@ class Shard:
 
     # --- state -------------------------------------------------------------------------------------
 
-    async def _watch(self, model, what: str, handle, field_selector: str | None = None) -> None:
-        async for event in watch_objects(self.kube, model, field_selector=field_selector):
-            if event.type == "SYNCED":
-                self.synced[what].set()
-                continue
-            handle(event.object, event.type == "DELETED")
-
-    async def _watch_if_served(self, model, what: str, handle, served_by: str) -> None:
-        """A kind the cluster may not serve (DeviceTaintRules, PodGroups): an apiserver with its
-        gate off answers 404, which means there are none, not a broken shard."""
+    async def _watch_cluster(self) -> None:
+        """Follow the cluster bucket the binder fills (draplane.scheduling.cluster_feed). The
+        bucket keeps the latest value per key, so watching it from the start replays the cluster
+        as it is now, then every change."""
+        bucket = self.subjects.cluster_bucket
         while True:
             try:
-                await self._watch(model, what, handle)
-                return
-            except KubeApiError as exc:
-                if not exc.is_not_found:
-                    raise
-                if not self.synced[what].is_set():
-                    self.log.warning("shard %d: the apiserver does not serve %s (%s); scheduling without them, "
-                                     "looking again every 60 s", self.index, served_by, exc)
-                    self.synced[what].set()
-                await asyncio.sleep(60.0)
+                kv = await self.js.key_value(bucket)
+                break
+            except nats.js.errors.BucketNotFoundError:
+                self.log.info("shard %d: no cluster bucket %s yet (the binder creates it); looking again in 1 s",
+                              self.index, bucket)
+                await asyncio.sleep(1.0)
+        # A restarted watch replays the bucket: start from an empty view, as a shard that starts.
+        for key in [k for k in self.cluster]:
+            self._take_cluster_entry(key, None)
+        self._cluster_replayed = False
+        watcher = await kv.watchall()
+        try:
+            while True:
+                try:
+                    update = await watcher.updates(timeout=30.0)
+                except nats.errors.TimeoutError:
+                    continue
+                if update is None:
+                    self._cluster_replayed = True
+                    self.log.info("shard %d: cluster bucket replayed: %d objects up to revision %d", self.index,
+                                  len(self.cluster), self.cluster_revision)
+                    continue
+                deleted = update.operation in ("DEL", "PURGE") or not update.value
+                self._take_cluster_entry(update.key, None if deleted else update.value)
+                self.cluster_revision = max(self.cluster_revision, update.revision or 0)
+                if self._waiting_for_revision:
+                    async with self._cluster_moved:
+                        self._cluster_moved.notify_all()
+        finally:
+            try:
+                await asyncio.wait_for(watcher.stop(), 2.0)
+            except (Exception, asyncio.CancelledError):  # noqa: BLE001 - the connection may be gone already
+                pass
+
+    def _take_cluster_entry(self, key: str, value: bytes | None) -> None:
+        if key == cluster_feed.SYNCED_KEY:
+            if value is not None and not self.synced["cluster"].is_set():
+                try:
+                    synced = cluster_feed.decode_synced(value)
+                except cluster_feed.FeedError as exc:
+                    self.log.error("shard %d: %s", self.index, exc)
+                    return
+                self.log.info("shard %d: the cluster bucket is complete (binder %s listed everything)", self.index,
+                              synced.binder)
+                self.synced["cluster"].set()
+            return
+        if value is None:
+            obj = self.cluster.pop(key, None)
+            if obj is not None:
+                self._handlers[type(obj)](obj, True)
+            return
+        try:
+            obj = cluster_feed.decode(key, value)
+        except cluster_feed.FeedError as exc:  # malformed, or a newer binder's kind: skip it, say so
+            self.m.errors.inc()
+            self.log.error("shard %d: unreadable cluster bucket entry: %s", self.index, exc)
+            return
+        self.cluster[key] = obj
+        self._handlers[type(obj)](obj, False)
+
+    @property
+    def _waiting_for_revision(self) -> bool:
+        return bool(self._revision_waiters)
+
+    async def _caught_up(self, revision: int) -> None:
+        """Wait until this shard's view of the cluster bucket holds `revision`."""
+        if self.cluster_revision >= revision:
+            return
+        self._revision_waiters += 1
+        try:
+            async with self._cluster_moved:
+                await asyncio.wait_for(self._cluster_moved.wait_for(lambda: self.cluster_revision >= revision),
+                                       CLUSTER_CATCH_UP_SECONDS)
+        finally:
+            self._revision_waiters -= 1
 
     def _on_class(self, obj: DeviceClass, deleted: bool) -> None:
         self.state.set_class(obj, deleted)
@@ -236,10 +295,10 @@ class Shard:
         self.log.info("shard %d: devicetaintrule %s %s: taint %s=%s:%s", self.index, obj.metadata.name,
                       "deleted" if deleted else "applied", obj.spec.taint.key, obj.spec.taint.value or "", effect)
         self.state.set_taint_rule(obj, deleted)
-        if self.synced["taint rules"].is_set():
+        if self._cluster_replayed:
             # Every shard sees the rule; the event id (the rule's uid and generation) makes
-            # their publishes one event. Rules listed at start are not news: they were told
-            # when they changed.
+            # their publishes one event. Rules the bucket held when this shard started are not
+            # news: they were told when they changed.
             self.audit.publish(self._taint_rule_event(obj, deleted))
 
     def _taint_rule_event(self, rule: DeviceTaintRule, deleted: bool) -> audit.AuditEvent:
@@ -271,14 +330,17 @@ class Shard:
         self.state.set_pod(obj, deleted)
         gang = pod_group_key(obj.metadata.namespace or "", obj.spec)
         if gang is not None:
-            running = not deleted and obj.metadata.deletion_timestamp is None and \
+            # the bucket holds a gang's pending members too (cluster_feed.published_pod)
+            alive = not deleted and obj.metadata.deletion_timestamp is None and \
                 (obj.status is None or obj.status.phase not in _TERMINAL_PHASES)
             members = self.gang_bound.setdefault(gang, set())
-            if running:
+            if alive and obj.spec.node_name:
                 members.add(uid)
                 self.waiting.leave(uid)
             else:
                 members.discard(uid)
+                if not alive:
+                    self.waiting.leave(uid)
                 if not members:
                     del self.gang_bound[gang]
 
@@ -386,23 +448,21 @@ class Shard:
                         pending = decode_message(msg.data)
                         if not isinstance(pending, PendingPod):
                             raise MessageError(f"{type(pending).__name__} on a pending subject")
+                        if pending.spec is None:
+                            raise MessageError(f"pod {pending.pod.key()}: a PendingPod without the pod's spec "
+                                               f"(from a binder older than this shard)")
                     except MessageError as exc:
                         self.log.error("shard %d: dropping a pending message: %s", self.index, exc)
                         await msg.term()
                         continue
                     decoded.append((msg, pending))
-                # Reads of pods and claims the watches have not delivered yet go out together. A
-                # message delivered before was not acknowledged: its pod may be gone since (the
-                # spec it carries cannot say), so that pod is read from the apiserver.
-                fetched = await asyncio.gather(
-                    *(self._inputs(p, verify=streams.deliveries(msg) > 1) for msg, p in decoded), return_exceptions=True
-                )
+                fetched = await asyncio.gather(*(self._inputs(p) for _, p in decoded), return_exceptions=True)
                 batch = []
                 for (msg, pending), inputs in zip(decoded, fetched):
                     if isinstance(inputs, BaseException):
                         delay = streams.redelivery_delay(streams.deliveries(msg))
                         self.m.errors.inc()
-                        self.log.error("shard %d: pod %s: reading its pod and claims failed (%s); redelivering in "
+                        self.log.error("shard %d: pod %s: its claims are not known yet (%s); redelivering in "
                                        "%.0f s", self.index, pending.pod.key(), inputs, delay,
                                        extra=fields(pod=pending.pod.key()))
                         await msg.nak(delay=delay)
@@ -440,49 +500,46 @@ class Shard:
                 return
             await asyncio.sleep(0.2)
 
-    async def _pod(self, pending: PendingPod, verify: bool = False) -> Pod | None:
-        pod = self.pods.get(pending.pod.uid)  # bound already, if the watch has it
-        if pod is None and pending.spec is not None and not verify:
-            return Pod(metadata=ObjectMeta(namespace=pending.pod.namespace, name=pending.pod.name, uid=pending.pod.uid),
-                       spec=pending.spec)
-        if pod is None:
-            try:
-                pod = await self.kube.get(Pod, pending.pod.name, pending.pod.namespace)
-            except KubeApiError as exc:
-                if exc.is_not_found:
-                    return None
-                raise
-            if pod.metadata.uid != pending.pod.uid or pod.metadata.deletion_timestamp:
-                return None
-        return pod
+    def _pod(self, pending: PendingPod) -> Pod | None:
+        """The pod to place, from its PendingPod (the bucket's copy of a pod is trimmed to what
+        node fit counts). None when it is bound already, or is a gang member the bucket says is
+        gone. Another pod deleted since its PendingPod was sent is placed all the same: the
+        binder, which watches it, abandons that placement and its reservation."""
+        stored = self.pods.get(pending.pod.uid)
+        if stored is not None and stored.spec.node_name:
+            return None
+        if self.gang_scheduling and pod_group_key(pending.pod.namespace, pending.spec) is not None and (
+                stored is None or stored.metadata.deletion_timestamp is not None):
+            self.m.gone.inc()
+            self.log.info("shard %d: gang member %s is gone or being deleted: not placed", self.index,
+                          pending.pod.key(), extra=fields(pod=pending.pod.key()))
+            return None
+        return Pod(metadata=ObjectMeta(namespace=pending.pod.namespace, name=pending.pod.name, uid=pending.pod.uid),
+                   spec=pending.spec)
 
     async def _claims(self, pending: PendingPod) -> list[ResourceClaim] | None:
+        try:
+            await self._caught_up(pending.cluster_revision)
+        except asyncio.TimeoutError:
+            raise TimeoutError(f"the cluster bucket did not reach revision {pending.cluster_revision} (the pod's "
+                               f"claims) within {CLUSTER_CATCH_UP_SECONDS:.0f} s; this shard is at "
+                               f"{self.cluster_revision}") from None
         claims = []
         for ref in pending.claims:
             claim = self.state.claims.get(ref.uid)
             if claim is None:
-                # the binder made it a moment ago and our watch has not caught up
-                try:
-                    claim = await self.kube.get(ResourceClaim, ref.name, ref.namespace)
-                except KubeApiError as exc:
-                    if exc.is_not_found:
-                        return None
-                    raise
-                if claim.metadata.uid != ref.uid:
-                    return None
-                self.state.set_claim(claim)
+                self.log.info("shard %d: pod %s: resourceclaim %s/%s (uid %s) is not in the cluster bucket: it was "
+                              "deleted; the binder sends the pod again once its claims exist", self.index,
+                              pending.pod.key(), ref.namespace, ref.name, ref.uid, extra=fields(pod=pending.pod.key()))
+                return None
             claims.append(claim)
         return claims
 
-    async def _inputs(self, pending: PendingPod, verify: bool = False) -> tuple[Pod, list[ResourceClaim]] | None:
-        pod = await self._pod(pending, verify)
-        if pod is None or pod.spec.node_name:
-            if pod is None:
-                self.m.gone.inc()
-                self.log.info("shard %d: pod %s is gone or being deleted: not placed", self.index, pending.pod.key(),
-                              extra=fields(pod=pending.pod.key()))
-            return None  # gone, or bound meanwhile: nothing to place
-        claims = await self._claims(pending)
+    async def _inputs(self, pending: PendingPod) -> tuple[Pod, list[ResourceClaim]] | None:
+        claims = await self._claims(pending)  # first: it waits for the bucket to hold the pod's state
+        pod = self._pod(pending)
+        if pod is None:
+            return None  # bound meanwhile, or a gang member gone: nothing to place
         if claims is None:
             return None  # a claim vanished; the binder sends the pod again once its claims exist
         return pod, claims
@@ -688,9 +745,9 @@ class Shard:
                 self.log.info("shard %d: gang %s: %s", self.index, key, message, extra=fields(gang=key))
                 await self._answer_members([p for p, _, _ in arrivals], message, label=GANG_WAITING)
                 return []
-            # Members that arrived before this batch are read again: their pods may be gone since.
+            # Members that arrived before this batch are looked at again: their pods may be gone since.
             earlier = [m for m in ready if m.pod.uid not in inputs]
-            read = await asyncio.gather(*(self._inputs(m, verify=True) for m in earlier))
+            read = await asyncio.gather(*(self._inputs(m) for m in earlier))
             for member, got in zip(earlier, read):
                 if got is None:
                     self.waiting.leave(member.pod.uid)  # gone, bound, or a claim vanished

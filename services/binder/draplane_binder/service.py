@@ -1,7 +1,10 @@
 """The binder: watches Kubernetes, feeds the shards, and writes their placements back.
 
 Tasks (all guarded, cancelled together on shutdown):
-- one list-then-watch per kind (pods, claims, templates, nodes) into in-memory caches;
+- one list-then-watch per kind (pods, claims, templates, nodes, and for the shards only device
+  classes, device taint rules, pod groups and disruption budgets) into in-memory caches, each
+  object also offered to the cluster bucket, the shards' one view of Kubernetes
+  (draplane_binder.cluster_publisher);
 - a pod queue: resolve the pod's claims (creating template claims), then publish a PendingPod;
 - a claim queue: the claim lifecycle (reservedFor, deallocation, template claims of gone pods),
   and releases when a claim's allocation disappears;
@@ -30,10 +33,15 @@ from nats.aio.client import Client as NatsClient
 
 from draplane.api.core import Node, Pod, PodResourceClaimStatus
 from draplane.api.meta import ObjectMeta
-from draplane.api.resource import ResourceClaim, ResourceClaimConsumerReference, ResourceClaimTemplate
+from draplane.api.policy import PodDisruptionBudget
+from draplane.api.resource import (
+    DeviceClass, DeviceTaintRule, ResourceClaim, ResourceClaimConsumerReference, ResourceClaimTemplate,
+)
+from draplane.api.scheduling import PodGroup
 from draplane.audit_publisher import AuditPublisher
 from draplane.kube import KubeApiError, KubeClient, watch_objects
 from draplane.messages import audit
+from draplane.scheduling import cluster_feed
 from draplane.scheduling import reservation_protocol as protocol
 from draplane.scheduling import reservations as rv
 from draplane.scheduling import streams
@@ -60,6 +68,7 @@ from draplane.scheduling.unschedulable import (
 )
 from draplane.structured_logs import fields
 from draplane_binder import in_flight as inf
+from draplane_binder.cluster_publisher import ClusterPublisher
 from draplane_binder import lifecycle as lc
 from draplane_binder.metrics import BinderMetrics, seconds_since
 from draplane_binder.requeue import node_fit_fingerprint
@@ -170,7 +179,9 @@ class Binder:
         self.pods_by_claim: dict[Key, set[Key]] = {}
         # pod uid -> claims that reserve it or are owned by it (to clean them up when it goes)
         self.claims_by_pod: dict[str, set[Key]] = {}
-        self.synced: dict[str, asyncio.Event] = {k: asyncio.Event() for k in ("pods", "claims", "templates", "nodes")}
+        self.synced: dict[str, asyncio.Event] = {k: asyncio.Event() for k in (
+            "pods", "claims", "templates", "nodes", "classes", "taint rules", "pod groups", "budgets")}
+        self.cluster = ClusterPublisher(instance=self.instance)
 
         self.pod_queue = WorkQueue()
         self.claim_queue = WorkQueue()
@@ -230,11 +241,22 @@ class Binder:
         await self.audit.start(replicas=self.settings.stream_replicas)
         kv = await streams.reservation_bucket(self.js, self.subjects, replicas=self.settings.stream_replicas)
         self.store = ReservationStore(kv)
+        await self.cluster.load(
+            await streams.cluster_bucket(self.js, self.subjects, replicas=self.settings.stream_replicas))
+        self._spawn(self.cluster.run, "cluster feed writer")
         self._spawn(self.store.watch, "reservations watch")
         self._spawn(lambda: self._watch(Pod, "pods", self._on_pod), "pods watch")
         self._spawn(lambda: self._watch(ResourceClaim, "claims", self._on_claim), "claims watch")
         self._spawn(lambda: self._watch(ResourceClaimTemplate, "templates", self._on_template), "templates watch")
         self._spawn(lambda: self._watch(Node, "nodes", self._on_node), "nodes watch")
+        # for the shards alone: the binder keeps no cache of these
+        self._spawn(lambda: self._watch(DeviceClass, "classes", self._offer), "classes watch")
+        self._spawn(lambda: self._watch(PodDisruptionBudget, "budgets", self._offer), "disruption budgets watch")
+        self._spawn(lambda: self._watch_if_served(DeviceTaintRule, "taint rules",
+                                                  "devicetaintrules (gate DRADeviceTaintRules)"),
+                    "device taint rules watch")
+        self._spawn(lambda: self._watch_if_served(PodGroup, "pod groups", "podgroups (gate GenericWorkload): no gangs"),
+                    "pod groups watch")
         for i in range(32):
             self._spawn(self._pod_worker, f"pod worker {i}")
         for i in range(4):
@@ -290,6 +312,7 @@ class Binder:
         async for event in watch_objects(self.kube, model):
             if event.type == "SYNCED":
                 self.synced[what].set()
+                self.cluster.listed(model)
                 if what == "claims":
                     # what happened to claims while no binder watched (deleted, deallocated) left
                     # their confirmed reservations behind; a re-list may have missed some too
@@ -303,10 +326,31 @@ class Binder:
                 continue
             handle(event.type, event.object)
 
+    async def _watch_if_served(self, model, what: str, served_by: str) -> None:
+        """A kind the cluster may not serve (DeviceTaintRules, PodGroups): an apiserver with its
+        gate off answers 404, which means there are none, not a broken binder."""
+        while True:
+            try:
+                await self._watch(model, what, self._offer)
+                return
+            except KubeApiError as exc:
+                if not exc.is_not_found:
+                    raise
+                if not self.synced[what].is_set():
+                    log.warning("binder: the apiserver does not serve %s (%s); the shards schedule without them, "
+                                "looking again every 60 s", served_by, exc)
+                    self.synced[what].set()
+                    self.cluster.listed(model)
+                await asyncio.sleep(60.0)
+
+    def _offer(self, kind: str, obj) -> None:
+        self.cluster.offer(obj, kind == "DELETED")
+
     def _is_ours(self, pod: Pod) -> bool:
         return (pod.spec.scheduler_name or "default-scheduler") in self.settings.scheduler_names
 
     def _on_pod(self, kind: str, pod: Pod) -> None:
+        self.cluster.offer(pod, kind == "DELETED")
         key = _key(pod)
         old = self.pods.get(key)
         if old is not None:
@@ -340,6 +384,7 @@ class Binder:
             # (the claim as created, say) is older. Taken in, it would look like a deallocation and
             # release the reservation of a claim that is allocated. The newer event follows.
             return
+        self.cluster.offer(claim, kind == "DELETED")
         namespace_claims = self.claims_by_namespace.setdefault(key[0], {})
         for pod_uid in _pods_named_by(old) if old is not None else ():
             self.claims_by_pod.get(pod_uid, set()).discard(key)
@@ -381,6 +426,7 @@ class Binder:
                 self.pod_queue.put(key)
 
     def _on_node(self, kind: str, node: Node) -> None:
+        self.cluster.offer(node, kind == "DELETED")
         name = node.metadata.name or ""
         if kind == "DELETED":
             changed = self.nodes.pop(name, None) is not None
@@ -479,11 +525,20 @@ class Binder:
         if uid in self.in_flight or (uid in self.retry and self.retry[uid][0] > time.monotonic()):
             return
         claims = [self.claims_by_namespace[namespace][name] for name in resolved.names.values()]
+        # the shard reads the claims from the cluster bucket: from this revision on, it has them
+        keys = [cluster_feed.key_of(c) for c in claims]
+        if cluster_feed.published_pod(pod):
+            keys.append(cluster_feed.key_of(pod))  # a gang member: the shard must know it exists
+        revision = await self.cluster.revision_of(keys)
+        current = self.pods.get(key)
+        if current is None or current.metadata.uid != uid or not self._pending_pod_needs_work(current):
+            return  # bound, deleted or done while the bucket was written: nothing to send
         pending = PendingPod(
             pod=PodRef(namespace=namespace, name=key[1], uid=uid),
             claims=[ClaimRef(namespace=namespace, name=c.metadata.name or "", uid=c.metadata.uid or "") for c in claims],
             first_seen=self.first_seen[uid],
             spec=pod.spec,
+            cluster_revision=revision,
         )
         shard = shard_for(partition_key(pending), self.settings.shards)
         self.in_flight[uid] = sent = inf.InFlight(since=time.monotonic(), shard=shard)

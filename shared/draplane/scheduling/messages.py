@@ -46,8 +46,8 @@ class ClaimRef(msgspec.Struct, frozen=True, kw_only=True):
 class PendingPod(msgspec.Struct, tag="pending", kw_only=True):
     """A pod whose claims all exist and which needs a node and devices.
 
-    The claims travel by reference: each shard watches every claim itself (it must, to know what
-    other schedulers allocated), so the body stays small and never goes stale.
+    The claims travel by reference: each shard follows every claim in the cluster bucket (it must,
+    to know what other schedulers allocated), so the body stays small and never goes stale.
     """
 
     version: int = SCHEMA_VERSION
@@ -61,6 +61,10 @@ class PendingPod(msgspec.Struct, tag="pending", kw_only=True):
     # bound pods, not every change of every pending one. None from a binder that predates it:
     # the shard then reads the pod.
     spec: PodSpec | None = None
+    # The cluster bucket's revision once the pod's claims were in it (draplane.scheduling
+    # .cluster_feed): a shard whose watch of the bucket is behind that waits for it, rather than
+    # take a claim it has not heard of yet for one that does not exist. 0 from an older binder.
+    cluster_revision: int = 0
 
 
 class ClaimPlacement(msgspec.Struct, kw_only=True):
@@ -200,6 +204,11 @@ class Subjects(msgspec.Struct, frozen=True, kw_only=True):
     @property
     def reservations_bucket(self) -> str:
         return self._name("RESERVATIONS")
+
+    @property
+    def cluster_bucket(self) -> str:
+        """The binder's view of Kubernetes for the shards (draplane.scheduling.cluster_feed)."""
+        return self._name("CLUSTER")
 
 
 def partition_key(pending: PendingPod) -> str:

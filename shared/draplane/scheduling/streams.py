@@ -55,17 +55,24 @@ async def ensure_streams(js: JetStreamContext, subjects: Subjects, *, replicas: 
         ))
 
 
-async def reservation_bucket(js: JetStreamContext, subjects: Subjects, *, replicas: int = 1) -> KeyValue:
+async def _bucket(js: JetStreamContext, name: str, replicas: int) -> KeyValue:
     try:
-        return await js.key_value(subjects.reservations_bucket)
+        return await js.key_value(name)
     except nats.js.errors.BucketNotFoundError:
         pass
     try:
-        return await js.create_key_value(
-            KeyValueConfig(bucket=subjects.reservations_bucket, history=1, storage=StorageType.FILE, replicas=replicas)
-        )
+        return await js.create_key_value(KeyValueConfig(bucket=name, history=1, storage=StorageType.FILE, replicas=replicas))
     except nats.js.errors.BadRequestError:
-        return await js.key_value(subjects.reservations_bucket)  # another service created it first
+        return await js.key_value(name)  # another service created it first
+
+
+async def reservation_bucket(js: JetStreamContext, subjects: Subjects, *, replicas: int = 1) -> KeyValue:
+    return await _bucket(js, subjects.reservations_bucket, replicas)
+
+
+async def cluster_bucket(js: JetStreamContext, subjects: Subjects, *, replicas: int = 1) -> KeyValue:
+    """The binder's view of Kubernetes for the shards; one revision per key (the latest)."""
+    return await _bucket(js, subjects.cluster_bucket, replicas)
 
 
 def work_consumer(durable: str) -> ConsumerConfig:

@@ -1,5 +1,5 @@
 """A shard given what is not ours on each of its NATS inputs (the pending subject, the inventory
-feed, the reservation bucket) logs it, drops it (a pending message is termed, not redelivered)
+feed, the reservation bucket, the cluster bucket) logs it, drops it (a pending message is termed, not redelivered)
 and keeps placing. The decoders themselves are fuzzed in tests/shared/*/test_fuzz_*.py."""
 
 from __future__ import annotations
@@ -33,6 +33,9 @@ async def test_a_shard_drops_what_is_not_ours_and_keeps_placing(scheduling, kube
     await feed.put("node.junk-2", encode(FeedEntry(schema_version=SCHEMA_VERSION + 1, key="node.junk-2")))
     reservations = await streams.reservation_bucket(js, subjects)
     await reservations.put("junk-node", b"{not json")
+    cluster = await streams.cluster_bucket(js, subjects)
+    await cluster.put("pod.junk", b"\xc1 not msgpack")
+    await cluster.put("widget.junk", b"a kind of a newer binder")
     newer = PendingPod(version=2, pod=PodRef(namespace=namespace, name="x", uid="u"),
                        claims=[ClaimRef(namespace=namespace, name="x", uid="c")], first_seen=0.0)
     for junk in (b"\x93junk", msgspec.msgpack.encode({"type": "released", "claim": 5}), encode_message(newer)):
@@ -52,3 +55,5 @@ async def test_a_shard_drops_what_is_not_ours_and_keeps_placing(scheduling, kube
     assert any("field version is 2" in m for m in messages)
     assert sum("unreadable inventory feed entry node.junk-" in m for m in messages) == 2
     assert any("unreadable reservation entry" in m and "junk-node" in m for m in messages)
+    assert any("unreadable cluster bucket entry" in m and "'pod.junk': not a Pod" in m for m in messages)
+    assert any("unreadable cluster bucket entry" in m and "'widget.junk': not a kind" in m for m in messages)

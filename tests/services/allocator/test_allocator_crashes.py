@@ -83,10 +83,9 @@ async def test_kill_9_mid_run_leaves_every_claim_allocated_once_or_explained(
         await scheduling.put_node(scenario.gpu_node(name), [scenario.gpu_slice(name, per_node, "80Gi")])
     devices = NODES * per_node
     claims_that_fit = devices // gpus
-    common = ["--nats", control_plane.nats_url, "--kubeconfig", str(control_plane.kubeconfig),
-              "--prefix", scheduling.prefix, "--shards", "2", "--port", "0"]
+    common = ["--nats", control_plane.nats_url, "--prefix", scheduling.prefix, "--shards", "2", "--port", "0"]
     # short leases, so that a reservation orphaned by the crash is released within the test
-    binder = Process(["draplane_binder", *common, "--lease-seconds", "20",
+    binder = Process(["draplane_binder", *common, "--kubeconfig", str(control_plane.kubeconfig), "--lease-seconds", "20",
                       "--scheduler-name", scheduling.scheduler_name], tmp_path / "binder.log")
     shards = [Process(["draplane_allocator", *common, "--shard-index", str(i), "--lease-seconds", "20"],
                       tmp_path / f"shard-{i}.log") for i in range(2)]
@@ -159,9 +158,9 @@ async def test_kill_9_in_the_middle_of_a_gangs_commit_leaves_no_partial_gang(
     nodes = [f"gang-crash-{i}-{namespace[-6:]}" for i in range(3)]
     for name in nodes:
         await scheduling.put_node(scenario.gpu_node(name), [scenario.gpu_slice(name, 8, "80Gi")])
-    common = ["--nats", control_plane.nats_url, "--kubeconfig", str(control_plane.kubeconfig),
-              "--prefix", scheduling.prefix, "--shards", "1", "--port", "0", "--lease-seconds", "10"]
-    binder = Process(["draplane_binder", *common, "--scheduler-name", scheduling.scheduler_name], tmp_path / "binder.log")
+    common = ["--nats", control_plane.nats_url, "--prefix", scheduling.prefix, "--shards", "1", "--port", "0",
+              "--lease-seconds", "10"]
+    binder = Process(["draplane_binder", *common, "--kubeconfig", str(control_plane.kubeconfig), "--scheduler-name", scheduling.scheduler_name], tmp_path / "binder.log")
     shard = Process(["draplane_allocator", *common], tmp_path / "shard.log", env={FAILPOINT_ENV: GANG_COMMIT_FAILPOINT})
     for p in (binder, shard):
         p.start()
