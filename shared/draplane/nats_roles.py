@@ -15,9 +15,10 @@ Who writes what:
 | allocator (every shard) | placements, audit (taint rule) events | reservations (compare-and-set) |
 | binder | pending pods (to the shards), releases, audit (placed, released, rejected, preempted) events | reservations (leases), the cluster bucket |
 
-Shards read the cluster bucket (the binder's view of Kubernetes) and hold no Kubernetes client.
 | audit | nothing but acknowledgements of its own consumer | none |
 | reader (`draplane free`, `draplane dashboard`) | nothing | none |
+
+Shards read the cluster bucket (the binder's view of Kubernetes) and hold no Kubernetes client.
 
 Every role reads replies only under an inbox prefix of its own (`inbox_prefix`): a client must
 connect with it (`nats.connect(inbox_prefix=...)`), and no other identity can read its replies.

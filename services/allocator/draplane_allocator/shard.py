@@ -125,6 +125,10 @@ class Shard:
         self.cluster: dict[str, object] = {}
         self.cluster_revision = 0  # the last revision of the bucket taken in
         self._cluster_replayed = False  # past the entries the bucket held when the watch started
+        self._cluster_filled_by: str | None = None  # the binder whose SYNCED_KEY is in the bucket
+        # The binder's last heartbeat (its clock): the bucket holds what Kubernetes held until
+        # about then. Leases are lapsed only up to it (see _lapse_clock).
+        self.binder_heard_at = 0.0
         self._cluster_moved = asyncio.Condition()
         self._revision_waiters = 0
         self._handlers = {DeviceClass: self._on_class, Node: self._on_node, DeviceTaintRule: self._on_taint_rule,
@@ -217,9 +221,10 @@ class Shard:
                 self.log.info("shard %d: no cluster bucket %s yet (the binder creates it); looking again in 1 s",
                               self.index, bucket)
                 await asyncio.sleep(1.0)
-        # A restarted watch replays the bucket: start from an empty view, as a shard that starts.
-        for key in [k for k in self.cluster]:
-            self._take_cluster_entry(key, None)
+        # A watch restarted after a crash replays the bucket over the view it has: a key replayed
+        # replaces its object, and those not replayed were deleted meanwhile (taken out at the end).
+        # The view stays whole meanwhile, if older, rather than empty under a shard that places.
+        replayed: set[str] | None = set()
         self._cluster_replayed = False
         watcher = await kv.watchall()
         try:
@@ -229,10 +234,16 @@ class Shard:
                 except nats.errors.TimeoutError:
                     continue
                 if update is None:
+                    for key in [k for k in self.cluster if k not in replayed]:
+                        self._take_cluster_entry(key, None)
+                    replayed = None
                     self._cluster_replayed = True
                     self.log.info("shard %d: cluster bucket replayed: %d objects up to revision %d", self.index,
                                   len(self.cluster), self.cluster_revision)
+                    self._mark_cluster_synced()
                     continue
+                if replayed is not None:
+                    replayed.add(update.key)
                 deleted = update.operation in ("DEL", "PURGE") or not update.value
                 self._take_cluster_entry(update.key, None if deleted else update.value)
                 self.cluster_revision = max(self.cluster_revision, update.revision or 0)
@@ -245,17 +256,28 @@ class Shard:
             except (Exception, asyncio.CancelledError):  # noqa: BLE001 - the connection may be gone already
                 pass
 
+    def _mark_cluster_synced(self) -> None:
+        """Ready once the replay is over *and* a binder has filled the bucket: the marker comes
+        early in the replay (written once per binder start), most claims and pods after it."""
+        if self._cluster_replayed and self._cluster_filled_by is not None and not self.synced["cluster"].is_set():
+            self.log.info("shard %d: the cluster bucket is complete (binder %s listed everything): %d objects",
+                          self.index, self._cluster_filled_by, len(self.cluster))
+            self.synced["cluster"].set()
+
     def _take_cluster_entry(self, key: str, value: bytes | None) -> None:
-        if key == cluster_feed.SYNCED_KEY:
-            if value is not None and not self.synced["cluster"].is_set():
-                try:
-                    synced = cluster_feed.decode_synced(value)
-                except cluster_feed.FeedError as exc:
-                    self.log.error("shard %d: %s", self.index, exc)
-                    return
-                self.log.info("shard %d: the cluster bucket is complete (binder %s listed everything)", self.index,
-                              synced.binder)
-                self.synced["cluster"].set()
+        if key in (cluster_feed.SYNCED_KEY, cluster_feed.HEARTBEAT_KEY):
+            if value is None:
+                return
+            try:
+                marker = cluster_feed.decode_synced(value, key)
+            except cluster_feed.FeedError as exc:
+                self.log.error("shard %d: %s", self.index, exc)
+                return
+            if key == cluster_feed.HEARTBEAT_KEY:
+                self.binder_heard_at = max(self.binder_heard_at, marker.at)
+            else:
+                self._cluster_filled_by = marker.binder
+                self._mark_cluster_synced()
             return
         if value is None:
             obj = self.cluster.pop(key, None)
@@ -396,6 +418,13 @@ class Shard:
             except (Exception, asyncio.CancelledError):  # noqa: BLE001 - the connection may be gone already
                 pass
 
+    def _lapse_clock(self) -> float:
+        """The time up to which leases may be taken as lapsed: now, but no later than the bucket is
+        known to mirror Kubernetes. A lapsed lease is released when its claim is not allocated;
+        if the binder wrote the allocation and died before the bucket had it, releasing would
+        give the devices twice. So while no binder is heard, nothing lapses."""
+        return min(time.time(), self.binder_heard_at - cluster_feed.HEARTBEAT_MARGIN_SECONDS)
+
     async def _prune_expired(self) -> None:
         """Release reservations whose lease ran out before their placement reached Kubernetes.
 
@@ -404,13 +433,13 @@ class Shard:
         await self.wait_ready(timeout=3600)
         while True:
             await asyncio.sleep(PRUNE_INTERVAL_SECONDS)
-            now = time.time()
+            now = self._lapse_clock()
             for node, (_, entry) in list(self.store.entries.items()):
                 if protocol.has_lapsed(entry, now):
                     steps: list[protocol.Lapse] = []
 
                     def edit(current: rv.NodeReservations) -> rv.NodeReservations | None:
-                        steps[:] = [protocol.lapse(current, time.time(), self.state.claim_is_allocated)]
+                        steps[:] = [protocol.lapse(current, self._lapse_clock(), self.state.claim_is_allocated)]
                         return steps[0].entry
 
                     if await self.store.change(node, edit):
@@ -631,7 +660,8 @@ class Shard:
             try:
                 if node not in commits:
                     revision, entry = self.store.entry(node)
-                    step = protocol.commit(entry, reservations, pod_reservation, now, self.state.claim_is_allocated)
+                    step = protocol.commit(entry, reservations, pod_reservation, self._lapse_clock(),
+                                           self.state.claim_is_allocated)
                     commits[node] = step
                     # what this node's write will hold before this pod: its entry, pruned
                     views[node] = (revision, step.lapsed.entry or entry)
@@ -850,8 +880,8 @@ class Shard:
                 (self._reservations(pending, placed, now, expires_at), pod_reservation))
         revisions = {node: self.store.entry(node) for node in per_node}
         try:
-            step = protocol.commit_gang({node: entry for node, (_, entry) in revisions.items()}, per_node, now,
-                                        self.state.claim_is_allocated)
+            step = protocol.commit_gang({node: entry for node, (_, entry) in revisions.items()}, per_node,
+                                        self._lapse_clock(), self.state.claim_is_allocated)
         except rv.ReservationConflict as exc:
             self.m.conflicts_in_view.inc()
             self.log.debug("shard %d: gang %s: %s", self.index, outcome.gang, exc, extra=fields(gang=outcome.gang))
@@ -1009,7 +1039,7 @@ class Shard:
         revision, entry = self.store.entry(node)
         try:
             step = protocol.nominate(entry, self._reservations(pending, placed, now, expires_at), pod_reservation,
-                                     victim_claims, now, self.state.claim_is_allocated)
+                                     victim_claims, self._lapse_clock(), self.state.claim_is_allocated)
         except rv.ReservationConflict as exc:
             self.log.info("shard %d: pod %s: no hold on node %s for its preemption: %s", self.index,
                           pending.pod.key(), node, exc, extra=fields(pod=pending.pod.key(), node=node))

@@ -7,9 +7,11 @@ bucket already holds is not written: a node heartbeat or a claim's device status
 downstream.
 
 After a restart the binder first reads the bucket back (`load`), so that objects unchanged since
-are not written again, and once every watch has listed (`listed`), keys of objects that went while
-no binder watched are deleted, and then SYNCED_KEY is written: from then on a shard that watches
-the bucket from its start holds the cluster.
+are not written again. Each time a watch lists (at start, and again after it failed), keys of its
+kind it did not offer are of objects gone while it did not watch, and are deleted (`listed`). Once
+every watch has listed, SYNCED_KEY is written after all the rest: from then on a shard that
+watches the bucket from its start holds the cluster. A heartbeat (HEARTBEAT_KEY) then says until
+when the bucket is known to mirror Kubernetes.
 """
 
 from __future__ import annotations
@@ -25,6 +27,8 @@ from nats.js.kv import KeyValue
 from draplane.scheduling import cluster_feed as feed
 
 log = logging.getLogger(__name__)
+
+_MARKERS = (feed.SYNCED_KEY, feed.HEARTBEAT_KEY)
 
 # Puts in flight at once per round: enough to fill a round trip, few enough not to flood NATS.
 MAX_PUTS_IN_FLIGHT = 256
@@ -45,9 +49,11 @@ class ClusterPublisher:
         self.revisions: dict[str, int] = {}  # key -> the bucket revision of that value
         self.wanted: dict[str, bytes | None] = {}  # key -> the value to write next (None: delete)
         self.writing: set[str] = set()  # keys with a write in flight
-        self.offered: set[str] = set()  # keys offered with a value since start (the stale-key sweep)
+        self.unwritten_since: dict[str, float] = {}  # key -> when a value not yet written was offered
+        # kind -> the keys offered since its watch began to list (the stale-key sweep at its end)
+        self.listing: dict[type, set[str]] = {}
         self.unlisted = set(kinds)  # kinds whose watch has not listed yet
-        self.synced = False  # SYNCED_KEY written by this binder
+        self.synced = False  # SYNCED_KEY queued by this binder
         self._work = asyncio.Event()
         self._progress = asyncio.Condition()
 
@@ -63,30 +69,48 @@ class ClusterPublisher:
         if deleted or (isinstance(obj, feed.Pod) and not feed.published_pod(obj)):
             self._want(key, None)
         else:
-            self.offered.add(key)
+            listing = self.listing.get(type(obj))
+            if listing is not None:
+                listing.add(key)
             self._want(key, feed.encode(obj))
 
+    def listing_begins(self, kind: type) -> None:
+        """A watch of `kind` (re)starts with a list: what it does not offer before `listed` went
+        while it did not watch. Kinds the bucket does not hold (templates) are ignored."""
+        if kind in feed.PREFIXES:
+            self.listing[kind] = set()
+
     def listed(self, kind: type) -> None:
-        """The watch of `kind` has listed (or the apiserver does not serve it): once all have, keys
-        of objects gone while no binder watched are deleted and the bucket is marked synced."""
+        """The watch of `kind` has listed (or the apiserver does not serve it): keys of that kind
+        it did not offer are of objects gone while it did not watch, and are deleted. Once every
+        kind has listed, the bucket is marked synced."""
+        offered = self.listing.pop(kind, None)
+        if offered is not None:
+            prefix = f"{feed.PREFIXES[kind]}."
+            stale = [k for k in (*self.published, *self.wanted) if k.startswith(prefix) and k not in offered]
+            for key in dict.fromkeys(stale):
+                self._want(key, None)
+            log.info("cluster feed: %s listed: %d in the bucket, %d gone while not watched deleted",
+                     kind.__name__, len(offered), len(stale))
         self.unlisted.discard(kind)
         if self.unlisted or self.synced:
             return
-        stale = [k for k in self.published if k not in self.offered and k not in self.wanted
-                 and feed.kind_of_key(k) is not None]
-        for key in stale:
-            self._want(key, None)
-        log.info("cluster feed: every watch listed: %d objects in the bucket, %d stale ones deleted",
-                 len(self.offered), len(stale))
-        self.offered.clear()  # needed for the first sweep only
+        # queued behind every value, and written only once it is the last key (see run)
         self.wanted[feed.SYNCED_KEY] = feed.encode_synced(feed.Synced(binder=self.instance, at=time.time()))
         self.synced = True
         self._work.set()
+
+    def heartbeat_value(self, now: float) -> bytes:
+        """The heartbeat says the bucket mirrors Kubernetes until its time: no later than the
+        oldest offer still unwritten (a failing write holds it back)."""
+        return feed.encode_synced(feed.Synced(binder=self.instance, at=min([now, *self.unwritten_since.values()])))
 
     def _want(self, key: str, value: bytes | None) -> None:
         if key not in self.wanted and key not in self.writing and self.published.get(key) == value:
             return  # the bucket holds it already (None == missing: a delete of what is not there)
         self.wanted[key] = value
+        if key not in _MARKERS:
+            self.unwritten_since.setdefault(key, time.time())
         self._work.set()
 
     # --- I/O ---------------------------------------------------------------------------------------
@@ -120,7 +144,9 @@ class ClusterPublisher:
             await self._work.wait()
             self._work.clear()
             while self.wanted:
-                batch = dict(list(self.wanted.items())[:MAX_PUTS_IN_FLIGHT])
+                # SYNCED_KEY last of all: a shard that sees it must find everything before it
+                keys = [k for k in self.wanted if k != feed.SYNCED_KEY] or [feed.SYNCED_KEY]
+                batch = {k: self.wanted[k] for k in keys[:MAX_PUTS_IN_FLIGHT]}
                 for key in batch:
                     del self.wanted[key]
                 self.writing.update(batch)
@@ -131,12 +157,15 @@ class ClusterPublisher:
                     if isinstance(result, BaseException):
                         failed += 1
                         self.wanted.setdefault(key, value)  # unless something newer came meanwhile
-                    elif value is None:
-                        self.published.pop(key, None)
-                        self.revisions.pop(key, None)
                     else:
-                        self.published[key] = value
-                        self.revisions[key] = result
+                        if key not in self.wanted:
+                            self.unwritten_since.pop(key, None)
+                        if value is None:
+                            self.published.pop(key, None)
+                            self.revisions.pop(key, None)
+                        else:
+                            self.published[key] = value
+                            self.revisions[key] = result
                 async with self._progress:
                     self._progress.notify_all()
                 if failed:
@@ -154,6 +183,14 @@ class ClusterPublisher:
             await self.kv.purge(key, msg_ttl=DELETE_MARKER_TTL_SECONDS)
             return 0
         return await self.kv.put(key, value)
+
+    async def heartbeat(self) -> None:
+        """Every HEARTBEAT_SECONDS once synced, through the same writes as the rest: shards lapse
+        leases only up to it (a binder gone quiet could have allocated a claim the bucket lacks)."""
+        while True:
+            await asyncio.sleep(feed.HEARTBEAT_SECONDS)
+            if self.synced:
+                self._want(feed.HEARTBEAT_KEY, self.heartbeat_value(time.time()))
 
     async def revision_of(self, keys: list[str], timeout: float = 10.0) -> int:
         """The bucket revision from which a shard sees `keys` as the binder does now (waits for

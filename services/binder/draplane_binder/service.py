@@ -244,6 +244,7 @@ class Binder:
         await self.cluster.load(
             await streams.cluster_bucket(self.js, self.subjects, replicas=self.settings.stream_replicas))
         self._spawn(self.cluster.run, "cluster feed writer")
+        self._spawn(self.cluster.heartbeat, "cluster feed heartbeat")
         self._spawn(self.store.watch, "reservations watch")
         self._spawn(lambda: self._watch(Pod, "pods", self._on_pod), "pods watch")
         self._spawn(lambda: self._watch(ResourceClaim, "claims", self._on_claim), "claims watch")
@@ -309,6 +310,7 @@ class Binder:
     # --- watches -----------------------------------------------------------------------------------
 
     async def _watch(self, model, what: str, handle: Callable[[str, object], None]) -> None:
+        self.cluster.listing_begins(model)
         async for event in watch_objects(self.kube, model):
             if event.type == "SYNCED":
                 self.synced[what].set()
@@ -331,8 +333,7 @@ class Binder:
         gate off answers 404, which means there are none, not a broken binder."""
         while True:
             try:
-                await self._watch(model, what, self._offer)
-                return
+                await self.kube.list(model)  # a watch retries a 404 for ever: ask once first
             except KubeApiError as exc:
                 if not exc.is_not_found:
                     raise
@@ -340,8 +341,12 @@ class Binder:
                     log.warning("binder: the apiserver does not serve %s (%s); the shards schedule without them, "
                                 "looking again every 60 s", served_by, exc)
                     self.synced[what].set()
-                    self.cluster.listed(model)
+                    self.cluster.listing_begins(model)
+                    self.cluster.listed(model)  # none: keys of that kind left in the bucket go
                 await asyncio.sleep(60.0)
+                continue
+            await self._watch(model, what, self._offer)
+            return
 
     def _offer(self, kind: str, obj) -> None:
         self.cluster.offer(obj, kind == "DELETED")
@@ -529,10 +534,20 @@ class Binder:
         keys = [cluster_feed.key_of(c) for c in claims]
         if cluster_feed.published_pod(pod):
             keys.append(cluster_feed.key_of(pod))  # a gang member: the shard must know it exists
-        revision = await self.cluster.revision_of(keys)
+        try:
+            revision = await self.cluster.revision_of(keys)
+        except TimeoutError:
+            # NATS does not take the writes (its leader moving, the connection down): not the pod's
+            # fault, so no condition on it; sent again after the first backoff.
+            self.retry[uid] = (time.monotonic() + self.settings.retry_initial_seconds,
+                               self.retry.get(uid, (0.0, self.settings.retry_initial_seconds))[1])
+            log.warning("pod %s/%s: the cluster bucket did not take its claims in time; retrying in %.1f s",
+                        namespace, key[1], self.settings.retry_initial_seconds)
+            return
         current = self.pods.get(key)
-        if current is None or current.metadata.uid != uid or not self._pending_pod_needs_work(current):
-            return  # bound, deleted or done while the bucket was written: nothing to send
+        if current is None or current.metadata.uid != uid or not self._pending_pod_needs_work(current) or \
+                not self._claims_still_cached(namespace, claims):
+            return  # bound, deleted, done or a claim replaced while the bucket was written: queued again
         pending = PendingPod(
             pod=PodRef(namespace=namespace, name=key[1], uid=uid),
             claims=[ClaimRef(namespace=namespace, name=c.metadata.name or "", uid=c.metadata.uid or "") for c in claims],
@@ -558,6 +573,11 @@ class Binder:
                         namespace, key[1], shard, exc, self.settings.retry_initial_seconds)
             return
         self.metrics.pending_published.inc()
+
+    def _claims_still_cached(self, namespace: str, claims: list[ResourceClaim]) -> bool:
+        cached = self.claims_by_namespace.get(namespace, {})
+        return all((now := cached.get(c.metadata.name or "")) is not None and now.metadata.uid == c.metadata.uid
+                   for c in claims)
 
     async def _mark_unschedulable(self, pod: Pod, message: str, *, reason: str, shard: int | None = None,
                                   answer: str = "") -> None:

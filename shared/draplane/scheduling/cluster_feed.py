@@ -14,6 +14,7 @@ Kubernetes) fills from its list-and-watch:
 | `claim.<uid>` | a ResourceClaim: spec, allocation and reservedFor (every claim, whoever allocated it) |
 | `pod.<uid>` | a pod bound to a node, or a gang member, and not finished: what node fit, preemption and gangs read |
 | `meta.synced` | written once every watch above has listed: the bucket holds the whole cluster |
+| `meta.binder` | the binder's heartbeat, every HEARTBEAT_SECONDS: the bucket mirrors Kubernetes until about then |
 
 Values are the API structs of draplane.api encoded as msgpack, trimmed to what scheduling reads:
 no managedFields, annotations (but a PodGroup's), resourceVersion, conditions or container images.
@@ -37,6 +38,11 @@ from draplane.api.resource import DeviceClass, DeviceTaintRule, ResourceClaim, R
 from draplane.api.scheduling import PodGroup
 
 SYNCED_KEY = "meta.synced"
+HEARTBEAT_KEY = "meta.binder"
+HEARTBEAT_SECONDS = 2.0
+# A heartbeat at time t says: what the binder's watches took in until t - this is in the bucket
+# (the watch's own delay, and puts of one round landing in any order).
+HEARTBEAT_MARGIN_SECONDS = 5.0
 
 # kind -> key prefix; the order is the order a fresh shard most wants them (none depends on another)
 PREFIXES: dict[type, str] = {
@@ -55,7 +61,8 @@ class FeedError(ValueError):
 
 
 class Synced(msgspec.Struct, kw_only=True):
-    """The value of SYNCED_KEY: who filled the bucket, and when."""
+    """The value of SYNCED_KEY (who filled the bucket, and when) and of HEARTBEAT_KEY (who
+    keeps it, and when it last said so)."""
 
     binder: str
     at: float
@@ -159,8 +166,8 @@ def encode_synced(synced: Synced) -> bytes:
     return _ENCODER.encode(synced)
 
 
-def decode_synced(value: bytes) -> Synced:
+def decode_synced(value: bytes, key: str = SYNCED_KEY) -> Synced:
     try:
         return msgspec.msgpack.decode(value, type=Synced)
     except (msgspec.DecodeError, msgspec.ValidationError) as exc:
-        raise FeedError(f"cluster feed key {SYNCED_KEY!r}: {exc}") from None
+        raise FeedError(f"cluster feed key {key!r}: {exc}") from None

@@ -2,19 +2,22 @@
 
 A restarted shard rebuilds its state from the bucket alone; a restarted binder brings the bucket
 up to date (objects gone while no binder watched are deleted, unchanged ones are not rewritten);
-a claim allocated by another scheduler reaches the shards through it."""
+leases lapse only up to the binder's last heartbeat."""
 
 from __future__ import annotations
 
+import asyncio
 import time
 import uuid
 
 import pytest
 
-from draplane.api.resource import ResourceClaim
+from draplane.api.meta import NodeSelector, NodeSelectorRequirement, NodeSelectorTerm
+from draplane.api.resource import AllocationResult, DeviceAllocationResult, DeviceRequestAllocationResult, ResourceClaim
 from draplane.scheduling import cluster_feed, scenario, streams
+from draplane.scheduling import reservations as rv
 from draplane.scheduling.messages import Subjects
-from draplane_allocator.shard import Shard
+from draplane_allocator.shard import PRUNE_INTERVAL_SECONDS, Shard
 from draplane_binder.service import Binder
 from conftest import ensure_class  # noqa: E402  (tests/services/conftest.py)
 
@@ -83,3 +86,40 @@ async def test_a_restarted_shard_rebuilds_from_the_bucket_and_a_restarted_binder
     # what did not change is not written again
     assert await _bucket_revision(kv, f"node.{node}") == node_revision
     assert await _bucket_revision(kv, cluster_feed.SYNCED_KEY) is not None
+
+
+async def test_no_lease_lapses_while_no_binder_is_heard(scheduling, kube, nats, namespace):
+    """A lapsed reservation is released only when its claim is not allocated; with the binder gone
+    quiet, the bucket may lack an allocation it wrote. So nothing lapses until a binder is heard
+    again, and then the orphan goes."""
+    node = f"quiet-{namespace[-6:]}"
+    await scheduling.put_node(scenario.gpu_node(node), [scenario.gpu_slice(node, 1, "80Gi")])
+    await scheduling.start()
+    await scheduling.binder.stop()
+    kv = await streams.reservation_bucket(nats.jetstream(), Subjects(prefix=scheduling.prefix))
+    allocation = AllocationResult(
+        devices=DeviceAllocationResult(results=[DeviceRequestAllocationResult(
+            request="gpu", driver=scenario.GPU_DRIVER, pool=node, device="gpu-0")]),
+        node_selector=NodeSelector(node_selector_terms=[NodeSelectorTerm(match_fields=[
+            NodeSelectorRequirement(key="metadata.name", operator="In", values=[node])])]),
+    )
+    orphan = rv.Reservation(
+        claim_uid="written-maybe", claim_namespace=namespace, claim_name="ghost", pod_uid="ghost-pod",
+        devices=rv.devices_of(allocation), allocation=allocation,
+        reserved_at=time.time() - 60, expires_at=time.time() - 1,
+    )
+    await kv.put(rv.node_key(node), rv.encode_entry(rv.add(rv.NodeReservations(node=node), [orphan])))
+
+    async def reserved() -> bool:
+        return "written-maybe" in rv.decode_entry((await kv.get(rv.node_key(node))).value, node).claims
+
+    await asyncio.sleep(2 * PRUNE_INTERVAL_SECONDS + 1)
+    assert await reserved(), "a lease lapsed while no binder was heard"
+
+    binder = Binder(scheduling.binder.settings, kube, nats)
+    scheduling.binder = binder
+    await binder.start()
+
+    async def released() -> bool:
+        return not await reserved()
+    await scheduling.wait_for(released, timeout=30, what="the orphan released once the binder is heard")

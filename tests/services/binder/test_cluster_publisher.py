@@ -24,6 +24,8 @@ def _node(name: str, heartbeat: str = "True") -> Node:
 async def _started(kv, instance: str) -> tuple[ClusterPublisher, asyncio.Task]:
     publisher = ClusterPublisher(instance=instance, kinds=(Node, DeviceClass))
     await publisher.load(kv)
+    for kind in (Node, DeviceClass):
+        publisher.listing_begins(kind)  # as the binder's watches do before they list
     return publisher, asyncio.create_task(publisher.run())
 
 
