@@ -18,7 +18,11 @@ import pytest
 from nats.js.api import KeyValueConfig
 
 from draplane.api.core import Node, Pod
-from draplane.api.resource import ResourceClaim, ResourceSlice
+from draplane.api.meta import NodeSelector, NodeSelectorRequirement, NodeSelectorTerm
+from draplane.api.resource import (
+    AllocationResult, DeviceAllocationResult, DeviceRequestAllocationResult, ResourceClaim, ResourceSlice,
+)
+from draplane.scheduling import reservations as rv
 from draplane.kube import KubeApiError
 from draplane.scheduling import scenario
 from draplane.messages.inventory import SCHEMA_VERSION, FeedEntry, InventoryNames, encode
@@ -118,6 +122,23 @@ class Scheduling:
             return pod if pod.spec.node_name else None
 
         return await self.wait_for(bound, timeout, f"pod {namespace}/{name} to be bound")
+
+
+def lapsed_reservation(node: str, namespace: str, claim_uid: str) -> rv.NodeReservations:
+    """What a shard that died right after its commit leaves: gpu-0 of `node` reserved for a claim
+    whose placement never reached Kubernetes, under a lease that has just run out."""
+    allocation = AllocationResult(
+        devices=DeviceAllocationResult(results=[DeviceRequestAllocationResult(
+            request="gpu", driver=scenario.GPU_DRIVER, pool=node, device="gpu-0")]),
+        node_selector=NodeSelector(node_selector_terms=[NodeSelectorTerm(match_fields=[
+            NodeSelectorRequirement(key="metadata.name", operator="In", values=[node])])]),
+    )
+    orphan = rv.Reservation(
+        claim_uid=claim_uid, claim_namespace=namespace, claim_name="ghost", pod_uid="ghost-pod",
+        devices=rv.devices_of(allocation), allocation=allocation,
+        reserved_at=time.time() - 60, expires_at=time.time() - 1,
+    )
+    return rv.add(rv.NodeReservations(node=node), [orphan])
 
 
 async def make_ready(kube, name: str) -> None:

@@ -24,6 +24,7 @@ published only once every write held, so the binder never binds part of a gang.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 import os
 import signal
@@ -226,13 +227,8 @@ class Shard:
         # The view stays whole meanwhile, if older, rather than empty under a shard that places.
         replayed: set[str] | None = set()
         self._cluster_replayed = False
-        watcher = await kv.watchall()
-        try:
-            while True:
-                try:
-                    update = await watcher.updates(timeout=30.0)
-                except nats.errors.TimeoutError:
-                    continue
+        async with contextlib.aclosing(streams.bucket_entries(kv)) as entries:
+            async for update in entries:
                 if update is None:
                     for key in [k for k in self.cluster if k not in replayed]:
                         self._take_cluster_entry(key, None)
@@ -244,17 +240,11 @@ class Shard:
                     continue
                 if replayed is not None:
                     replayed.add(update.key)
-                deleted = update.operation in ("DEL", "PURGE") or not update.value
-                self._take_cluster_entry(update.key, None if deleted else update.value)
+                self._take_cluster_entry(update.key, streams.entry_value(update))
                 self.cluster_revision = max(self.cluster_revision, update.revision or 0)
                 if self._waiting_for_revision:
                     async with self._cluster_moved:
                         self._cluster_moved.notify_all()
-        finally:
-            try:
-                await asyncio.wait_for(watcher.stop(), 2.0)
-            except (Exception, asyncio.CancelledError):  # noqa: BLE001 - the connection may be gone already
-                pass
 
     def _mark_cluster_synced(self) -> None:
         """Ready once the replay is over *and* a binder has filled the bucket: the marker comes
@@ -393,17 +383,12 @@ class Shard:
                 # the inventory service creates it; until then there are no devices
                 self.synced["feed"].set()
                 await asyncio.sleep(1.0)
-        watcher = await kv.watchall()
-        try:
-            while True:
-                try:
-                    update = await watcher.updates(timeout=30.0)
-                except nats.errors.TimeoutError:
-                    continue
+        async with contextlib.aclosing(streams.bucket_entries(kv)) as entries:
+            async for update in entries:
                 if update is None:
                     self.synced["feed"].set()
                     continue
-                if update.operation in ("DEL", "PURGE") or not update.value:
+                if streams.entry_value(update) is None:
                     self.state.set_feed_entry(update.key, [])
                     continue
                 try:
@@ -412,11 +397,6 @@ class Shard:
                     self.log.error("shard %d: unreadable inventory feed entry %s: %s", self.index, update.key, exc)
                     continue
                 self.state.set_feed_entry(update.key, entry.slices)
-        finally:
-            try:
-                await asyncio.wait_for(watcher.stop(), 2.0)
-            except (Exception, asyncio.CancelledError):  # noqa: BLE001 - the connection may be gone already
-                pass
 
     def _lapse_clock(self) -> float:
         """The time up to which leases may be taken as lapsed: now, but no later than the bucket is

@@ -17,14 +17,14 @@ when the bucket is known to mirror Kubernetes.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 import time
 
-import nats.errors
-import nats.js.errors
 from nats.js.kv import KeyValue
 
 from draplane.scheduling import cluster_feed as feed
+from draplane.scheduling import streams
 
 log = logging.getLogger(__name__)
 
@@ -117,21 +117,13 @@ class ClusterPublisher:
 
     async def load(self, kv: KeyValue) -> None:
         """What the bucket holds now (left by the binder before this one)."""
-        watcher = await kv.watchall()
-        try:
-            while True:
-                try:
-                    entry = await watcher.updates(timeout=30.0)
-                except nats.errors.TimeoutError:
-                    continue
+        async with contextlib.aclosing(streams.bucket_entries(kv)) as entries:
+            async for entry in entries:
                 if entry is None:
                     break
-                if entry.operation in ("DEL", "PURGE") or entry.value is None:
-                    continue
-                self.published[entry.key] = entry.value
-                self.revisions[entry.key] = entry.revision
-        finally:
-            await watcher.stop()
+                if (value := streams.entry_value(entry)) is not None:
+                    self.published[entry.key] = value
+                    self.revisions[entry.key] = entry.revision
         self.kv = kv
         log.info("cluster feed: %d keys in the bucket at start", len(self.published))
 

@@ -3,8 +3,11 @@ first. The one I/O module of this package next to `reservation_store`; the rest 
 
 from __future__ import annotations
 
+import asyncio
 import logging
+from collections.abc import AsyncIterator
 
+import nats.errors
 import nats.js.errors
 from nats.js import JetStreamContext
 from nats.js.api import (
@@ -73,6 +76,29 @@ async def reservation_bucket(js: JetStreamContext, subjects: Subjects, *, replic
 async def cluster_bucket(js: JetStreamContext, subjects: Subjects, *, replicas: int = 1) -> KeyValue:
     """The binder's view of Kubernetes for the shards; one revision per key (the latest)."""
     return await _bucket(js, subjects.cluster_bucket, replicas)
+
+
+async def bucket_entries(kv: KeyValue) -> AsyncIterator[KeyValue.Entry | None]:
+    """Every entry a bucket holds, then None (the ones it held when the watch began are all
+    delivered), then every change, for ever. Use with contextlib.aclosing to stop the watcher
+    when the caller stops reading."""
+    watcher = await kv.watchall()
+    try:
+        while True:
+            try:
+                yield await watcher.updates(timeout=30.0)
+            except nats.errors.TimeoutError:
+                continue
+    finally:
+        try:
+            await asyncio.wait_for(watcher.stop(), 2.0)
+        except (Exception, asyncio.CancelledError):  # noqa: BLE001 - the connection may be gone already
+            pass
+
+
+def entry_value(entry: KeyValue.Entry) -> bytes | None:
+    """The entry's value; None for a delete or purge marker."""
+    return None if entry.operation in ("DEL", "PURGE") or not entry.value else entry.value
 
 
 def work_consumer(durable: str) -> ConsumerConfig:

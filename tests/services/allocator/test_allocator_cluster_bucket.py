@@ -12,14 +12,13 @@ import uuid
 
 import pytest
 
-from draplane.api.meta import NodeSelector, NodeSelectorRequirement, NodeSelectorTerm
-from draplane.api.resource import AllocationResult, DeviceAllocationResult, DeviceRequestAllocationResult, ResourceClaim
+from draplane.api.resource import ResourceClaim
 from draplane.scheduling import cluster_feed, scenario, streams
 from draplane.scheduling import reservations as rv
 from draplane.scheduling.messages import Subjects
 from draplane_allocator.shard import PRUNE_INTERVAL_SECONDS, Shard
 from draplane_binder.service import Binder
-from conftest import ensure_class  # noqa: E402  (tests/services/conftest.py)
+from conftest import ensure_class, lapsed_reservation  # noqa: E402  (tests/services/conftest.py)
 
 pytestmark = pytest.mark.integration
 
@@ -97,18 +96,7 @@ async def test_no_lease_lapses_while_no_binder_is_heard(scheduling, kube, nats, 
     await scheduling.start()
     await scheduling.binder.stop()
     kv = await streams.reservation_bucket(nats.jetstream(), Subjects(prefix=scheduling.prefix))
-    allocation = AllocationResult(
-        devices=DeviceAllocationResult(results=[DeviceRequestAllocationResult(
-            request="gpu", driver=scenario.GPU_DRIVER, pool=node, device="gpu-0")]),
-        node_selector=NodeSelector(node_selector_terms=[NodeSelectorTerm(match_fields=[
-            NodeSelectorRequirement(key="metadata.name", operator="In", values=[node])])]),
-    )
-    orphan = rv.Reservation(
-        claim_uid="written-maybe", claim_namespace=namespace, claim_name="ghost", pod_uid="ghost-pod",
-        devices=rv.devices_of(allocation), allocation=allocation,
-        reserved_at=time.time() - 60, expires_at=time.time() - 1,
-    )
-    await kv.put(rv.node_key(node), rv.encode_entry(rv.add(rv.NodeReservations(node=node), [orphan])))
+    await kv.put(rv.node_key(node), rv.encode_entry(lapsed_reservation(node, namespace, "written-maybe")))
 
     async def reserved() -> bool:
         return "written-maybe" in rv.decode_entry((await kv.get(rv.node_key(node))).value, node).claims
