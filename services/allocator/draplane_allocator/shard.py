@@ -70,6 +70,7 @@ from draplane.scheduling.reservation_store import ReservationStore, StaleRevisio
 from draplane.scheduling.placing import ClusterState, NotPlaced, Placed
 from draplane.scheduling.unschedulable import CLAIM_ERROR, GANG_UNPLACEABLE, GANG_WAITING
 from draplane.structured_logs import fields, with_fields
+from draplane.tasks import cancel_all
 from draplane_allocator.metrics import AllocatorMetrics
 
 log = logging.getLogger(__name__)
@@ -185,12 +186,9 @@ class Shard:
             await asyncio.sleep(0.05)
 
     async def stop(self) -> None:
-        for task in self._tasks:
-            task.cancel()
-        if self._tasks:
-            _, pending = await asyncio.wait(self._tasks, timeout=10)
-            if pending:
-                self.log.error("shard %d: tasks did not stop: %s", self.index, [t.get_name() for t in pending])
+        pending = await cancel_all(self._tasks, timeout=10)
+        if pending:
+            self.log.error("shard %d: tasks did not stop: %s", self.index, [t.get_name() for t in pending])
         self._tasks.clear()
 
     def _spawn(self, loop, name: str) -> None:

@@ -67,6 +67,7 @@ from draplane.scheduling.unschedulable import (
     CLAIM_ERROR, CONDITION_REASON, ERROR_CONDITION_REASON, EVENT_REASON, claim_problem, failure_label,
 )
 from draplane.structured_logs import fields
+from draplane.tasks import cancel_all
 from draplane_binder import in_flight as inf
 from draplane_binder.cluster_publisher import ClusterPublisher
 from draplane_binder import lifecycle as lc
@@ -284,9 +285,7 @@ class Binder:
     async def stop(self) -> None:
         for task in list(self._one_offs):
             task.cancel()
-        for task in self._tasks:
-            task.cancel()
-        done, pending = await asyncio.wait(self._tasks, timeout=10) if self._tasks else (set(), set())
+        pending = await cancel_all(self._tasks, timeout=10)
         if pending:
             log.error("binder: %d tasks did not stop within 10 s: %s", len(pending), [t.get_name() for t in pending])
         self._tasks.clear()
