@@ -32,7 +32,8 @@ def test_each_role_writes_only_its_own_buckets():
     assert written == {
         "inventory": {INVENTORY.feed_bucket},
         "allocator": {SUBJECTS.reservations_bucket},  # compare-and-set of reservations
-        "binder": {SUBJECTS.reservations_bucket},  # leases, confirmations
+        "binder": {SUBJECTS.reservations_bucket,  # leases, confirmations
+                   SUBJECTS.cluster_bucket},  # the shards' view of Kubernetes
         "audit": set(),
         "reader": set(),
     }
