@@ -78,17 +78,41 @@ async def cluster_bucket(js: JetStreamContext, subjects: Subjects, *, replicas: 
     return await _bucket(js, subjects.cluster_bucket, replicas)
 
 
+# How long a watch waits for entries after nats-py said, before any came, that there are none.
+EMPTY_BUCKET_GRACE_SECONDS = 0.5
+
+
 async def bucket_entries(kv: KeyValue) -> AsyncIterator[KeyValue.Entry | None]:
     """Every entry a bucket holds, then None (the ones it held when the watch began are all
     delivered), then every change, for ever. Use with contextlib.aclosing to stop the watcher
-    when the caller stops reading."""
+    when the caller stops reading.
+
+    The end of the replay is the first entry with nothing pending behind it (`delta == 0`), not
+    nats-py's own None: that one is put first when the consumer's info, read after subscribing,
+    shows nothing pending while the replayed messages are still on their way to the client, so
+    a reader taking it would think the bucket empty or its replay over too early (seen: a
+    restarted binder that missed keys, so never deleted them). nats-py's None is believed only
+    when no entry follows it within EMPTY_BUCKET_GRACE_SECONDS."""
     watcher = await kv.watchall()
+    replayed = False
+    said_empty = False  # nats-py said there is nothing, before any entry came
     try:
         while True:
             try:
-                yield await watcher.updates(timeout=30.0)
+                update = await watcher.updates(timeout=EMPTY_BUCKET_GRACE_SECONDS if said_empty else 30.0)
             except nats.errors.TimeoutError:
+                if said_empty:
+                    said_empty, replayed = False, True
+                    yield None  # nothing came: the bucket was empty
                 continue
+            if update is None:
+                said_empty = not replayed
+                continue
+            said_empty = False
+            yield update
+            if not replayed and update.delta == 0:
+                replayed = True
+                yield None
     finally:
         try:
             await asyncio.wait_for(watcher.stop(), 2.0)
