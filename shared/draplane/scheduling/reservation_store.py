@@ -6,6 +6,7 @@ writes and retries."""
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 import time
 from collections.abc import Callable, Iterable
@@ -16,6 +17,7 @@ from nats.js.kv import KeyValue
 
 from draplane.scheduling import reservation_protocol as protocol
 from draplane.scheduling import reservations as rv
+from draplane.scheduling import streams
 
 log = logging.getLogger(__name__)
 
@@ -60,30 +62,22 @@ class ReservationStore:
             self._on_change(node)
 
     async def watch(self) -> None:
-        """Mirror the bucket forever (run as a task). Resumes after the watcher breaks."""
+        """Mirror the bucket forever (run as a task). Resumes after the watcher breaks. Synced at
+        the end of the replay as streams.bucket_entries finds it (nats-py's own marker can come
+        before the entries)."""
         while True:
-            watcher = await self._kv.watchall()
             try:
-                while True:
-                    try:
-                        update = await watcher.updates(timeout=30.0)
-                    except nats.errors.TimeoutError:
-                        continue
-                    if update is None:
-                        self._synced.set()
-                        continue
-                    value = None if update.operation in ("DEL", "PURGE") else update.value
-                    self._apply(update.key, update.revision, value)
-                    async with self._changed:
-                        self._changed.notify_all()
+                async with contextlib.aclosing(streams.bucket_entries(self._kv)) as entries:
+                    async for update in entries:
+                        if update is None:
+                            self._synced.set()
+                            continue
+                        self._apply(update.key, update.revision, streams.entry_value(update))
+                        async with self._changed:
+                            self._changed.notify_all()
             except (nats.errors.Error, nats.js.errors.Error) as exc:
                 log.warning("reservation watch broke (%s); restarting it", exc)
                 await asyncio.sleep(0.5)
-            finally:
-                try:
-                    await asyncio.wait_for(watcher.stop(), 2.0)
-                except (Exception, asyncio.CancelledError):  # noqa: BLE001 - the connection may be gone already
-                    pass
 
     async def refresh(self, node: str) -> tuple[int, rv.NodeReservations]:
         """Read the node's entry straight from the bucket (after a failed compare-and-set)."""
