@@ -4,12 +4,13 @@ reservation bucket (what draplane allocated), for `draplane free` and the metric
 `ClusterView` holds the decoded entries and turns them into `free_capacity`'s inputs;
 `read_cluster` fills one from the buckets once, `follow_cluster` keeps one current. Neither asks
 Kubernetes anything: a claim another scheduler allocated, which only the claim's status in
-Kubernetes records, is not seen here (draplane's shards read those from the apiserver).
+Kubernetes records, is not seen here (the shards read those from the binder's cluster bucket).
 """
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import dataclasses
 import logging
 from collections.abc import Callable
@@ -23,6 +24,7 @@ from draplane.allocation.free_capacity import FreeCapacity, free_capacity
 from draplane.api.resource import AllocationResult, DeviceClass, ResourceSlice
 from draplane.messages.inventory import FeedEntry, InventoryNames, decode_feed_entry
 from draplane.scheduling import reservations as rv
+from draplane.scheduling import streams
 from draplane.scheduling.messages import Subjects
 
 log = logging.getLogger(__name__)
@@ -79,18 +81,8 @@ async def _bucket(js: JetStreamContext, name: str):
 
 
 async def _read_all(kv, apply: Callable[[str, bytes | None], None], timeout: float) -> None:
-    watcher = await kv.watchall()
-    try:
-        while True:
-            update = await watcher.updates(timeout=timeout)
-            if update is None:
-                return  # the initial values are all in
-            apply(update.key, None if update.operation in ("DEL", "PURGE") else update.value)
-    finally:
-        try:
-            await asyncio.wait_for(watcher.stop(), 2.0)
-        except (Exception, asyncio.CancelledError):  # noqa: BLE001 - the connection may be gone
-            pass
+    for entry in await streams.bucket_snapshot(kv, timeout=timeout):
+        apply(entry.key, streams.entry_value(entry))
 
 
 async def read_cluster(js: JetStreamContext, prefix: str, *, timeout: float = 10.0) -> ClusterView:
@@ -121,24 +113,14 @@ async def follow_cluster(js: JetStreamContext, prefix: str, view: ClusterView, o
                     initial[name].set()  # nothing there yet: empty, and looked at again below
                     await asyncio.sleep(2.0)
                     continue
-                watcher = await kv.watchall()
-                try:
-                    while True:
-                        try:
-                            update = await watcher.updates(timeout=30.0)
-                        except nats.errors.TimeoutError:
-                            continue
+                async with contextlib.aclosing(streams.bucket_entries(kv)) as entries:
+                    async for update in entries:
                         failures = 0
                         if update is None:
-                            initial[name].set()
+                            initial[name].set()  # the replay's real end, not nats-py's early marker
                         else:
-                            apply(update.key, None if update.operation in ("DEL", "PURGE") else update.value)
+                            apply(update.key, streams.entry_value(update))
                         on_change()
-                finally:
-                    try:
-                        await asyncio.wait_for(watcher.stop(), 2.0)
-                    except (Exception, asyncio.CancelledError):  # noqa: BLE001
-                        pass
             except (nats.errors.Error, nats.js.errors.Error, asyncio.TimeoutError) as exc:
                 failures += 1
                 delay = min(30.0, 0.5 * 2 ** (failures - 1))

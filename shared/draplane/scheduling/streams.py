@@ -4,6 +4,7 @@ first. The one I/O module of this package next to `reservation_store`; the rest 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 from collections.abc import AsyncIterator
 
@@ -118,6 +119,21 @@ async def bucket_entries(kv: KeyValue) -> AsyncIterator[KeyValue.Entry | None]:
             await asyncio.wait_for(watcher.stop(), 2.0)
         except (Exception, asyncio.CancelledError):  # noqa: BLE001 - the connection may be gone already
             pass
+
+
+async def bucket_snapshot(kv: KeyValue, *, timeout: float = 10.0) -> list[KeyValue.Entry]:
+    """The entries a bucket holds now, delete and purge markers included, read to the real end
+    of the replay as `bucket_entries` finds it; asyncio.TimeoutError after `timeout` seconds."""
+    async def read() -> list[KeyValue.Entry]:
+        held = []
+        async with contextlib.aclosing(bucket_entries(kv)) as entries:
+            async for entry in entries:
+                if entry is None:
+                    return held
+                held.append(entry)
+        return held
+
+    return await asyncio.wait_for(read(), timeout)
 
 
 def entry_value(entry: KeyValue.Entry) -> bytes | None:

@@ -31,13 +31,7 @@ async def _started(kv, instance: str) -> tuple[ClusterPublisher, asyncio.Task]:
 
 
 async def _keys(kv) -> dict[str, int]:
-    watcher = await kv.watchall()
-    keys = {}
-    while (entry := await watcher.updates(timeout=5)) is not None:
-        if entry.operation not in ("DEL", "PURGE"):
-            keys[entry.key] = entry.revision
-    await watcher.stop()
-    return keys
+    return {e.key: e.revision for e in await streams.bucket_snapshot(kv) if e.operation not in ("DEL", "PURGE")}
 
 
 async def test_changes_only_then_a_restart_sweeps_what_went(nats, subject_prefix):
