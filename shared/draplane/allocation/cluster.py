@@ -16,6 +16,8 @@ import heapq
 from dataclasses import dataclass, field
 from typing import Callable, Iterable, Sequence
 
+import numpy as np
+
 from draplane.api.codec import encode_json
 from draplane.api.core import Node
 from draplane.api.meta import ObjectMeta
@@ -98,6 +100,64 @@ class _NodeLooks:
     used: tuple = ()
 
 
+class _ScoredNodes:
+    """One claim shape's feasible nodes as arrays (device score, free and taken milli-devices,
+    free CPU and memory, node order), for `ScoringPolicy.node_resources_scores` over all of them
+    at once (see `Cluster._best_with_resources`). A node that stops being feasible leaves a hole."""
+
+    def __init__(self, resource_epoch: int, capacity: int):
+        self.resource_epoch = resource_epoch
+        self.seen_changes = 0  # positions in the cluster's change logs
+        self.seen_resource_changes = 0
+        self.slot: dict[str, int] = {}
+        self.names: list[str] = []
+        self.size = 0
+        capacity = max(16, capacity)
+        self.score = np.zeros(capacity)
+        self.device_free = np.zeros(capacity)
+        self.taken = np.zeros(capacity)
+        self.cpu_free = np.zeros(capacity, dtype=np.int64)
+        self.memory_free = np.zeros(capacity, dtype=np.int64)
+        self.order = np.zeros(capacity, dtype=np.int64)
+        self.valid = np.zeros(capacity, dtype=bool)
+
+    def put(self, name: str, order: int, free: tuple[int, int], score: float, device_free: float, taken: float) -> None:
+        i = self.slot.get(name)
+        if i is None:
+            if self.size == len(self.valid):
+                self._grow()
+            i = self.slot[name] = self.size
+            self.names.append(name)
+            self.size += 1
+        self.order[i], self.score[i], self.device_free[i], self.taken[i] = order, score, device_free, taken
+        self.cpu_free[i], self.memory_free[i] = free
+        self.valid[i] = True
+
+    def drop(self, name: str) -> None:
+        i = self.slot.get(name)
+        if i is not None:
+            self.valid[i] = False
+
+    def _grow(self) -> None:
+        for attribute in ("score", "device_free", "taken", "cpu_free", "memory_free", "order", "valid"):
+            array = getattr(self, attribute)
+            setattr(self, attribute, np.concatenate([array, np.zeros_like(array)]))
+
+
+def _ranked(total: np.ndarray, order: np.ndarray, valid: np.ndarray) -> Iterable[int]:
+    """Valid positions by (total, order): the best first without sorting (the node filter nearly
+    always takes it), the rest sorted only when it did not."""
+    if not valid.any():
+        return
+    best_total = total[valid].min()
+    ties = np.flatnonzero(valid & (total == best_total))
+    first = int(ties[np.argmin(order[ties])])
+    yield first
+    for i in np.lexsort((order, total)):
+        if valid[i] and i != first:
+            yield int(i)
+
+
 class _ShapeIndex:
     """Per claim shape: each node's last outcome, and a heap of feasible nodes by score."""
 
@@ -115,6 +175,7 @@ class _ShapeIndex:
         self.expressions: tuple[str, ...] = ()
         self.likeness_key: tuple = ()
         self.attributes: tuple[str, ...] = ()
+        self.scored: _ScoredNodes | None = None  # for policies that read node resources
 
 
 class Cluster:
@@ -150,6 +211,9 @@ class Cluster:
         self._content_numbers: dict[tuple, int] = {}
         self._next_content_number = 0
         self._device_free: dict[str, tuple[tuple, float]] = {}  # node -> (stamp, free milli-devices)
+        self._resource_changes: list[str] = []  # nodes whose CPU or memory in use changed (see node_resources_changed)
+        self._resource_epoch = 0  # bumped when that log is cleared
+        self._taken_milli: dict[int, tuple[NodePlacement, float]] = {}  # id(outcome) -> (outcome, milli-devices)
         for n in nodes:
             self.set_node(n)
 
@@ -481,35 +545,88 @@ class Cluster:
             heapq.heappush(heap, item)
         return found
 
+    def node_resources_changed(self, name: str) -> None:
+        """The CPU or memory in use on the node changed (a pod came or went there): its term in
+        `allocate(node_resources=...)` is computed again. Device outcomes stay as they are."""
+        self._resource_changes.append(name)
+        if len(self._resource_changes) > 200_000:
+            self._resource_changes.clear()
+            self._resource_epoch += 1
+
     def _best_with_resources(self, index: _ShapeIndex, node_filter: NodeFilter | None, policy: ScoringPolicy,
                              resources: NodeResources) -> str | None:
-        """The feasible node with the lowest device score plus the policy's CPU/memory term.
+        """The feasible node with the lowest device score plus the policy's CPU/memory term, ties
+        by node order; the node filter (node fit) is asked in that order, as `_best` does.
 
-        The term depends on the node's CPU and memory, which the per-shape heap does not track, so
-        every feasible node is scored (arithmetic only: the device searches are the cached ones);
-        the node filter (node fit) is then asked in score order, as `_best` does."""
-        scored = []
+        The term reads the node's free CPU and memory, and what the policy learned from every pod
+        so far (so it changes for every node with every pod): it is computed for all feasible nodes
+        at once, over arrays the shape keeps current from the nodes changed since (`_ScoredNodes`).
+        Scoring node by node in Python took 22 of a placement's 23 ms at 5,000 nodes."""
         observed = False
-        taken_by_outcome: dict[int, float] = {}  # nodes alike share one outcome object
         for name, entry in index.entries.items():
-            outcome = entry.outcome
-            if not isinstance(outcome, NodePlacement) or entry.stamp != self._stamp(name):
-                continue
-            taken = taken_by_outcome.get(id(outcome))
-            if taken is None:
-                taken = taken_by_outcome[id(outcome)] = placement_device_milli(outcome)
-            if not observed:
+            if isinstance(entry.outcome, NodePlacement) and entry.stamp == self._stamp(name):
                 # Same claims, same devices asked on every node: learn the pod's shape once.
-                policy.observe_requests(resources.cpu, resources.memory, taken)
+                policy.observe_requests(resources.cpu, resources.memory, self._taken(entry.outcome))
                 observed = True
-            term = policy.node_resources_score(self.device_free_milli(name), taken, resources.free(name),
-                                               (resources.cpu, resources.memory))
-            scored.append((outcome.score + term, self._node_order.get(name, 0), name))
-        scored.sort()
-        for _, _, name in scored:
-            if node_filter is None or node_filter(self.nodes[name]):
-                return name
-        return None
+                break
+        if not observed:
+            return None
+        scored = self._scored_nodes(index, resources)
+        requests = (resources.cpu, resources.memory)
+        while True:
+            size = scored.size
+            total = scored.score[:size] + policy.node_resources_scores(
+                scored.device_free[:size], scored.taken[:size], scored.cpu_free[:size], scored.memory_free[:size], requests)
+            total[~scored.valid[:size]] = np.inf
+            refreshed = False
+            for i in _ranked(total, scored.order[:size], scored.valid[:size]):
+                name = scored.names[i]
+                free = resources.free(name)
+                if free[0] != scored.cpu_free[i] or free[1] != scored.memory_free[i]:
+                    # Changed and nobody said (see node_resources_changed): score it again.
+                    scored.put(name, self._node_order.get(name, 0), free, index.entries[name].outcome.score,
+                               self.device_free_milli(name), self._taken(index.entries[name].outcome))
+                    refreshed = True
+                    break
+                if node_filter is None or node_filter(self.nodes[name]):
+                    return name
+            if not refreshed:
+                return None
+
+    def _scored_nodes(self, index: _ShapeIndex, resources: NodeResources) -> "_ScoredNodes":
+        """The shape's feasible nodes as arrays, updated for the nodes changed since last asked."""
+        scored = index.scored
+        if scored is None or scored.resource_epoch != self._resource_epoch or scored.size > 2 * len(self.nodes) + 64:
+            scored = index.scored = _ScoredNodes(self._resource_epoch, len(index.entries))
+            dirty: Iterable[str] = list(index.entries)
+        else:
+            dirty = set(self._changes[scored.seen_changes:])
+            dirty.update(self._resource_changes[scored.seen_resource_changes:])
+        scored.seen_changes, scored.seen_resource_changes = len(self._changes), len(self._resource_changes)
+        for name in dirty:
+            entry = index.entries.get(name)
+            if entry is None or not isinstance(entry.outcome, NodePlacement) or entry.stamp != self._stamp(name):
+                scored.drop(name)
+                continue
+            scored.put(name, self._node_order.get(name, 0), resources.free(name), entry.outcome.score,
+                       self.device_free_milli(name), self._taken(entry.outcome))
+        return scored
+
+    def _taken(self, outcome: NodePlacement) -> float:
+        cached = self._taken_milli.get(id(outcome))
+        if cached is not None and cached[0] is outcome:
+            return cached[1]
+        if len(self._taken_milli) > 4 * len(self.nodes) + 1024:
+            self._taken_milli.clear()  # a bound: outcomes of nodes that changed since are never asked again
+        taken = placement_device_milli(outcome)
+        self._taken_milli[id(outcome)] = (outcome, taken)
+        return taken
+
+    def _score_with_resources(self, name: str, outcome: NodePlacement, policy: ScoringPolicy,
+                              resources: NodeResources) -> float:
+        term = policy.node_resources_score(self.device_free_milli(name), self._taken(outcome), resources.free(name),
+                                           (resources.cpu, resources.memory))
+        return outcome.score + term
 
     def rank_without_claims(self, names: Sequence[str], resources: NodeResources,
                             policy: ScoringPolicy | None = None) -> list[str]:

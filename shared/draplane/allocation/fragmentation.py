@@ -486,6 +486,15 @@ class FragmentationAwareDraplane(DraplanePolicy):
         # Lower is better: devices newly stranded cost, devices given back their CPU/memory gain.
         return (after - before) / MILLI
 
+    def node_resources_scores(self, device_free, device_taken, cpu_free, memory_free, requests):
+        # The same arithmetic as node_resources_score, in the same order, so that ties fall alike.
+        cpu, memory = requests
+        device_free = np.round(device_free)
+        device_taken = np.round(device_taken)
+        before = self.workload.stranded_many(device_free, cpu_free, memory_free)
+        after = self.workload.stranded_many(device_free - device_taken, cpu_free - cpu, memory_free - memory)
+        return (after - before) / MILLI
+
     @staticmethod
     def _share(candidate, consumed, view) -> tuple[int, int] | None:
         """(free milli, milli taken) of a share of a multi-allocatable device: by the capacity that

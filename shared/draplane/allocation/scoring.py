@@ -59,6 +59,15 @@ class ScoringPolicy:
         placement takes of them, its free CPU and memory, and the pod's CPU and memory requests."""
         return 0.0
 
+    def node_resources_scores(self, device_free: "np.ndarray", device_taken: "np.ndarray", cpu_free: "np.ndarray",
+                              memory_free: "np.ndarray", requests: tuple[int, int]) -> "np.ndarray":
+        """`node_resources_score` for many nodes at once, one array item per node. This default
+        asks the scalar one per node; a policy scoring thousands of nodes per pod overrides it."""
+        import numpy as np
+
+        return np.array([self.node_resources_score(float(d), float(t), (int(c), int(m)), requests)
+                         for d, t, c, m in zip(device_free, device_taken, cpu_free, memory_free)], dtype=float)
+
 
 class FirstFitPolicy(ScoringPolicy):
     """Kubernetes' choice: the first valid placement in device order, on the first node that fits."""

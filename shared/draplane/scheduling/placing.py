@@ -241,13 +241,17 @@ class ClusterState:
         self.forget_pod(uid)
         self.pods_on_node.setdefault(node, {})[uid] = requests
         self._pod_node[uid] = node
+        self._resources_changed(node)
+
+    def _resources_changed(self, node: str) -> None:
         self._used.pop(node, None)
+        self.cluster.node_resources_changed(node)
 
     def forget_pod(self, uid: str) -> None:
         node = self._pod_node.pop(uid, None)
         if node is not None:
             self.pods_on_node.get(node, {}).pop(uid, None)
-            self._used.pop(node, None)
+            self._resources_changed(node)
 
     def set_claim(self, claim: ResourceClaim, deleted: bool = False) -> None:
         uid = claim.metadata.uid or ""
@@ -276,7 +280,7 @@ class ClusterState:
                 self.reserved_pods[node] = pods
             else:
                 self.reserved_pods.pop(node, None)
-            self._used.pop(node, None)
+            self._resources_changed(node)
 
     def pods_here(self, node: str, now: float | None = None) -> dict[str, dict[str, int]]:
         """The pods that count against a node's CPU and memory: bound there (from the pod watch)

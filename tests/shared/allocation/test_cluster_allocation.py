@@ -321,3 +321,79 @@ def test_a_placement_taken_from_an_alike_node_is_what_the_search_on_the_picked_n
                 == [[(d.record.id, d.pool.id, d.plan.full_name) for d in chosen] for chosen in searched.chosen])
         c.commit([cl], placement)
     assert len(placed_like) >= 8, placed_like  # the path under test was taken
+
+
+class _PrefersFreeCPU(ScoringPolicy):
+    """Device scores all 0; the node term is the pod's share of the node's free CPU, so the
+    emptiest node (by CPU) wins: the right node is known without the cluster's heaps."""
+
+    name = "test-prefers-free-cpu"
+    reads_node_resources = True
+
+    def node_resources_score(self, device_free, device_taken, free, requests):
+        return requests[0] / max(1, free[0])
+
+
+@pytest.mark.parametrize("seed", range(6))
+def test_the_cpu_memory_term_picks_what_scoring_every_node_picks_as_pods_come_and_go(seed):
+    """`allocate(node_resources=...)` keeps a heap per pod size: after commits, releases, CPU that
+    taken and given back with a report (`node_resources_changed`), and taken without one (caught
+    when the node comes to the top), the node it picks is the one scoring every node picks."""
+    import random
+
+    from draplane.allocation.cluster import NodeResources
+
+    rng = random.Random(seed)
+    names = [f"n{i:02d}" for i in range(24)]
+    c = cluster(*[gpu_node(n, 4) for n in names], policy=_PrefersFreeCPU())
+    free_cpu = {n: rng.randrange(1_000, 64_000, 500) for n in names}
+    gpus_free = {n: 4 for n in names}
+    held: list[tuple] = []
+    for step in range(300):
+        pod_cpu = rng.choice((500, 1_000, 4_000))
+        resources = NodeResources(pod_cpu, 0, lambda n: (free_cpu[n], 0))
+        count = rng.choice((1, 1, 2))
+        reachable = [n for n in names if gpus_free[n] >= count]
+        expected = min(reachable, key=lambda n: (pod_cpu / max(1, free_cpu[n]), n)) if reachable else None
+        cl = claim(f"c{step}", request("gpu", CLASS_A, count))
+        placement = c.allocate([cl], node_resources=resources)
+        if expected is None:
+            assert isinstance(placement, Unallocatable)
+        else:
+            assert isinstance(placement, NodePlacement) and placement.node == expected, (step, placement)
+            c.commit([cl], placement)
+            gpus_free[expected] -= count
+            free_cpu[expected] -= pod_cpu
+            c.node_resources_changed(expected)
+            held.append((cl, expected, count, pod_cpu))
+        action = rng.random()
+        if held and action < 0.3:  # a pod goes: its devices and CPU come back
+            gone, where, count, cpu = held.pop(rng.randrange(len(held)))
+            c.release_claim(gone)
+            gpus_free[where] += count
+            free_cpu[where] += cpu
+            c.node_resources_changed(where)
+        elif action < 0.45:  # CPU taken on a node by a pod without devices, reported
+            where = rng.choice(names)
+            free_cpu[where] = max(0, free_cpu[where] - rng.randrange(500, 8_000, 500))
+            c.node_resources_changed(where)
+        elif action < 0.6:  # a pod without devices goes: CPU back, reported (only the report tells)
+            where = rng.choice(names)
+            free_cpu[where] += rng.randrange(500, 8_000, 500)
+            c.node_resources_changed(where)
+        elif action < 0.7:  # CPU taken and nobody said: a worse score is still found out
+            where = rng.choice(names)
+            free_cpu[where] = max(0, free_cpu[where] - rng.randrange(500, 8_000, 500))
+
+
+def test_a_node_that_fails_the_node_filter_is_asked_again_next_time():
+    from draplane.allocation.cluster import NodeResources
+
+    c = cluster(gpu_node("a", 2), gpu_node("b", 2), policy=_PrefersFreeCPU())
+    free = {"a": 8_000, "b": 4_000}
+    resources = NodeResources(1_000, 0, lambda n: (free[n], 0))
+    first = c.allocate([claim("one", request("gpu", CLASS_A))], node_resources=resources,
+                       node_filter=lambda n: n.metadata.name != "a")
+    assert first.node == "b"
+    again = c.allocate([claim("two", request("gpu", CLASS_A))], node_resources=resources)
+    assert again.node == "a"

@@ -268,3 +268,28 @@ def test_stranded_is_the_same_one_node_at_a_time_or_many_at_once():
     many = workload.stranded_many(free, cpu, memory)
     assert [workload.stranded(int(f), int(c), int(m)) for f, c, m in zip(free, cpu, memory)] == many.tolist()
     assert workload.stranded(8000, 0, 0) == 8000 and workload.stranded(0, 96000, 1 << 40) == 0
+
+
+def test_the_shipped_policy_scores_many_nodes_as_it_scores_one():
+    """`node_resources_scores` (all feasible nodes at once, as the cluster asks at scale) gives the
+    very numbers `node_resources_score` gives node by node, so ties fall alike."""
+    import random
+
+    import numpy as np
+
+    from draplane.allocation.fragmentation import FragmentationAwareDraplane
+
+    rng = random.Random(7)
+    policy = FragmentationAwareDraplane()
+    for _ in range(40):
+        policy.observe_requests(rng.randrange(500, 16_000), rng.randrange(1, 64) << 30, rng.choice((250.0, 1000.0, 2000.0)))
+    count = 500
+    device_free = np.array([rng.choice((0.0, 250.5, 1000.0, 3999.5, 8000.0)) for _ in range(count)])
+    taken = np.array([rng.choice((250.0, 1000.0, 2000.0)) for _ in range(count)])
+    cpu_free = np.array([rng.randrange(0, 128_000) for _ in range(count)], dtype=np.int64)
+    memory_free = np.array([rng.randrange(0, 1 << 40) for _ in range(count)], dtype=np.int64)
+    requests = (4_000, 16 << 30)
+    many = policy.node_resources_scores(device_free, taken, cpu_free, memory_free, requests)
+    one_by_one = [policy.node_resources_score(float(d), float(t), (int(c), int(m)), requests)
+                  for d, t, c, m in zip(device_free, taken, cpu_free, memory_free)]
+    assert many.tolist() == one_by_one
