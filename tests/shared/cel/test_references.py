@@ -28,6 +28,8 @@ D = "gpu.nvidia.com"
     (f'has(device.attributes["{D}"].uuid)', (("attributes", D, "uuid"),)),
     (f'device.attributes["{D}"].model.startsWith("A") || device.allowMultipleAllocations', (("attributes", D, "model"),)),
     ('"device.driver" == device.driver', ()),  # a literal that reads like a field only adds an entry
+    # single quotes, as the classes of NVIDIA's DRA driver write them
+    (f"device.driver == '{D}' && device.attributes['{D}'].type == 'gpu'", (("attributes", D, "type"),)),
 ])
 def test_entries_a_selector_reads(expression, entries):
     assert referenced_entries(expression) == entries
@@ -39,7 +41,8 @@ def test_entries_a_selector_reads(expression, entries):
     f'device.attributes["{D}"].size() > 1',
     f'device.attributes["{D}"]["model"] == "x"',  # index syntax
     f'device.attributes["{D}"].?model.orValue("") == "x"',  # optional syntax
-    f"device.attributes['{D}'].model == 'x'",  # single quotes
+    f"device.attributes[r'{D}'].model == 'x'",  # a raw string
+    f"""device.attributes['{D}"].model == 'x'""",  # quotes that do not pair
     'cel.bind(a, device.attributes["d"], a.x == 1)',
     '[1].exists(device, device > 0)',  # a variable named device
     'device . driver == "x"',
@@ -66,6 +69,7 @@ EXPRESSIONS = [
     f'device.capacity["{D}"].memory.compareTo(quantity("40Gi")) >= 0',
     f'has(device.attributes["{D}"].model) && device.attributes["{D}"].model != true',
     f'device.attributes["other.example.com"].model == "H100"',
+    f"device.attributes['{D}'].model == 'H100' && device.capacity['{D}'].memory.isGreaterThan(quantity('40Gi'))",
 ]
 
 
