@@ -113,7 +113,8 @@ class Shard:
         self.feed_names = InventoryNames(prefix=prefix)
         self.lease_seconds = lease_seconds
         self.stream_replicas = stream_replicas
-        self.state = ClusterState(policy=policy)
+        # Shards break ties between equal nodes each its own way: fewer races for one node.
+        self.state = ClusterState(policy=policy, tie_break=index)
         self.store: ReservationStore | None = None
         self.pods: dict[str, Pod] = {}  # uid -> pod
         # Gangs: off, every pod is placed alone as it comes (as kube-scheduler without the

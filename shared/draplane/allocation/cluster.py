@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import dataclasses
 import heapq
+import zlib
 from dataclasses import dataclass, field
 from typing import Callable, Iterable, Sequence
 
@@ -189,7 +190,11 @@ class Cluster:
         policy: str | ScoringPolicy | None = None,
         share_ids: ShareIDFactory = random_share_id,
         matcher: SelectorMatcher | None = None,
+        tie_break: int = 0,
     ):
+        """`tie_break` orders nodes that score the same: 0 by name; another number by a hash of
+        it and the name, so that shards given different numbers pick different nodes among equals
+        (kube-scheduler picks at random among them) rather than all race for the first."""
         self.inventory = Inventory()
         self.inventory.set_taint_rules(taint_rules)
         for s in slices:
@@ -200,6 +205,8 @@ class Cluster:
         self.allocator = NodeAllocator(self.inventory, self.state, self.classes, matcher=matcher, share_ids=share_ids)
         self.nodes: dict[str, Node] = {}
         self._node_order: dict[str, int] = {}
+        self._order_stale = False  # nodes came or went since _node_order was computed
+        self._tie_break = tie_break
         self._epoch = 0  # bumped when every node may be affected
         self._node_stamps: dict[str, int] = {}
         self._node_frees: dict[str, int] = {}
@@ -221,8 +228,9 @@ class Cluster:
 
     def set_node(self, node: Node) -> None:
         name = node.metadata.name or ""
+        if name not in self.nodes:
+            self._reorder()
         self.nodes[name] = node
-        self._reorder()
         self._node_changed(name)
 
     def remove_node(self, name: str) -> None:
@@ -232,8 +240,20 @@ class Cluster:
         self._node_changed(name)
 
     def _reorder(self) -> None:
-        self._node_order = {n: i for i, n in enumerate(sorted(self.nodes))}
+        # Computed when next asked (_ensure_order), not per node: a shard's start adds thousands.
+        self._order_stale = True
         self._epoch += 1
+
+    def _ensure_order(self) -> None:
+        if not self._order_stale:
+            return
+        if self._tie_break:
+            salt = f"{self._tie_break}/".encode()
+            names = sorted(self.nodes, key=lambda n: (zlib.crc32(salt + n.encode()), n))
+        else:
+            names = sorted(self.nodes)
+        self._node_order = {n: i for i, n in enumerate(names)}
+        self._order_stale = False
 
     def node(self, name: str) -> Node:
         """The Node object, or a bare one when only slices name it."""
@@ -357,6 +377,7 @@ class Cluster:
         With `node_resources`, a policy that reads them adds a term per node for its CPU and memory
         (see `_best_with_resources`); which nodes are feasible does not change."""
         policy = policy or self.policy
+        self._ensure_order()
         plans = [self.allocator.plan(c) for c in claims]  # fatal validation errors surface here
         shape = (policy.name, tuple(encode_json(c.spec) for c in claims))
         index = self._refresh(shape, claims, policy, plans)
@@ -636,6 +657,7 @@ class Cluster:
         policy = policy or self.policy
         if not policy.reads_node_resources:
             return list(names)
+        self._ensure_order()
         requests = (resources.cpu, resources.memory)
         return sorted(names, key=lambda name: (
             policy.node_resources_score(self.device_free_milli(name), 0.0, resources.free(name), requests),

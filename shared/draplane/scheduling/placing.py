@@ -141,8 +141,8 @@ class ClusterState:
     shard needs around it: pods per node for node fit, claims by UID, and reservations.
     """
 
-    def __init__(self, policy: str | None = None) -> None:
-        self.cluster = Cluster(policy=policy)
+    def __init__(self, policy: str | None = None, *, tie_break: int = 0) -> None:
+        self.cluster = Cluster(policy=policy, tie_break=tie_break)
         self.nodes = self.cluster.nodes
         # node -> pod uid -> requests, for pods bound there (from the pod watch)
         self.pods_on_node: dict[str, dict[str, dict[str, int]]] = {}

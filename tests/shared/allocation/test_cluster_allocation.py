@@ -397,3 +397,20 @@ def test_a_node_that_fails_the_node_filter_is_asked_again_next_time():
     assert first.node == "b"
     again = c.allocate([claim("two", request("gpu", CLASS_A))], node_resources=resources)
     assert again.node == "a"
+
+
+def test_a_tie_break_number_orders_equal_nodes_its_own_way_and_never_overrides_a_better_score():
+    """Shards pass their index: among nodes that score the same each picks its own first, so they
+    do not all race for one node; a node that scores better is still picked by every one."""
+    names = [f"n{i}" for i in range(8)]
+    firsts = set()
+    for tie_break in range(6):
+        c = Cluster(slices=[gpu_node(n, 2) for n in names], classes=[device_class(CLASS_A, A)], tie_break=tie_break)
+        c.ensure_nodes_from_slices()
+        first = take(c, f"first-{tie_break}").node
+        firsts.add(first)
+        if tie_break == 0:
+            assert first == "n0"  # by name
+        # the node half used now packs better than the empty ones, whatever the tie break
+        assert take(c, f"second-{tie_break}").node == first
+    assert len(firsts) > 1
