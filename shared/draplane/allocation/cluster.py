@@ -594,25 +594,28 @@ class Cluster:
             return None
         scored = self._scored_nodes(index, resources)
         requests = (resources.cpu, resources.memory)
+        reread = False
         while True:
             size = scored.size
             total = scored.score[:size] + policy.node_resources_scores(
                 scored.device_free[:size], scored.taken[:size], scored.cpu_free[:size], scored.memory_free[:size], requests)
             total[~scored.valid[:size]] = np.inf
-            refreshed = False
+            stale = False
             for i in _ranked(total, scored.order[:size], scored.valid[:size]):
                 name = scored.names[i]
                 free = resources.free(name)
-                if free[0] != scored.cpu_free[i] or free[1] != scored.memory_free[i]:
-                    # Changed and nobody said (see node_resources_changed): score it again.
-                    scored.put(name, self._node_order.get(name, 0), free, index.entries[name].outcome.score,
-                               self.device_free_milli(name), self._taken(index.entries[name].outcome))
-                    refreshed = True
+                if not reread and (free[0] != scored.cpu_free[i] or free[1] != scored.memory_free[i]):
+                    stale = True  # changed and nobody said (see node_resources_changed)
                     break
                 if node_filter is None or node_filter(self.nodes[name]):
                     return name
-            if not refreshed:
+            if not stale:
                 return None
+            # Unreported changes: read every node's CPU and memory again, once, and score again.
+            for name, i in scored.slot.items():
+                if scored.valid[i]:
+                    scored.cpu_free[i], scored.memory_free[i] = resources.free(name)
+            reread = True
 
     def _scored_nodes(self, index: _ShapeIndex, resources: NodeResources) -> "_ScoredNodes":
         """The shape's feasible nodes as arrays, updated for the nodes changed since last asked."""
