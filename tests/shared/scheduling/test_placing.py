@@ -229,3 +229,30 @@ def test_an_error_that_holds_on_one_node_is_that_nodes_reason_in_its_own_words()
         "0/1 nodes are available: 1 cannot allocate all claims: ResourceClaim ns/all-gpus: "
         "spec.devices.requests[0].exactly: asks for all devices, but resource pool gpu.nvidia.com/node-a "
         "is currently being updated.")
+
+
+def test_node_fit_answers_kept_per_pod_shape_go_stale_when_the_node_or_its_pods_change():
+    """Node fit is remembered per (what of the pod it reads, node) until the node's Node object or
+    its pods change: a pod going, a cordon, a pod asking differently each get a fresh answer."""
+    from draplane.api.core import NodeSpec, Taint, Toleration
+
+    state = ClusterState()
+    state.set_node(scenario.gpu_node("small", cpu="4"))
+
+    def pod(uid: str, cpu: str = "3"):
+        return with_uid(scenario.pod("ns", uid, cpu=cpu), uid)
+
+    placed = state.place_pod(pod("a"), [])
+    assert isinstance(placed, Placed)
+    state.assume_pod("a", placed.node, placed.requests)
+    assert isinstance(state.place_pod(pod("b"), []), NotPlaced)  # full: remembered for this shape
+    assert isinstance(state.place_pod(pod("c", cpu="1"), []), Placed)  # another shape, its own answer
+    state.forget_pod("a")
+    assert isinstance(state.place_pod(pod("b"), []), Placed)  # the pod went: asked again
+    cordoned = scenario.gpu_node("small", cpu="4")
+    cordoned.spec = NodeSpec(taints=[Taint(key="maintenance", effect="NoSchedule")])
+    state.set_node(cordoned)
+    assert isinstance(state.place_pod(pod("b"), []), NotPlaced)  # a new Node object: asked again
+    tolerant = pod("d")
+    tolerant.spec.tolerations = [Toleration(key="maintenance", operator="Exists", effect="NoSchedule")]
+    assert isinstance(state.place_pod(tolerant, []), Placed)  # tolerations are part of the shape
