@@ -191,6 +191,8 @@ async def cluster(args, scheduler: str, nodes: int, gpus: int):
         plane.stop()
         if failed:
             print(f"{scheduler}: the run failed; its servers' and services' logs are in {workdir}", file=sys.stderr)
+        elif args.keep:
+            print(f"# {scheduler}: logs kept in {workdir}", flush=True)
         else:
             shutil.rmtree(workdir, ignore_errors=True)  # a 5,000-pod etcd is not worth keeping
 
@@ -414,6 +416,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--stall-seconds", type=float, default=20.0,
                         help="stop waiting when no pod has bound this long; the rest count as unbound")
     parser.add_argument("--timeout", type=float, default=1800.0)
+    parser.add_argument("--keep", action="store_true", help="keep every run's work folder (servers' and services' logs)")
     args = parser.parse_args(argv)
     if TEMPLATE in args.cases:
         if not 0 < args.warmup < args.pods:
