@@ -152,6 +152,7 @@ class ClusterState:
         # node -> pod uid -> the pod as preemption reads it (priority, labels, claims, start), for
         # pods bound there (from the pod watch only: a reserved pod is not running yet)
         self.running: dict[str, dict[str, preemption.RunningPod]] = {}
+        self._running_node: dict[str, str] = {}  # pod uid -> its node in `running`
         self.budgets: dict[str, PodDisruptionBudget] = {}  # "namespace/name" -> PodDisruptionBudget
         self.claims: dict[str, ResourceClaim] = {}  # uid -> claim
         self.reserved: dict[str, rv.Reservation] = {}  # claim uid -> reservation
@@ -229,13 +230,15 @@ class ClusterState:
             self._forget_running(uid)
             if running is not None:
                 self.running.setdefault(pod.spec.node_name, {})[uid] = running
+                self._running_node[uid] = pod.spec.node_name
 
     def _forget_running(self, uid: str) -> None:
-        for node, pods in list(self.running.items()):
-            if pods.pop(uid, None) is not None:
-                if not pods:
-                    del self.running[node]
-                return
+        # By the pod's node, not a walk over every node: this runs for each pod event a shard sees
+        # (7 % of a follower shard's CPU at 300 nodes when it walked them).
+        node = self._running_node.pop(uid, None)
+        pods = self.running.get(node) if node is not None else None
+        if pods is not None and pods.pop(uid, None) is not None and not pods:
+            del self.running[node]
 
     def set_budget(self, budget: PodDisruptionBudget, deleted: bool = False) -> None:
         key = f"{budget.metadata.namespace}/{budget.metadata.name}"
