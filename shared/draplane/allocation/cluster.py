@@ -131,7 +131,7 @@ class _ScoredNodes:
             self.names.append(name)
             self.size += 1
         self.order[i], self.score[i], self.device_free[i], self.taken[i] = order, score, device_free, taken
-        self.cpu_free[i], self.memory_free[i] = free
+        self.cpu_free[i], self.memory_free[i] = _int64(free[0]), _int64(free[1])
         self.valid[i] = True
 
     def drop(self, name: str) -> None:
@@ -143,6 +143,15 @@ class _ScoredNodes:
         for attribute in ("score", "device_free", "taken", "cpu_free", "memory_free", "order", "valid"):
             array = getattr(self, attribute)
             setattr(self, attribute, np.concatenate([array, np.zeros_like(array)]))
+
+
+# Amounts beyond any machine's (2^62 bytes is 4 EiB) are held at this, so that numpy's int64
+# neither overflows nor wraps on a pathological request or allocatable.
+_INT64_BOUND = 1 << 62
+
+
+def _int64(value: int) -> int:
+    return max(-_INT64_BOUND, min(_INT64_BOUND, value))
 
 
 def _ranked(total: np.ndarray, order: np.ndarray, valid: np.ndarray) -> Iterable[int]:
@@ -410,6 +419,8 @@ class Cluster:
             index.entries[name].outcome = placement  # should not happen; never trust it again
             index.entries[name].positions = None
             index.by_likeness.clear()
+            if index.scored is not None:
+                index.scored.drop(name)  # no change log names it: take it out of the arrays here
 
     def _refresh(self, shape, claims, policy, plans) -> _ShapeIndex:
         index = self._shapes.get(shape)
@@ -593,18 +604,22 @@ class Cluster:
         if not observed:
             return None
         scored = self._scored_nodes(index, resources)
-        requests = (resources.cpu, resources.memory)
+        requests = (_int64(resources.cpu), _int64(resources.memory))
         reread = False
         while True:
             size = scored.size
             total = scored.score[:size] + policy.node_resources_scores(
                 scored.device_free[:size], scored.taken[:size], scored.cpu_free[:size], scored.memory_free[:size], requests)
-            total[~scored.valid[:size]] = np.inf
+            total[~scored.valid[:size] | np.isnan(total)] = np.inf  # a policy's NaN ranks last
             stale = False
             for i in _ranked(total, scored.order[:size], scored.valid[:size]):
                 name = scored.names[i]
+                entry = index.entries.get(name)
+                if entry is None or not isinstance(entry.outcome, NodePlacement):
+                    scored.drop(name)  # its outcome was replaced in place (see allocate)
+                    continue
                 free = resources.free(name)
-                if not reread and (free[0] != scored.cpu_free[i] or free[1] != scored.memory_free[i]):
+                if not reread and (_int64(free[0]) != scored.cpu_free[i] or _int64(free[1]) != scored.memory_free[i]):
                     stale = True  # changed and nobody said (see node_resources_changed)
                     break
                 if node_filter is None or node_filter(self.nodes[name]):
@@ -614,7 +629,8 @@ class Cluster:
             # Unreported changes: read every node's CPU and memory again, once, and score again.
             for name, i in scored.slot.items():
                 if scored.valid[i]:
-                    scored.cpu_free[i], scored.memory_free[i] = resources.free(name)
+                    free = resources.free(name)
+                    scored.cpu_free[i], scored.memory_free[i] = _int64(free[0]), _int64(free[1])
             reread = True
 
     def _scored_nodes(self, index: _ShapeIndex, resources: NodeResources) -> "_ScoredNodes":
@@ -645,12 +661,6 @@ class Cluster:
         taken = placement_device_milli(outcome)
         self._taken_milli[id(outcome)] = (outcome, taken)
         return taken
-
-    def _score_with_resources(self, name: str, outcome: NodePlacement, policy: ScoringPolicy,
-                              resources: NodeResources) -> float:
-        term = policy.node_resources_score(self.device_free_milli(name), self._taken(outcome), resources.free(name),
-                                           (resources.cpu, resources.memory))
-        return outcome.score + term
 
     def rank_without_claims(self, names: Sequence[str], resources: NodeResources,
                             policy: ScoringPolicy | None = None) -> list[str]:

@@ -123,17 +123,15 @@ async def bucket_entries(kv: KeyValue) -> AsyncIterator[KeyValue.Entry | None]:
 
 async def bucket_snapshot(kv: KeyValue, *, timeout: float = 10.0) -> list[KeyValue.Entry]:
     """The entries a bucket holds now, delete and purge markers included, read to the real end
-    of the replay as `bucket_entries` finds it; asyncio.TimeoutError after `timeout` seconds."""
-    async def read() -> list[KeyValue.Entry]:
-        held = []
-        async with contextlib.aclosing(bucket_entries(kv)) as entries:
-            async for entry in entries:
-                if entry is None:
-                    return held
-                held.append(entry)
-        return held
-
-    return await asyncio.wait_for(read(), timeout)
+    of the replay as `bucket_entries` finds it; asyncio.TimeoutError when `timeout` seconds pass
+    with no entry (a big bucket may take longer in all, as long as it keeps coming)."""
+    held = []
+    async with contextlib.aclosing(bucket_entries(kv)) as entries:
+        while True:
+            entry = await asyncio.wait_for(anext(entries), timeout)
+            if entry is None:
+                return held
+            held.append(entry)
 
 
 def entry_value(entry: KeyValue.Entry) -> bytes | None:

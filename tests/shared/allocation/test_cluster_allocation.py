@@ -414,3 +414,38 @@ def test_a_tie_break_number_orders_equal_nodes_its_own_way_and_never_overrides_a
         # the node half used now packs better than the empty ones, whatever the tie break
         assert take(c, f"second-{tie_break}").node == first
     assert len(firsts) > 1
+
+
+def test_the_cpu_memory_term_never_picks_a_node_whose_outcome_stopped_being_a_placement():
+    """`allocate` replaces a node's outcome in place when a search there finds no placement after
+    all (no change log names the node): the arrays must not offer it again."""
+    from draplane.allocation.cluster import NodeResources
+    from draplane.allocation.errors import NodeFailure
+
+    c = cluster(gpu_node("a", 2), gpu_node("b", 2), policy=_PrefersFreeCPU())
+    free = {"a": 8_000, "b": 4_000}
+    resources = NodeResources(1_000, 0, lambda n: (free[n], 0))
+    first = c.allocate([claim("one", request("gpu", CLASS_A))], node_resources=resources)
+    assert first.node == "a"
+    index = next(iter(c._shapes.values()))
+    index.entries["a"].outcome = NodeFailure("a", Reason.NOT_DIAGNOSED, "no placement after all")
+    assert c.allocate([claim("two", request("gpu", CLASS_A))], node_resources=resources).node == "b"
+
+
+def test_the_cpu_memory_term_takes_a_nan_score_and_amounts_beyond_int64():
+    from draplane.allocation.cluster import NodeResources
+
+    class NaNOnA(_PrefersFreeCPU):
+        name = "test-nan-on-a"
+
+        def node_resources_score(self, device_free, device_taken, free, requests):
+            return float("nan") if free[0] == 8_000 else 0.0
+
+    c = cluster(gpu_node("a", 2), gpu_node("b", 2), policy=NaNOnA())
+    free = {"a": 8_000, "b": 4_000}
+    assert c.allocate([claim("one", request("gpu", CLASS_A))],
+                      node_resources=NodeResources(1_000, 0, lambda n: (free[n], 0))).node == "b"
+    huge = cluster(gpu_node("a", 2), gpu_node("b", 2), policy=_PrefersFreeCPU())
+    placed = huge.allocate([claim("one", request("gpu", CLASS_A))],
+                           node_resources=NodeResources(1_000, 1 << 70, lambda n: (1 << 64, 1 << 80)))
+    assert isinstance(placed, NodePlacement)
