@@ -419,8 +419,6 @@ class Cluster:
             index.entries[name].outcome = placement  # should not happen; never trust it again
             index.entries[name].positions = None
             index.by_likeness.clear()
-            if index.scored is not None:
-                index.scored.drop(name)  # no change log names it: take it out of the arrays here
 
     def _refresh(self, shape, claims, policy, plans) -> _ShapeIndex:
         index = self._shapes.get(shape)
@@ -616,7 +614,7 @@ class Cluster:
                 name = scored.names[i]
                 entry = index.entries.get(name)
                 if entry is None or not isinstance(entry.outcome, NodePlacement):
-                    scored.drop(name)  # its outcome was replaced in place (see allocate)
+                    scored.drop(name)  # allocate replaced its outcome in place: no change log says so
                     continue
                 free = resources.free(name)
                 if not reread and (_int64(free[0]) != scored.cpu_free[i] or _int64(free[1]) != scored.memory_free[i]):
@@ -636,7 +634,8 @@ class Cluster:
     def _scored_nodes(self, index: _ShapeIndex, resources: NodeResources) -> "_ScoredNodes":
         """The shape's feasible nodes as arrays, updated for the nodes changed since last asked."""
         scored = index.scored
-        if scored is None or scored.resource_epoch != self._resource_epoch or scored.size > 2 * len(self.nodes) + 64:
+        # A node added or removed makes a new index (an epoch), so the slots never outgrow the nodes.
+        if scored is None or scored.resource_epoch != self._resource_epoch:
             scored = index.scored = _ScoredNodes(self._resource_epoch, len(index.entries))
             dirty: Iterable[str] = list(index.entries)
         else:
