@@ -141,6 +141,13 @@ async def test_claim_with_allocation_status_round_trip(kube, namespace):
         ),
     )
     created = await kube.create(claim)
+    # A pod that exists, names the claim and is bound: kube-controller-manager drops a reservedFor
+    # entry naming any other pod, and a read racing it lost the entry (a CI run failed so).
+    from draplane.scheduling import scenario
+
+    consumer = scenario.pod(namespace, "pod-a", claim_name="gpu-claim", scheduler_name=None)
+    consumer.spec.node_name = "node-a"
+    consumer = await kube.create(consumer)
     created.status = resource.ResourceClaimStatus(
         allocation=resource.AllocationResult(
             devices=resource.DeviceAllocationResult(
@@ -155,7 +162,7 @@ async def test_claim_with_allocation_status_round_trip(kube, namespace):
             ),
             node_selector=NodeSelector(node_selector_terms=[NodeSelectorTerm(match_fields=[NodeSelectorRequirement(key="metadata.name", operator="In", values=["node-a"])])]),
         ),
-        reserved_for=[resource.ResourceClaimConsumerReference(resource="pods", name="pod-a", uid="0d1f1f6a-0000-4000-8000-000000000001")],
+        reserved_for=[resource.ResourceClaimConsumerReference(resource="pods", name="pod-a", uid=consumer.metadata.uid)],
     )
     updated = await kube.update_status(created)
     read = await _assert_lossless(kube, resource.ResourceClaim, "gpu-claim", namespace)
