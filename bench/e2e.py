@@ -4,8 +4,9 @@ The shape of kube-scheduler's DRA benchmark `SchedulingWithResourceClaimTemplate
 500 nodes x 10 devices, 5,000 pods each with a one-device claim template; the first 2,500 pods are
 warm-up, the next 2,500 are measured (pods/s from the first measured create to the last measured
 bind; create-to-bound latency p50/p99). Every shard count runs on a fresh local control plane with
-the binder and each shard as its own process, all on this machine. Then a steady 10 pods/s run
-measures latency alone. Then a topology mix: 1-, 2-, 4- and 8-GPU template claims (the 2-GPU one
+the binder and each shard as its own process, all on this machine. Then steady 10 pods/s runs
+measure latency alone (at each `--steady-shards`): one-GPU claims, then the topology mix's claims
+on its 8-GPU nodes (`--skip-steady-mix` leaves that out). Then a topology mix: 1-, 2-, 4- and 8-GPU template claims (the 2-GPU one
 under one PCIe root, by matchAttribute) on 8-GPU nodes, at 60 % of the GPUs. Those three run in the
 `previous` setup. Then the setups, side by side (small by default, a few minutes on 2 cores):
 
@@ -31,11 +32,13 @@ and writes per second, the part of the per-pod figures that only the window's le
     .venv/bin/python bench/e2e.py                       # the full shape (long on 2 cores)
     .venv/bin/python bench/e2e.py --nodes 100 --pods 1000 --warmup 500 --shards 1 2 4
     .venv/bin/python bench/e2e.py --only-topology --mix-nodes 100 --mix-pods 200
+    .venv/bin/python bench/e2e.py --shards 1 --nodes 50 --pods 300 --warmup 100 --steady-shards 1 4 --skip-topology --skip-setups
     .venv/bin/python bench/e2e.py --only-setups         # the setups alone
     .venv/bin/python bench/e2e.py --only-setups --setup-nodes 100 --setup-pods 1500 --setup-warmup 500 --setup-rounds 3
 
 Prints `BENCH name=e2e_5000x500 shards=N pods_per_s=... p50_ms=... p99_ms=...` per shard count
-(the name carries the shape actually run), `BENCH name=e2e_steady_10pps p50_ms=... p99_ms=...` and
+(the name carries the shape actually run), `BENCH name=e2e_steady_10pps shards=N p50_ms=... p99_ms=...`,
+`BENCH name=e2e_steady_mix_10pps shards=N p50_ms=... p99_ms=...` and
 `BENCH name=e2e_topology_mix_<pods>x<nodes> shards=N pods_per_s=... p50_ms=... p99_ms=... gpus=...`.
 The setups print, per round and then as the median over the rounds (`round=median`):
 `BENCH name=e2e_setups_<pods>x<nodes> setup=S round=R shards=N pods_per_s=... p50_ms=... p99_ms=...
@@ -58,6 +61,7 @@ import logging
 import os
 import random
 import re
+import shutil
 import signal
 import statistics
 import subprocess
@@ -141,15 +145,24 @@ async def setup_nodes(kube: KubeClient, nc, nodes: int, gpus: int, tag: str, *, 
         await asyncio.gather(*(one(i) for i in range(start, min(nodes, start + 25))))
 
 
-def start_services(plane: ControlPlane, shards: int, logdir: Path, *, manage_claims: bool = True) -> dict[str, subprocess.Popen]:
-    """The shards and the binder, by component name."""
+def start_services(plane: ControlPlane, shards: int, logdir: Path, *, manage_claims: bool = True,
+                   follower: bool = False) -> dict[str, subprocess.Popen]:
+    """The shards and the binder, by component name. With `follower`, one more shard process
+    (component `follower`) that keeps the whole state as every shard does but is handed no pod:
+    the binder deals pods over `shards` partitions and it takes partition `shards`. Its CPU is what
+    following the others' work costs one shard."""
     # The benchmark's own NATS takes any client (no auth config): said explicitly.
-    common = ["--nats", plane.nats_url, "--insecure-dev", "--prefix", PREFIX, "--shards", str(shards), "--port", "0"]
+    connect = ["--nats", plane.nats_url, "--insecure-dev", "--prefix", PREFIX, "--port", "0"]
+    common = [*connect, "--shards", str(shards)]
     procs = {}
     for i in range(shards):
         log = open(logdir / f"shard-{i}.log", "ab")
         procs[f"shard-{i}"] = subprocess.Popen([sys.executable, "-m", "draplane_allocator", *common, "--shard-index", str(i)],
                                                stdout=log, stderr=subprocess.STDOUT)
+    if follower:
+        log = open(logdir / "follower.log", "ab")
+        procs["follower"] = subprocess.Popen([sys.executable, "-m", "draplane_allocator", *connect, "--shards", str(shards + 1),
+                                              "--shard-index", str(shards)], stdout=log, stderr=subprocess.STDOUT)
     log = open(logdir / "binder.log", "ab")
     # said either way: the binder's default has changed before
     procs["binder"] = subprocess.Popen([sys.executable, "-m", "draplane_binder", *common, "--kubeconfig",
@@ -407,12 +420,13 @@ async def running_services(args, shards: int, prefix: str, *, nodes: int | None 
     plane = ControlPlane.start(workdir / "plane")
     procs: dict[str, subprocess.Popen] = {}
     servers: list[ServerProcess] = []
+    failed = True
     try:
         kwok = setup == KCM_KWOK
         if kwok:
             servers = start_kcm_and_kwok(plane, workdir, getattr(args, "kcm_api_qps", None))
         kube, nc, namespace = await prepare(plane, nodes or args.nodes, gpus or args.gpus, kwok=kwok)
-        procs = start_services(plane, shards, workdir, manage_claims=not kwok)
+        procs = start_services(plane, shards, workdir, manage_claims=not kwok, follower=getattr(args, "follower", False))
         components = {"etcd": plane.process("etcd").pid, "kube-apiserver": plane.process("kube-apiserver").pid,
                       "nats": plane.process("nats-server").pid}
         components.update({server.name: server.pid for server in servers})
@@ -427,6 +441,7 @@ async def running_services(args, shards: int, prefix: str, *, nodes: int | None 
             recorder.stop()
             await nc.close()
             await kube.close()
+        failed = False
     finally:
         stop_services(list(procs.values()))
         for server in servers:
@@ -434,6 +449,12 @@ async def running_services(args, shards: int, prefix: str, *, nodes: int | None 
         for server in servers:
             server.stop()
         plane.stop()
+        if failed:
+            print(f"# the run failed; its servers' and services' logs are in {workdir}", file=sys.stderr, flush=True)
+        elif getattr(args, "keep", False):
+            print(f"# logs kept in {workdir}", flush=True)
+        else:
+            shutil.rmtree(workdir, ignore_errors=True)  # etcd's data alone is 80-100 MB a run
 
 
 async def measured_throughput(run: Run, pods: int, warmup: int, timeout: float, *, idle_seconds: float = 0.0,
@@ -482,10 +503,23 @@ async def setup_case(args, setup: str) -> dict:
                                          idle_seconds=args.setup_idle_seconds, settled=True)
 
 
-async def steady_case(args, shards: int) -> dict:
-    async with running_services(args, shards, "draplane-e2e-steady-") as run:
-        names = [f"s-{i:05d}" for i in range(int(args.steady_seconds * 10))]
-        await create_pods(run.kube, run.namespace, names, run.created_at, rate=10.0)
+def mix_templates(names: list[str], seed: int) -> dict[str, str]:
+    """Each pod's claim template, drawn from TOPOLOGY_MIX by its shares in a seeded random order."""
+    rng = random.Random(seed)
+    weights = [share for _, _, share in TOPOLOGY_MIX]
+    return {n: rng.choices([t for t, _, _ in TOPOLOGY_MIX], weights)[0] for n in names}
+
+
+async def steady_case(args, shards: int, *, mix: bool = False) -> dict:
+    """Pods created at 10 pods/s, each bound long before the next comes: the latency a pod sees on
+    a quiet cluster. With `mix`, the topology mix's claims (1-8 GPUs, in a seeded random order)
+    on its 8-GPU nodes instead of one GPU each."""
+    names = [f"s-{i:05d}" for i in range(int(args.steady_seconds * 10))]
+    templates, shape = None, {}
+    if mix:
+        templates, shape = mix_templates(names, args.seed), {"nodes": args.mix_nodes, "gpus": 8}
+    async with running_services(args, shards, "draplane-e2e-steady-", **shape) as run:
+        await create_pods(run.kube, run.namespace, names, run.created_at, rate=10.0, templates=templates)
         await run.recorder.wait_bound(names, timeout=args.timeout)
         latencies = [(run.recorder.bound_at[n] - run.created_at[n]) * 1000 for n in names]
     return {"p50_ms": percentile(latencies, 50), "p99_ms": percentile(latencies, 99)}
@@ -493,10 +527,8 @@ async def steady_case(args, shards: int) -> dict:
 
 async def topology_case(args, shards: int) -> dict:
     """Mixed 1/2/4/8-GPU claims arriving in a random (seeded) order on 8-GPU nodes."""
-    rng = random.Random(args.seed)
     names = [f"t-{i:05d}" for i in range(args.mix_pods)]
-    weights = [share for _, _, share in TOPOLOGY_MIX]
-    templates = {n: rng.choices([t for t, _, _ in TOPOLOGY_MIX], weights)[0] for n in names}
+    templates = mix_templates(names, args.seed)
     gpus_of = {t: g for t, g, _ in TOPOLOGY_MIX}
     async with running_services(args, shards, "draplane-e2e-topology-", nodes=args.mix_nodes, gpus=8) as run:
         await create_pods(run.kube, run.namespace, names, run.created_at, templates=templates)
@@ -508,11 +540,16 @@ async def topology_case(args, shards: int) -> dict:
             "p99_ms": percentile(latencies, 99), "gpus": sum(gpus_of[t] for t in templates.values())}
 
 
+def system_cpu(cpu: dict[str, float]) -> float:
+    """The components' CPU summed, the `--follower` shard left out: it only looks on."""
+    return sum(v for k, v in cpu.items() if k != "follower")
+
+
 def net_cpu_ms_per_pod(r: dict) -> float | None:
     """CPU per pod less what the components spend idle over the same window (None: no idle figure)."""
     if not r.get("idle"):
         return None
-    return sum(r["cpu_ms"].values()) - sum(r["idle"]["cpu_ms"].values()) * r["window_s"] / r["measured"]
+    return system_cpu(r["cpu_ms"]) - system_cpu(r["idle"]["cpu_ms"]) * r["window_s"] / r["measured"]
 
 
 def setup_lines(name: str, setup: str, round_: str, shards: int, r: dict) -> list[str]:
@@ -522,7 +559,7 @@ def setup_lines(name: str, setup: str, round_: str, shards: int, r: dict) -> lis
     tag = f"setup={setup} round={round_}"
     lines = [
         f"BENCH name={name} {tag} shards={shards} pods_per_s={r['pods_per_s']:.1f} p50_ms={r['p50_ms']:.0f} "
-        f"p99_ms={r['p99_ms']:.0f} window_s={r['window_s']:.1f} cpu_ms_per_pod={sum(cpu.values()):.2f} "
+        f"p99_ms={r['p99_ms']:.0f} window_s={r['window_s']:.1f} cpu_ms_per_pod={system_cpu(cpu):.2f} "
         + (f"net_cpu_ms_per_pod={net:.2f} " if net is not None else "")
         + f"writes_per_pod={sum(writes.values()):.2f} pod_writes_per_pod={pod_writes:.2f} "
         f"conflicts_per_pod={r['conflicts']:.3f}",
@@ -609,8 +646,11 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--warmup", type=int, default=2500)
     parser.add_argument("--shards", type=int, nargs="+", default=[1, 2, 4])
     parser.add_argument("--steady-seconds", type=float, default=30.0)
-    parser.add_argument("--steady-shards", type=int, default=None, help="default: the best throughput shard count")
+    parser.add_argument("--steady-shards", type=int, nargs="+", default=None,
+                        help="shard counts of the steady runs, each its own run (default: the best throughput shard count)")
     parser.add_argument("--skip-steady", action="store_true")
+    parser.add_argument("--skip-steady-mix", action="store_true",
+                        help="no steady run of the topology mix's claims (on --mix-nodes 8-GPU nodes)")
     parser.add_argument("--timeout", type=float, default=1800.0)
     parser.add_argument("--mix-nodes", type=int, default=200, help="8-GPU nodes of the topology mix")
     parser.add_argument("--mix-pods", type=int, default=400, help="pods of the topology mix (about 60%% of the GPUs)")
@@ -631,6 +671,9 @@ def main(argv: list[str] | None = None) -> int:
                         help="kube-controller-manager's --kube-api-qps (burst 1.5x) in kcm+kwok; default: "
                              "100, burst 150, as draplane up runs it")
     parser.add_argument("--skip-setups", action="store_true")
+    parser.add_argument("--follower", action="store_true",
+                        help="one more shard process, handed no pod: its CPU (component `follower`) is what following costs a shard")
+    parser.add_argument("--keep", action="store_true", help="keep each run's servers' and services' logs (a failed run's are kept anyway)")
     parser.add_argument("--only-setups", action="store_true")
     args = parser.parse_args(argv)
     if not 0 < args.warmup < args.pods:
@@ -660,9 +703,12 @@ def main(argv: list[str] | None = None) -> int:
         print(f"BENCH name={name} shards={shards} pods_per_s={r['pods_per_s']:.1f} "
               f"p50_ms={r['p50_ms']:.0f} p99_ms={r['p99_ms']:.0f}", flush=True)
     if not args.skip_steady:
-        best = args.steady_shards or max(results, key=lambda s: results[s]["pods_per_s"])
-        r = asyncio.run(steady_case(args, best))
-        print(f"BENCH name=e2e_steady_10pps shards={best} p50_ms={r['p50_ms']:.0f} p99_ms={r['p99_ms']:.0f}", flush=True)
+        steady_shards = args.steady_shards or [max(results, key=lambda s: results[s]["pods_per_s"])]
+        for mix in (False, True) if not args.skip_steady_mix else (False,):
+            for shards in steady_shards:
+                r = asyncio.run(steady_case(args, shards, mix=mix))
+                print(f"BENCH name=e2e_steady_{'mix_' if mix else ''}10pps shards={shards} p50_ms={r['p50_ms']:.0f} "
+                      f"p99_ms={r['p99_ms']:.0f}", flush=True)
     if not args.skip_topology:
         r = asyncio.run(topology_case(args, args.mix_shards))
         print(f"BENCH name=e2e_topology_mix_{args.mix_pods}x{args.mix_nodes} shards={args.mix_shards} "

@@ -20,6 +20,7 @@ import nats.js.errors
 from nats.js import JetStreamContext
 from nats.js.api import RetentionPolicy, StorageType, StreamConfig
 
+from draplane.jetstream_setup import JetStreamNotAnswering, until_answered
 from draplane.messages.audit import (
     AUDIT_DUPLICATE_WINDOW_SECONDS,
     AUDIT_MAX_AGE_SECONDS,
@@ -38,6 +39,9 @@ RETRY_FOR_SECONDS = 10.0
 RETRY_FIRST_DELAY_SECONDS = 0.25
 RETRY_MAX_DELAY_SECONDS = 2.0
 MAX_IN_FLIGHT = 1024
+# How long a service waits at start for JetStream to create the audit stream before it goes on
+# without it: the audit is not the service's job, and whoever starts next creates the stream.
+START_WAIT_SECONDS = 20.0
 # Failures are logged at most once per this many seconds (with the count since the last line).
 LOG_EVERY_SECONDS = 30.0
 
@@ -83,8 +87,9 @@ class AuditPublisher:
         """Make sure the stream exists. A failure here is logged, not fatal: the service's job
         does not depend on the audit, and the stream is made by whoever starts next."""
         try:
-            await ensure_audit_stream(self.js, self.names, replicas=replicas)
-        except (nats.errors.Error, nats.js.errors.Error, asyncio.TimeoutError) as exc:
+            await until_answered(lambda: ensure_audit_stream(self.js, self.names, replicas=replicas),
+                                 f"creating stream {self.names.stream}", log=log, give_up_after=START_WAIT_SECONDS)
+        except (nats.errors.Error, nats.js.errors.Error, asyncio.TimeoutError, JetStreamNotAnswering) as exc:
             log.warning("audit stream %s not created (%r); events published meanwhile are lost", self.names.stream, exc)
 
     def publish(self, event: AuditEvent) -> None:

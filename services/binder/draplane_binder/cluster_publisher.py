@@ -48,7 +48,7 @@ class ClusterPublisher:
         self.published: dict[str, bytes] = {}  # key -> the value the bucket holds
         self.revisions: dict[str, int] = {}  # key -> the bucket revision of that value
         self.wanted: dict[str, bytes | None] = {}  # key -> the value to write next (None: delete)
-        self.writing: set[str] = set()  # keys with a write in flight
+        self.writing: dict[str, bytes | None] = {}  # key -> the value of its write in flight
         self.unwritten_since: dict[str, float] = {}  # key -> when a value not yet written was offered
         # kind -> the keys offered since its watch began to list (the stale-key sweep at its end)
         self.listing: dict[type, set[str]] = {}
@@ -87,7 +87,9 @@ class ClusterPublisher:
         offered = self.listing.pop(kind, None)
         if offered is not None:
             prefix = f"{feed.PREFIXES[kind]}."
-            stale = [k for k in (*self.published, *self.wanted) if k.startswith(prefix) and k not in offered]
+            # a new object's first write may be in flight still (in `writing` alone)
+            stale = [k for k in (*self.published, *self.writing, *self.wanted)
+                     if k.startswith(prefix) and k not in offered]
             for key in dict.fromkeys(stale):
                 self._want(key, None)
             log.info("cluster feed: %s listed: %d in the bucket, %d gone while not watched deleted",
@@ -106,8 +108,14 @@ class ClusterPublisher:
         return feed.encode_synced(feed.Synced(binder=self.instance, at=min([now, *self.unwritten_since.values()])))
 
     def _want(self, key: str, value: bytes | None) -> None:
-        if key not in self.wanted and key not in self.writing and self.published.get(key) == value:
-            return  # the bucket holds it already (None == missing: a delete of what is not there)
+        if key not in self.wanted:
+            # What the bucket holds once the write in flight lands (a failed one is queued again
+            # in `run`). An object's watch event usually comes while the binder's write of that
+            # same object (a claim it created or allocated) is still being published: comparing
+            # with `published` only wrote such a claim twice or three times.
+            holds = self.writing[key] if key in self.writing else self.published.get(key)
+            if holds == value:
+                return  # the bucket holds it already (None == missing: a delete of what is not there)
         self.wanted[key] = value
         if key not in _MARKERS:
             self.unwritten_since.setdefault(key, time.time())
@@ -116,7 +124,10 @@ class ClusterPublisher:
     # --- I/O ---------------------------------------------------------------------------------------
 
     async def load(self, kv: KeyValue) -> None:
-        """What the bucket holds now (left by the binder before this one)."""
+        """What the bucket holds now (left by the binder before this one). Whole on each call: a
+        start that asks again after a timeout does not keep what the first try half read."""
+        self.published.clear()
+        self.revisions.clear()
         async with contextlib.aclosing(streams.bucket_entries(kv)) as entries:
             async for entry in entries:
                 if entry is None:
@@ -143,7 +154,8 @@ class ClusterPublisher:
                     del self.wanted[key]
                 self.writing.update(batch)
                 results = await asyncio.gather(*(self._write(k, v) for k, v in batch.items()), return_exceptions=True)
-                self.writing.difference_update(batch)
+                for key in batch:
+                    del self.writing[key]
                 failed = 0
                 for (key, value), result in zip(batch.items(), results):
                     if isinstance(result, BaseException):

@@ -39,6 +39,7 @@ from draplane.api.resource import (
 )
 from draplane.api.scheduling import PodGroup
 from draplane.audit_publisher import AuditPublisher
+from draplane.jetstream_setup import until_answered
 from draplane.kube import KubeApiError, KubeClient, watch_objects
 from draplane.messages import audit
 from draplane.scheduling import cluster_feed
@@ -242,8 +243,10 @@ class Binder:
         await self.audit.start(replicas=self.settings.stream_replicas)
         kv = await streams.reservation_bucket(self.js, self.subjects, replicas=self.settings.stream_replicas)
         self.store = ReservationStore(kv)
-        await self.cluster.load(
-            await streams.cluster_bucket(self.js, self.subjects, replicas=self.settings.stream_replicas))
+        cluster_kv = await streams.cluster_bucket(self.js, self.subjects, replicas=self.settings.stream_replicas)
+        # reading it back makes a consumer: a JetStream request, as likely as the others to go unanswered
+        await until_answered(lambda: self.cluster.load(cluster_kv), f"reading bucket {self.subjects.cluster_bucket}",
+                             log=log)
         self._spawn(self.cluster.run, "cluster feed writer")
         self._spawn(self.cluster.heartbeat, "cluster feed heartbeat")
         self._spawn(self.store.watch, "reservations watch")

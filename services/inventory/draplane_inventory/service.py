@@ -30,6 +30,7 @@ from nats.js import api as js_api
 from draplane.api.core import Node
 from draplane.api.resource import DeviceClass, ResourceSlice
 from draplane.audit_publisher import AuditPublisher
+from draplane.jetstream_setup import until_answered
 from draplane.kube import KubeClient
 from draplane.kube.client import KubeApiError
 from draplane.kube.watching import watch_objects
@@ -173,6 +174,10 @@ class InventoryService:
     # --- JetStream -----------------------------------------------------------------------------
 
     async def _ensure_jetstream(self) -> None:
+        await until_answered(self._ensure_stream_and_bucket,
+                             f"creating stream {self.names.stream} and bucket {self.names.feed_bucket}", log=log)
+
+    async def _ensure_stream_and_bucket(self) -> None:
         config = js_api.StreamConfig(
             name=self.names.stream,
             subjects=[self.names.snapshot_wildcard],

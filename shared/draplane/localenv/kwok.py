@@ -8,8 +8,12 @@ deletion is asked for, as a kubelet would after stopping it.
 
 from __future__ import annotations
 
+import json
 import logging
+import threading
+import time
 import urllib.error
+import urllib.parse
 import urllib.request
 from pathlib import Path
 from typing import TYPE_CHECKING
@@ -134,10 +138,17 @@ def kwok_arguments(kubeconfig: Path, config: Path) -> list[str]:
 
 
 NODE_LEASES = "/apis/coordination.k8s.io/v1/namespaces/kube-node-lease/leases"
+# Where a restarted KWOK's pods are looked at again: the annotation written to a pod that KWOK left
+# Pending, its value the time of the resync.
+RESYNC_ANNOTATION = "draplane.dev/kubelet-resync"
+# After the new KWOK holds every node's lease: how long its lease informer gets to see them before
+# the first look, and when to look again (a loaded apiserver delivers the watch events late).
+RESYNC_AFTER_SECONDS = (2.0, 10.0)
+HAND_OVER_TIMEOUT_SECONDS = 60.0
 
 
 class KwokProcess(ServerProcess):
-    """KWOK, restarted without leaving the nodes unattended.
+    """KWOK, restarted without leaving the nodes or their pods unattended.
 
     KWOK holds each node's Lease under an identity of its own, new at every start
     (hostname_uuid), and takes over a lease another holds only once it has expired,
@@ -145,23 +156,102 @@ class KwokProcess(ServerProcess):
     leave every node unattended that long: bound pods not started, deleted pods not removed. Its
     predecessor is dead by then (the supervisor starts only dead processes), and in this cluster
     KWOK is every node's kubelet, so the node leases are all that predecessor's: they are deleted
-    first, and the new KWOK creates them afresh at once."""
+    first, and the new KWOK creates them afresh at once.
+
+    A pod bound while the new KWOK starts can still be passed over for good: KWOK v0.8.0 skips a
+    pod whose node lease it does not hold yet (read from its lease informer's cache), and the one
+    re-list of a node's pods it makes on taking the lease runs right after its create of the lease,
+    before its own cache has it, so it skips them again and nothing makes it look once more (CI saw
+    two pods stay bound and Pending for 55 s). A kubelet that restarts syncs every pod of its node;
+    here `hand_over` stands in for that: once the new KWOK holds the leases, each pod bound to a
+    KWOK node and still Pending gets an annotation, a change KWOK's pod watch hands it again."""
 
     def __init__(self, name: str, argv: list[str], log_path: Path, plane: "ControlPlane"):
         super().__init__(name, argv, log_path)
         self.plane = plane
 
     def start(self) -> None:
-        if self.process is not None:
+        restarted = self.process is not None
+        if restarted:
             self.release_node_leases()
         super().start()
+        if restarted:
+            # The supervisor's loop must not wait on it: the apiserver round trips run beside it.
+            threading.Thread(target=self.hand_over, args=(self.process,), daemon=True, name="kwok hand-over").start()
 
     def release_node_leases(self) -> None:
-        request = urllib.request.Request(self.plane.apiserver_url + NODE_LEASES, method="DELETE")
         try:
-            with urllib.request.urlopen(request, timeout=5, context=self.plane.ssl_context()):
-                pass
+            self._request("DELETE", NODE_LEASES)
         except (OSError, urllib.error.HTTPError) as exc:
             # not fatal: the new KWOK then takes the leases over as they expire
             log.warning("kwok: could not delete the node leases of the KWOK before it (%s); the new one takes "
                         "them over as they expire", exc)
+
+    def hand_over(self, process) -> list[str]:
+        """Wait until `process` (the new KWOK) holds every KWOK node's lease, then resync the pods it
+        may have passed over (see the class). Returns the pods resynced, as namespace/name."""
+        deadline = time.monotonic() + HAND_OVER_TIMEOUT_SECONDS
+        resynced: list[str] = []
+        try:
+            while not self._holds_every_lease():
+                if process.poll() is not None:
+                    return resynced  # died again: the supervisor restarts it, and a new hand-over runs
+                if time.monotonic() > deadline:
+                    log.warning("kwok: the restarted KWOK (pid %d) did not take every node's lease within %.0f s; "
+                                "its pods are not looked at again", process.pid, HAND_OVER_TIMEOUT_SECONDS)
+                    return resynced
+                time.sleep(0.5)
+            held_at = time.monotonic()
+            for after in RESYNC_AFTER_SECONDS:
+                time.sleep(max(0.0, held_at + after - time.monotonic()))
+                if process.poll() is not None:
+                    return resynced
+                resynced += self.resync_pending_pods()
+        except (OSError, urllib.error.HTTPError, ValueError) as exc:
+            log.warning("kwok: could not look at the restarted KWOK's pods again (%s); a pod bound while it "
+                        "started may stay Pending until it changes", exc)
+        return resynced
+
+    def kwok_nodes(self) -> set[str]:
+        nodes = self._request("GET", "/api/v1/nodes")["items"]
+        return {n["metadata"]["name"] for n in nodes
+                if (n["metadata"].get("annotations") or {}).get(KWOK_ANNOTATION[0]) == KWOK_ANNOTATION[1]}
+
+    def _holds_every_lease(self) -> bool:
+        # The leases were all deleted before the start, so every one there is the new KWOK's.
+        leases = self._request("GET", NODE_LEASES)["items"]
+        held = {lease["metadata"]["name"] for lease in leases if (lease.get("spec") or {}).get("holderIdentity")}
+        return self.kwok_nodes() <= held
+
+    def resync_pending_pods(self) -> list[str]:
+        """Annotate every pod bound to a KWOK node, not being deleted and still Pending: a change
+        that KWOK's pod watch delivers, so it plays the pod's stages. Returns namespace/name of each."""
+        nodes = self.kwok_nodes()
+        selector = urllib.parse.quote("status.phase=Pending,spec.nodeName!=")
+        pods = self._request("GET", f"/api/v1/pods?fieldSelector={selector}")["items"]
+        resynced = []
+        for pod in pods:
+            meta = pod["metadata"]
+            if pod["spec"].get("nodeName") not in nodes or meta.get("deletionTimestamp"):
+                continue
+            patch = {"metadata": {"annotations": {RESYNC_ANNOTATION: time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())}}}
+            try:
+                self._request("PATCH", f"/api/v1/namespaces/{meta['namespace']}/pods/{meta['name']}", patch,
+                              content_type="application/merge-patch+json")
+            except urllib.error.HTTPError as exc:
+                if exc.code != 404:  # a pod deleted meanwhile needs nothing
+                    raise
+                continue
+            resynced.append(f"{meta['namespace']}/{meta['name']}")
+        if resynced:
+            log.warning("kwok: %d pod(s) bound to its nodes were still Pending after its restart; asked it to "
+                        "start them again: %s", len(resynced), ", ".join(resynced[:10]))
+        return resynced
+
+    def _request(self, method: str, path: str, body: dict | None = None,
+                 content_type: str = "application/json") -> dict:
+        data = json.dumps(body).encode() if body is not None else None
+        request = urllib.request.Request(self.plane.apiserver_url + path, data=data, method=method,
+                                         headers={"Content-Type": content_type} if data is not None else {})
+        with urllib.request.urlopen(request, timeout=5, context=self.plane.ssl_context()) as response:
+            return json.loads(response.read() or b"{}")

@@ -2,9 +2,11 @@
 
 from __future__ import annotations
 
+import collections
 import ctypes
 import errno
 import os
+import random
 import signal
 import socket
 import subprocess
@@ -29,10 +31,56 @@ def _die_with_parent() -> None:
         pass
 
 
-def free_port(host: str = "127.0.0.1") -> int:
+# Where listening ports are drawn from when the kernel's ephemeral range leaves room below it.
+LISTEN_PORTS_FROM = 10000
+EPHEMERAL_RANGE_FILE = Path("/proc/sys/net/ipv4/ip_local_port_range")
+# Ports handed out lately, not handed out again: a server given one may not have bound it yet.
+_RECENTLY_GIVEN_LIMIT = 4096
+_recently_given: collections.deque[int] = collections.deque(maxlen=_RECENTLY_GIVEN_LIMIT)
+
+
+def listen_port_range(ephemeral_range_file: Path = EPHEMERAL_RANGE_FILE) -> tuple[int, int] | None:
+    """The ports below the kernel's ephemeral range, from LISTEN_PORTS_FROM; None when there are
+    too few there (or the range cannot be read), and the kernel's own choice must do."""
+    try:
+        ephemeral_low = int(ephemeral_range_file.read_text().split()[0])
+    except (OSError, ValueError, IndexError):
+        return None
+    if ephemeral_low - LISTEN_PORTS_FROM < 1000:
+        return None
+    return LISTEN_PORTS_FROM, ephemeral_low - 1
+
+
+def _bindable(host: str, port: int) -> bool:
     with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
-        sock.bind((host, 0))
-        return sock.getsockname()[1]
+        try:
+            sock.bind((host, port))
+        except OSError:
+            return False
+    return True
+
+
+def free_port(host: str = "127.0.0.1", *, ephemeral_range_file: Path = EPHEMERAL_RANGE_FILE) -> int:
+    """A port nothing listens on now, for a server about to start.
+
+    Drawn below the kernel's ephemeral range: a port there is never taken by an outgoing
+    connection between this call and the server's bind. The kernel's own choice (bind to port 0)
+    is in that range, and CI saw a NATS cluster member fail to start with "address already in
+    use" on such a port, taken meanwhile by a route its peers opened."""
+    ports = listen_port_range(ephemeral_range_file)
+    if ports is not None:
+        for _ in range(200):
+            port = random.randint(*ports)
+            if port not in _recently_given and _bindable(host, port):
+                _recently_given.append(port)
+                return port
+    while True:  # no room below the ephemeral range, or it is all taken: the kernel chooses
+        with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
+            sock.bind((host, 0))
+            port = sock.getsockname()[1]
+        if port not in _recently_given:
+            _recently_given.append(port)
+            return port
 
 
 def ensure_port_free(port: int, what: str, host: str = "127.0.0.1") -> None:

@@ -49,14 +49,20 @@ class ReservationStore:
         return self.entries.get(node) or (0, rv.NodeReservations(node=node))
 
     def _apply(self, node: str, revision: int, value: bytes | None) -> None:
-        current = self.entries.get(node)
-        if current is not None and current[0] >= revision:
+        if not self._is_news(node, revision):
             return  # a watch update older than what a write of ours already taught us
         try:
             entry = rv.decode_entry(value, node)
         except ValueError as exc:
             log.error("ignoring unreadable reservation entry: %s", exc)
             return
+        self._take(node, revision, entry)
+
+    def _is_news(self, node: str, revision: int) -> bool:
+        current = self.entries.get(node)
+        return current is None or current[0] < revision
+
+    def _take(self, node: str, revision: int, entry: rv.NodeReservations) -> None:
         self.entries[node] = (revision, entry)
         if self._on_change is not None:
             self._on_change(node)
@@ -99,7 +105,10 @@ class ReservationStore:
             if getattr(exc, "err_code", None) in (10071, 10164):
                 raise StaleRevision(node) from None
             raise
-        self._apply(node, revision, rv.encode_entry(entry))
+        # What was written, as written: not encoded and decoded again. The watch brings the same
+        # revision later, and _apply skips it.
+        if self._is_news(node, revision):
+            self._take(node, revision, entry)
         return revision
 
     async def change(

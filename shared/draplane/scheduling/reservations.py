@@ -23,12 +23,14 @@ removes it.
 
 from __future__ import annotations
 
+import sys
 from collections import Counter
 from collections.abc import Callable, Collection, Iterable
 
 import msgspec
 
 from draplane.api.resource import AllocationResult
+from draplane.shared_instances import SharedInstances
 
 SCHEMA_VERSION = 1
 DEFAULT_LEASE_SECONDS = 30.0
@@ -101,10 +103,50 @@ class NodeReservations(msgspec.Struct, kw_only=True):
 
 _encoder = msgspec.json.Encoder()
 _decoder = msgspec.json.Decoder(NodeReservations)
+# Every shard and the binder hold every node's entry, decoded anew at each write of it: the parts
+# many reservations hold alike (a node's selector, an adminAccess result on a monitored GPU, a
+# device) are kept once. At 50,000 reservations on 5,000 nodes they came to 3 KB each.
+SHARED_PARTS = SharedInstances(limit=16_384)
 
 
 def encode_entry(entry: NodeReservations) -> bytes:
     return _encoder.encode(entry)
+
+
+def _share_alike_parts(entry: NodeReservations) -> NodeReservations:
+    """Nothing changes a decoded entry's reservations (each protocol step makes new ones), so
+    equal parts can be one object: the allocation (whole, by its encoding), each device, names."""
+    shared = SHARED_PARTS.get
+
+    def new_allocation(key: tuple[str, bytes]) -> AllocationResult:
+        # the first of its kind: its parts may still be shared with other allocations
+        allocation = allocations[key]
+        if allocation.node_selector is not None:
+            selector = allocation.node_selector
+            allocation.node_selector = shared(("node selector", _encoder.encode(selector)), lambda _: selector)
+        if allocation.devices is not None and allocation.devices.results:
+            allocation.devices.results = [shared(("result", _encoder.encode(r)), lambda _, r=r: r)
+                                          for r in allocation.devices.results]
+        return allocation
+
+    allocations = {}
+    pod_uids = {uid: uid for uid in entry.pods}  # the key's string, for the fields that repeat it
+    for uid, reservation in entry.claims.items():
+        if reservation.claim_uid == uid:
+            reservation.claim_uid = uid
+        reservation.pod_uid = pod_uids.get(reservation.pod_uid, reservation.pod_uid)
+        reservation.devices = [shared(d) for d in reservation.devices]
+        key = ("allocation", _encoder.encode(reservation.allocation))
+        allocations[key] = reservation.allocation
+        reservation.allocation = shared(key, new_allocation)
+        reservation.claim_namespace = sys.intern(reservation.claim_namespace)
+    for uid, pod in entry.pods.items():
+        if pod.pod_uid == uid:
+            pod.pod_uid = uid
+        pod.pod_namespace = sys.intern(pod.pod_namespace)
+        requests = pod.requests
+        pod.requests = shared(("requests", *requests.items()), lambda _: requests)
+    return entry
 
 
 def decode_entry(data: bytes | None, node: str) -> NodeReservations:
@@ -119,7 +161,7 @@ def decode_entry(data: bytes | None, node: str) -> NodeReservations:
         raise ValueError(f"reservation entry for node {node}: field version is {entry.version}, expected {SCHEMA_VERSION}")
     if entry.node != node:
         raise ValueError(f"reservation entry under key {node} names node {entry.node}")
-    return entry
+    return _share_alike_parts(entry)
 
 
 def node_key(node: str) -> str:

@@ -22,6 +22,7 @@ from nats.js.api import (
 )
 from nats.js.kv import KeyValue
 
+from draplane.jetstream_setup import until_answered
 from draplane.scheduling.messages import Subjects
 
 log = logging.getLogger(__name__)
@@ -53,13 +54,16 @@ async def ensure_streams(js: JetStreamContext, subjects: Subjects, *, replicas: 
         (subjects.released_stream, subjects.released, RetentionPolicy.LIMITS, RELEASED_MAX_AGE_SECONDS),
     ]
     for name, subject, retention, max_age in streams:
-        await _ensure_stream(js, StreamConfig(
-            name=name, subjects=[subject], retention=retention, max_age=max_age,
-            storage=StorageType.FILE, num_replicas=replicas,
-        ))
+        config = StreamConfig(name=name, subjects=[subject], retention=retention, max_age=max_age,
+                              storage=StorageType.FILE, num_replicas=replicas)
+        await until_answered(lambda config=config: _ensure_stream(js, config), f"creating stream {name}", log=log)
 
 
 async def _bucket(js: JetStreamContext, name: str, replicas: int) -> KeyValue:
+    return await until_answered(lambda: _find_or_create_bucket(js, name, replicas), f"opening bucket {name}", log=log)
+
+
+async def _find_or_create_bucket(js: JetStreamContext, name: str, replicas: int) -> KeyValue:
     try:
         return await js.key_value(name)
     except nats.js.errors.BucketNotFoundError:
@@ -97,15 +101,22 @@ async def bucket_entries(kv: KeyValue) -> AsyncIterator[KeyValue.Entry | None]:
     watcher = await kv.watchall()
     replayed = False
     said_empty = False  # nats-py said there is nothing, before any entry came
+    reads = 0
     try:
         while True:
             try:
-                update = await watcher.updates(timeout=EMPTY_BUCKET_GRACE_SECONDS if said_empty else 30.0)
+                reads += 1
+                update = await _next_update(watcher, EMPTY_BUCKET_GRACE_SECONDS if said_empty else None,
+                                            pause=reads % YIELD_EVERY_ENTRIES == 0)
             except nats.errors.TimeoutError:
                 if said_empty:
                     said_empty, replayed = False, True
                     yield None  # nothing came: the bucket was empty
                 continue
+            if update is _STOPPED:
+                # only KeyWatcher.stop() queues it, and only this function's own finally calls
+                # that: should nats-py ever stop a watcher itself, the caller's watch restarts
+                raise nats.errors.Error("nats: the bucket's watcher was stopped")
             if update is None:
                 said_empty = not replayed
                 continue
@@ -119,6 +130,30 @@ async def bucket_entries(kv: KeyValue) -> AsyncIterator[KeyValue.Entry | None]:
             await asyncio.wait_for(watcher.stop(), 2.0)
         except (Exception, asyncio.CancelledError):  # noqa: BLE001 - the connection may be gone already
             pass
+
+
+_STOPPED = KeyValue.KeyWatcher.STOP_ITER
+YIELD_EVERY_ENTRIES = 64
+
+
+async def _next_update(watcher: KeyValue.KeyWatcher, timeout: float | None, *, pause: bool = False):
+    """The watcher's next update. nats-py's `updates(timeout)` wraps every read in
+    asyncio.wait_for, a task per entry: most of what a shard spends per cluster change it follows
+    besides decoding it. Its queue is read directly where it has one (an internal of nats-py's,
+    hence the fallback); the timeout is only needed while an empty bucket is being confirmed."""
+    queue = getattr(watcher, "_updates", None)
+    if not isinstance(queue, asyncio.Queue):
+        return await watcher.updates(timeout=timeout if timeout is not None else 30.0)
+    if timeout is not None:
+        try:
+            return await asyncio.wait_for(queue.get(), timeout)
+        except asyncio.TimeoutError:
+            raise nats.errors.TimeoutError from None
+    if pause:
+        # Now and then through the event loop even with entries queued, as nats-py's own read did
+        # on every entry: a replay of thousands must not hold up pings, leases and placements.
+        await asyncio.sleep(0)
+    return await queue.get()  # no suspension while the queue holds an entry
 
 
 async def bucket_snapshot(kv: KeyValue, *, timeout: float = 10.0) -> list[KeyValue.Entry]:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
 
 from nats.js.errors import KeyNotFoundError
 import pytest
@@ -85,3 +86,91 @@ def test_an_object_it_cannot_key_is_logged_not_published(caplog):
     assert not publisher.wanted
     publisher.offer(Pod(metadata=pod.metadata, spec=PodSpec(node_name="n")))
     assert "pod.u" in publisher.wanted
+
+
+class _GatedBucket:
+    """A stand-in for the bucket whose puts wait for the test to let them land (or fail): a
+    pure test of what the publisher writes while a write is in flight."""
+
+    def __init__(self):
+        self.puts: list[tuple[str, bytes]] = []
+        self.gate = asyncio.Event()
+        self.fail_next = False
+
+    async def put(self, key: str, value: bytes) -> int:
+        self.puts.append((key, value))
+        await self.gate.wait()
+        if self.fail_next:
+            self.fail_next = False
+            raise ConnectionError("nats: connection closed")
+        return len(self.puts)
+
+    async def purge(self, key: str, msg_ttl: float | None = None) -> None:
+        self.puts.append((key, None))
+
+
+async def _until(condition, timeout: float = 2.0) -> None:
+    async def poll():
+        while not condition():
+            await asyncio.sleep(0.001)
+    await asyncio.wait_for(poll(), timeout)
+
+
+@contextlib.asynccontextmanager
+async def _gated_publisher(*, fail_next: bool = False):
+    """A publisher of nodes running against a _GatedBucket: (publisher, bucket)."""
+    bucket = _GatedBucket()
+    bucket.fail_next = fail_next
+    publisher = ClusterPublisher(instance="x", kinds=(Node,))
+    publisher.kv = bucket
+    task = asyncio.create_task(publisher.run())
+    try:
+        yield publisher, bucket
+    finally:
+        task.cancel()
+
+
+async def test_the_same_object_offered_while_its_write_is_in_flight_is_written_once():
+    async with _gated_publisher() as (publisher, bucket):
+        publisher.offer(_node("a"))  # the binder's own write of the object...
+        await _until(lambda: bucket.puts)
+        publisher.offer(_node("a", heartbeat="Unknown"))  # ...and its watch event, the same once trimmed
+        bucket.gate.set()
+        await publisher.revision_of(["node.a"])
+        assert [k for k, _ in bucket.puts] == ["node.a"]
+
+        # a change offered while a write is in flight is written after it
+        bucket.gate.clear()
+        changed = Node(metadata=ObjectMeta(name="a"), status=NodeStatus(allocatable={"cpu": "16"}))
+        publisher.offer(changed)
+        await _until(lambda: len(bucket.puts) == 2)
+        publisher.offer(_node("a"))  # back to what the bucket held before the write in flight
+        bucket.gate.set()
+        await publisher.revision_of(["node.a"])
+        assert [v for _, v in bucket.puts[1:]] == [cluster_feed.encode(changed), cluster_feed.encode(_node("a"))]
+        assert publisher.published["node.a"] == cluster_feed.encode(_node("a"))
+
+
+async def test_a_failed_write_is_written_again_even_if_the_offer_repeated_meanwhile():
+    async with _gated_publisher(fail_next=True) as (publisher, bucket):
+        publisher.offer(_node("a"))
+        await _until(lambda: bucket.puts)
+        publisher.offer(_node("a"))  # skipped: the write in flight holds it...
+        bucket.gate.set()  # ...which fails, and is queued again
+        await publisher.revision_of(["node.a"], timeout=5.0)
+        assert [k for k, _ in bucket.puts] == ["node.a", "node.a"]
+        assert publisher.published["node.a"] == cluster_feed.encode(_node("a"))
+
+
+async def test_a_relist_without_an_object_whose_first_write_is_in_flight_deletes_it_after():
+    async with _gated_publisher() as (publisher, bucket):
+        publisher.listing_begins(Node)
+        publisher.offer(_node("a"))
+        await _until(lambda: bucket.puts)
+        publisher.listed(Node)
+        publisher.listing_begins(Node)  # the watch failed and lists again: node a is gone
+        publisher.listed(Node)
+        bucket.gate.set()
+        await publisher.revision_of(["node.a"])
+        assert [p for p in bucket.puts if p[0] == "node.a"] == [("node.a", cluster_feed.encode(_node("a"))), ("node.a", None)]
+        assert "node.a" not in publisher.published

@@ -139,3 +139,35 @@ def test_pod_reservations_lapse_and_are_released_with_their_claims():
 def test_an_entry_written_before_pod_reservations_still_reads():
     old = b'{"version":1,"node":"n1","claims":{}}'
     assert rv.decode_entry(old, "n1").pods == {}
+
+
+def test_decoded_entries_share_what_their_reservations_hold_alike():
+    """Every shard holds every node's entry: an adminAccess result that many monitoring pods
+    reserve on one GPU, the devices and the pods' requests are one object each, and the entry
+    still reads exactly as written."""
+    monitors = [reservation(f"m{i}", "gpu-0", admin=True) for i in range(3)]
+    entry = rv.add(rv.NodeReservations(node="n1"), [reservation("a", "gpu-0"), reservation("b", "gpu-1"), *monitors])
+    entry = rv.add(entry, [], pod_reservation("pod-a"))
+    entry = rv.add(entry, [], pod_reservation("pod-b"))
+    encoded = rv.encode_entry(entry)
+    first, second = rv.decode_entry(encoded, "n1"), rv.decode_entry(encoded, "n1")
+    assert first == entry and second == entry
+    m0, m1, m2 = (first.claims[f"m{i}"] for i in range(3))
+    assert m0.allocation is m1.allocation is m2.allocation is second.claims["m0"].allocation
+    assert first.claims["a"].allocation is not first.claims["b"].allocation
+    assert first.claims["a"].devices[0] is second.claims["a"].devices[0]
+    assert first.pods["pod-a"].requests is first.pods["pod-b"].requests
+    # a field that repeats its key is the key's string (not a copy of it)
+    assert first.claims["a"].pod_uid is next(uid for uid in first.pods if uid == "pod-a")
+
+
+def test_decoded_entries_do_not_share_what_differs():
+    entry = rv.add(rv.NodeReservations(node="n1"), [reservation("a", "gpu-0", admin=True),
+                                                     reservation("b", "gpu-0", share="s1")])
+    entry = rv.add(entry, [], pod_reservation("pod-a", cpu=1000))
+    entry = rv.add(entry, [], pod_reservation("pod-b", cpu=2000))
+    decoded = rv.decode_entry(rv.encode_entry(entry), "n1")
+    assert decoded == entry
+    a, b = decoded.claims["a"], decoded.claims["b"]
+    assert a.allocation is not b.allocation and a.devices[0] is not b.devices[0]
+    assert decoded.pods["pod-a"].requests == {"cpu": 1000} and decoded.pods["pod-b"].requests == {"cpu": 2000}
