@@ -27,7 +27,7 @@ import msgspec
 
 from draplane.api.core import Node
 from draplane.api.meta import NodeSelector, NodeSelectorRequirement, NodeSelectorTerm
-from draplane.api.quantity import Quantity, QuantityError, QuantityFormat, parse_quantity
+from draplane.api.quantity import Quantity, QuantityError, parse_quantity
 from draplane.api.resource import (
     AllocationResult,
     DeviceAllocationConfiguration,
@@ -338,7 +338,9 @@ def _consumed_amount(requested: Quantity | None, cap: CapacityEntry) -> Quantity
         req, step, low = _ceil(requested), _ceil(cap.range_step), _ceil(cap.range_min)
         added = req - low
         n = added // step + (1 if added % step else 0)
-        return Quantity(low + step * n, QuantityFormat.BINARY_SI)
+        # written in the step's format, as Kubernetes does: a 10G request with a 1M step is
+        # "10G", not "9765625Ki"
+        return Quantity(low + step * n, cap.range_step.format)
     if cap.valid_values is not None:
         for v in cap.valid_values:
             if requested.value <= v.value:
@@ -1161,14 +1163,47 @@ class NodeAllocator:
             return NodeFailure(node_name, Reason.NO_DEVICES, f"{who}: the node has no devices in usable pools", **where)
         remaining = devices
         for reason, text, check in stages:
+            before = len(remaining)
             remaining = [(d, p) for d, p in remaining if check(d, p)]
             if len(remaining) < need:
                 if reason in (Reason.CLASS_SELECTOR, Reason.REQUEST_SELECTOR) and remaining:
                     # Some devices match: the selectors are not what is wrong, the count is.
                     reason = Reason.NOT_ENOUGH_DEVICES
-                return NodeFailure(node_name, reason, f"{who}: {len(remaining)} of {len(devices)} devices {text}, "
-                                   f"{need} needed", **where)
+                # counted among the devices the stage looked at: a NIC of another driver is no
+                # GPU "in use"
+                of = f"{before} devices" if reason is not Reason.IN_USE and before == len(devices) else \
+                    f"{before} matching devices"
+                return NodeFailure(node_name, reason, f"{who}: {len(remaining)} of {of} {text}, {need} needed", **where)
+            if reason is Reason.REQUEST_SELECTOR:
+                never = self._constraint_never_met(plan, request, [d for d, _ in remaining], need)
+                if never:
+                    return NodeFailure(node_name, Reason.CONSTRAINT, f"{who}: {never}", **where)
         return None
+
+    @staticmethod
+    def _constraint_never_met(plan: ClaimPlan, request: RequestPlan, matching: list[DeviceRecord],
+                              need: int) -> str:
+        """Why no `need` of the request's matching devices can meet one of the claim's constraints,
+        whatever is in use: "" when some can. Each request of a matchAttribute constraint needs
+        `need` devices of one value (of distinctAttribute, `need` values); so this holds for the
+        claim whatever its other requests take, and waiting for devices to be freed never helps."""
+        for c in plan.constraints:
+            if c.requests and request.name not in c.requests and request.full_name not in c.requests:
+                continue
+            values: dict[object, int] = {}
+            for record in matching:
+                value = record.attribute(c.attribute)
+                if value is not None:
+                    values[value] = values.get(value, 0) + 1
+            if c.kind == "match":
+                most = max(values.values(), default=0)
+                if most < need:
+                    return (f"matchAttribute {c.attribute}: at most {most} of the node's {len(matching)} matching "
+                            f"devices share one value, {need} needed")
+            elif len(values) < need:
+                return (f"distinctAttribute {c.attribute}: the node's {len(matching)} matching devices have "
+                        f"{len(values)} distinct values, {need} needed")
+        return ""
 
     def counters_left(self, record: DeviceRecord, pool: Pool) -> bool:
         """Whether the pool's shared counters still let this device be allocated on its own."""

@@ -24,6 +24,7 @@ class FailureReason(str, enum.Enum):
     CONSTRAINT_FAILED = "ConstraintFailed"
     CAPACITY_EXHAUSTED = "CapacityExhausted"
     NODE_DOES_NOT_FIT = "NodeDoesNotFit"
+    DEVICES_TAINTED = "DevicesTainted"
 
     @property
     def words(self) -> str:
@@ -35,6 +36,7 @@ _WORDS = {
     FailureReason.CONSTRAINT_FAILED: "a constraint failed",
     FailureReason.CAPACITY_EXHAUSTED: "capacity exhausted (too few free matching devices)",
     FailureReason.NODE_DOES_NOT_FIT: "the node does not fit the pod",
+    FailureReason.DEVICES_TAINTED: "matching devices are tainted (and the request does not tolerate it)",
 }
 
 

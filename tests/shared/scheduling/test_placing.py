@@ -54,7 +54,7 @@ def test_a_reserved_device_is_taken_and_the_reason_says_so_per_node():
     assert reasons["node-24"] == FailureReason.NO_MATCHING_DEVICE.value
     assert outcome.message == (
         "0/3 nodes are available: 1 cannot allocate all claims: resourceclaim ns/b, request gpu: capacity exhausted "
-        "(matching devices are all in use), 2 cannot allocate all claims: resourceclaim ns/b, request gpu: no device "
+        "(too few matching devices are free), 2 cannot allocate all claims: resourceclaim ns/b, request gpu: no device "
         "matches the device class.")
     # the reservation is released: the device is free again
     state.set_reservations("node-80", rv.NodeReservations(node="node-80"))
@@ -256,3 +256,79 @@ def test_node_fit_answers_kept_per_pod_shape_go_stale_when_the_node_or_its_pods_
     tolerant = pod("d")
     tolerant.spec.tolerations = [Toleration(key="maintenance", operator="Exists", effect="NoSchedule")]
     assert isinstance(state.place_pod(tolerant, []), Placed)  # tolerations are part of the shape
+
+
+def four_gpus_and_four_nics(taken: int = 0) -> ClusterState:
+    """One node: 4 GPUs, two per PCIe root, and 4 NICs of another driver; `taken` GPUs allocated."""
+    from draplane.api.meta import ObjectMeta
+    from draplane.api.resource import Device, ResourcePool, ResourceSlice, ResourceSliceSpec
+
+    state = ClusterState()
+    state.set_class(scenario.device_class("gpu.nvidia.com"))
+    state.set_node(scenario.gpu_node("l4-0"))
+    nics = ResourceSlice(metadata=ObjectMeta(name="l4-0-nic"), spec=ResourceSliceSpec(
+        driver="nic.example.com", pool=ResourcePool(name="l4-0", generation=1, resource_slice_count=1),
+        node_name="l4-0", devices=[Device(name=f"nic-{i}") for i in range(4)]))
+    state.set_feed_entry("node.l4-0", [scenario.gpu_slice("l4-0", 4, "24Gi"), nics])
+    for i in range(taken):
+        held = with_uid(scenario.claim("ns", f"held-{i}", "gpu.nvidia.com"), f"h{i}")
+        placed = state.place_pod(with_uid(scenario.pod("ns", f"holder-{i}", claim_name=f"held-{i}"), f"ph{i}"), [held])
+        held.status = ResourceClaimStatus(allocation=placed.allocations[f"h{i}"])
+        state.set_claim(held)
+    return state
+
+
+def test_too_few_free_is_not_all_in_use_and_counts_only_matching_devices():
+    state = four_gpus_and_four_nics(taken=1)
+    claim = with_uid(scenario.claim("ns", "four", "gpu.nvidia.com", count=4), "c4")
+    outcome = state.place_pod(with_uid(scenario.pod("ns", "p", claim_name="four"), "p4"), [claim])
+    assert isinstance(outcome, NotPlaced)
+    (failure,) = outcome.failures
+    assert failure.reason == FailureReason.CAPACITY_EXHAUSTED.value
+    assert "3 of 4 matching devices are free, 4 needed" in failure.detail  # not "of 8": the NICs are no GPUs
+    assert outcome.message == ("0/1 nodes are available: 1 cannot allocate all claims: resourceclaim ns/four, "
+                               "request gpu: capacity exhausted (too few matching devices are free).")
+
+
+def test_a_constraint_no_group_of_devices_can_meet_says_so_whatever_is_in_use():
+    from draplane.api.resource import DeviceConstraint
+
+    for taken, kind, attribute in ((0, "match", "resource.kubernetes.io/pcieRoot"), (1, "match", "resource.kubernetes.io/pcieRoot"),
+                                   (1, "distinct", "productName")):
+        state = four_gpus_and_four_nics(taken=taken)
+        claim = with_uid(scenario.claim("ns", "four", "gpu.nvidia.com", count=4 if kind == "match" else 2), "c4")
+        claim.spec.devices.constraints = [DeviceConstraint(**{f"{kind}_attribute": f"gpu.nvidia.com/{attribute}"
+                                                               if "/" not in attribute else attribute})]
+        outcome = state.place_pod(with_uid(scenario.pod("ns", "p", claim_name="four"), "p4"), [claim])
+        assert isinstance(outcome, NotPlaced)
+        (failure,) = outcome.failures
+        assert failure.reason == FailureReason.CONSTRAINT_FAILED.value, (taken, kind, failure)
+        if kind == "match":
+            assert ("matchAttribute resource.kubernetes.io/pcieRoot: at most 2 of the node's 4 matching devices share "
+                    "one value, 4 needed") in failure.detail
+        else:
+            assert ("distinctAttribute gpu.nvidia.com/productName: the node's 4 matching devices have 1 distinct "
+                    "values, 2 needed") in failure.detail
+        assert "no combination of devices satisfies the claim's constraints" in outcome.message
+    # two under one root fit, and the constraint is not blamed when only usage is in the way
+    state = four_gpus_and_four_nics(taken=3)
+    claim = with_uid(scenario.claim("ns", "two", "gpu.nvidia.com", count=2), "c2")
+    claim.spec.devices.constraints = [DeviceConstraint(match_attribute="resource.kubernetes.io/pcieRoot")]
+    outcome = state.place_pod(with_uid(scenario.pod("ns", "p", claim_name="two"), "p2"), [claim])
+    assert isinstance(outcome, NotPlaced) and outcome.failures[0].reason == FailureReason.CAPACITY_EXHAUSTED.value
+
+
+def test_devices_tainted_by_a_rule_are_their_own_class_of_failure():
+    from draplane.api.meta import ObjectMeta
+    from draplane.api.resource import DeviceTaint, DeviceTaintRule, DeviceTaintRuleSpec, DeviceTaintSelector
+
+    state = four_gpus_and_four_nics()
+    state.set_taint_rules([DeviceTaintRule(metadata=ObjectMeta(name="maintenance"), spec=DeviceTaintRuleSpec(
+        device_selector=DeviceTaintSelector(driver="gpu.nvidia.com", pool="l4-0"),
+        taint=DeviceTaint(key="example.com/maintenance", effect="NoSchedule")))])
+    claim = with_uid(scenario.claim("ns", "one", "gpu.nvidia.com"), "c1")
+    outcome = state.place_pod(with_uid(scenario.pod("ns", "p", claim_name="one"), "p1"), [claim])
+    assert isinstance(outcome, NotPlaced)
+    assert outcome.failures[0].reason == FailureReason.DEVICES_TAINTED.value
+    assert FailureReason.DEVICES_TAINTED.words == "matching devices are tainted (and the request does not tolerate it)"
+    assert "matching devices have taints the request does not tolerate" in outcome.message
