@@ -8,6 +8,7 @@ user touches goes through kubectl and the apiserver judges it.
 
 from __future__ import annotations
 
+import asyncio
 import json
 import re
 import uuid
@@ -214,7 +215,7 @@ async def test_admin_access_on_a_busy_device_and_an_ordinary_claim_beside_it(sch
     # and a second ordinary user does not get it
     await kubectl.apply(claim_yaml(namespace, "more", class_name)
                         + "---" + pod_yaml(namespace, "more", scheduling.scheduler_name, claim="more"))
-    await wait_unschedulable(scheduling, kubectl, namespace, "more", "all in use")
+    await wait_unschedulable(scheduling, kubectl, namespace, "more", "too few matching devices are free")
     no_races_or_errors(scheduling)
 
 
@@ -289,3 +290,65 @@ async def test_a_second_cpu_bound_pod_gets_kube_schedulers_reasons(scheduling, k
         assert message == ("0/4 nodes are available: 1 Insufficient cpu, "
                            "3 node(s) didn't match Pod's node affinity/selector.")
     no_races_or_errors(scheduling)
+
+
+@pytest.mark.parametrize("shards", [1, 3])
+async def test_a_gated_pod_is_left_alone_until_its_last_gate_is_removed(scheduling, kube, kubectl, namespace, shards):
+    """Kueue's way: the pod is created with a scheduling gate and admitted later by removing it.
+    kube-scheduler never tries a gated pod (and the apiserver refuses to bind one)."""
+    class_name, (node,) = await gpu_cluster(scheduling, kube, gpus=2)
+    await scheduling.start(shards=shards)
+    template = f"""
+apiVersion: resource.k8s.io/v1
+kind: ResourceClaimTemplate
+metadata: {{name: one-gpu, namespace: {namespace}}}
+spec:
+  spec:
+    devices:
+      requests:
+        - name: gpus
+          exactly: {{deviceClassName: {class_name}}}
+"""
+    gated = pod_yaml(namespace, "gated", scheduling.scheduler_name, template="one-gpu").replace(
+        "spec:\n", "spec:\n  schedulingGates: [{name: example.com/quota}, {name: kueue.x-k8s.io/admission}]\n", 1)
+    await kubectl.apply(template + "---" + gated)
+
+    async def claim_of_gated():
+        got = await get_json(kubectl, "pod", "gated", "-n", namespace)
+        statuses = got.get("status", {}).get("resourceClaimStatuses") or []
+        return statuses[0].get("resourceClaimName") if statuses else None
+
+    # kube-controller-manager makes the claim of a gated pod too; placing it is what waits
+    gated_claim = await scheduling.wait_for(claim_of_gated, 30, "the gated pod's claim made from its template")
+    # a pod applied after it is published, placed and bound: the queue went past the gated one
+    await kubectl.apply(pod_yaml(namespace, "after", scheduling.scheduler_name, template="one-gpu"))
+    await wait_bound(scheduling, kubectl, namespace, "after")
+    await asyncio.sleep(3.0)  # room for a late attempt, which must not come
+    pod = await get_json(kubectl, "pod", "gated", "-n", namespace)
+    assert not pod["spec"].get("nodeName")
+    (condition,) = [c for c in pod["status"]["conditions"] if c["type"] == "PodScheduled"]
+    assert (condition["status"], condition["reason"]) == ("False", "SchedulingGated"), condition
+    claim = await get_json(kubectl, "resourceclaim", gated_claim, "-n", namespace)
+    assert not claim.get("status", {}).get("allocation"), claim["status"]
+    assert scheduling.binder.counters["pending_published"] == 1, scheduling.binder.counters
+    events = await get_json(kubectl, "events", "-n", namespace, "--field-selector", "involvedObject.name=gated")
+    assert [e["reason"] for e in events["items"]] == [], events["items"]
+
+    # one gate removed: still held
+    await kubectl("patch", "pod", "gated", "-n", namespace, "--type=json",
+                  "-p", '[{"op": "remove", "path": "/spec/schedulingGates/0"}]')
+    await asyncio.sleep(2.0)
+    assert not (await get_json(kubectl, "pod", "gated", "-n", namespace))["spec"].get("nodeName")
+    assert scheduling.binder.counters["pending_published"] == 1, scheduling.binder.counters
+    # the last gate removed: placed on the GPU left
+    await kubectl("patch", "pod", "gated", "-n", namespace, "--type=json",
+                  "-p", '[{"op": "remove", "path": "/spec/schedulingGates"}]')
+    pod = await wait_bound(scheduling, kubectl, namespace, "gated")
+    assert pod["spec"]["nodeName"] == node
+    (result,) = await claim_results(kubectl, namespace, gated_claim)
+    (other,) = await claim_results(kubectl, namespace,
+                                   (await get_json(kubectl, "pod", "after", "-n", namespace))["status"]
+                                   ["resourceClaimStatuses"][0]["resourceClaimName"])
+    assert {result["device"], other["device"]} == {"gpu-0", "gpu-1"}
+    no_races_or_errors(scheduling)
+

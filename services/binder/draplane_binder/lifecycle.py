@@ -214,6 +214,12 @@ def pod_is_done(pod: Pod) -> bool:
     return pod.metadata.deletion_timestamp is not None and not pod.spec.node_name
 
 
+def pod_is_gated(pod: Pod) -> bool:
+    """Held by `spec.schedulingGates`: kube-scheduler's SchedulingGates plugin keeps such a pod out
+    of every scheduling attempt until the last gate is removed."""
+    return bool(pod.spec.scheduling_gates)
+
+
 def reserved_for_to_drop(claim: ResourceClaim, pods_by_uid: Mapping[str, Pod]) -> list[ResourceClaimConsumerReference]:
     """Consumers that are pods which no longer exist (by UID) or are done."""
     drop = []

@@ -492,7 +492,6 @@ class Binder:
         if pod is None or not self._pending_pod_needs_work(pod):
             return
         uid = pod.metadata.uid or ""
-        self.first_seen.setdefault(uid, time.time())
         namespace = key[0]
         resolved = lc.resolve_pod_claims(
             pod,
@@ -520,6 +519,15 @@ class Binder:
             updated = await self.kube.patch(Pod, key[1], patch, namespace, subresource="status")
             self._on_pod("MODIFIED", updated)
             return  # the updated pod is queued again and continues from there
+        if lc.pod_is_gated(pod):
+            # Its claims exist (kube-controller-manager makes them for gated pods too, and so do
+            # we when we manage claims), but no scheduling is tried and nothing is written on the
+            # pod: the apiserver set PodScheduled=False/SchedulingGated when it took the pod.
+            # Removing the last gate is a pod update, which queues the pod again.
+            log.debug("pod %s/%s: waiting for scheduling gates %s", namespace, key[1],
+                      [g.name for g in pod.spec.scheduling_gates or ()])
+            return
+        self.first_seen.setdefault(uid, time.time())
         if resolved.problems and all(p.waiting for p in resolved.problems):
             # The claim's creation or its watch event is on the way and requeues the pod: writing
             # a condition and an Event now would cost two writes per template pod, for nothing.

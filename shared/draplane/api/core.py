@@ -82,6 +82,13 @@ class PodResourceClaim(Base, kw_only=True):
     resource_claim_template_name: str | None = None
 
 
+class PodSchedulingGate(Base, kw_only=True):
+    """A gate another controller (Kueue, a quota admission) holds the pod with: no scheduler
+    touches a pod while `spec.schedulingGates` names any. Gates can only be removed once set."""
+
+    name: str
+
+
 class PodSchedulingGroup(Base, kw_only=True):
     """The group a pod is scheduled with (KEP-4671, gate GenericWorkload): a PodGroup of
     scheduling.k8s.io/v1beta1 in the pod's namespace, which may not exist yet."""
@@ -105,6 +112,7 @@ class PodSpec(Base, kw_only=True):
     preemption_policy: str | None = None
     termination_grace_period_seconds: int | None = None
     scheduling_group: PodSchedulingGroup | None = None
+    scheduling_gates: list[PodSchedulingGate] | None = None
 
 
 class PodResourceClaimStatus(Base, kw_only=True):
