@@ -18,7 +18,9 @@ from draplane.api.core import Node, Pod
 from draplane.api.meta import ObjectMeta
 from draplane.api.policy import PodDisruptionBudget
 from draplane.api.resource import DeviceClass, DeviceTaintRule, ResourceClaim, ResourceSlice
+from draplane.api.scheduling import PodGroup
 from draplane.scheduling import preemption
+from draplane.scheduling.gangs import GangSpecError, gang_spec, pod_group_key
 from draplane.scheduling.placing import ClusterState, NotPlaced, Placed, allocation_node
 from draplane.scheduling.unschedulable import FailureReason
 
@@ -38,6 +40,7 @@ class Snapshot:
     # The `Preempted` Events the binder wrote on victims: (victim "namespace/name", message), the
     # message naming the preemptor by UID and the node, as kube-scheduler's does.
     preempted: list[tuple[str, str]] = dataclasses.field(default_factory=list)
+    pod_groups: list[PodGroup] = dataclasses.field(default_factory=list)
 
     def state(self, *, without: set[str] = frozenset()) -> ClusterState:
         """The shards' view, minus the claims being explained (so they are placed afresh)."""
@@ -175,15 +178,55 @@ def explain_pod(snapshot: Snapshot, pod: Pod) -> list[str]:
     if missing:
         lines.extend(f"Cannot be scheduled yet: {m}" for m in missing)
         return lines
+    gates = [g.name for g in pod.spec.scheduling_gates or ()]
+    if gates:
+        lines.append(f"Held by scheduling gates {', '.join(gates)}: no scheduler tries it until every gate is "
+                     "removed (by whoever added it: Kueue, a quota controller).")
+    gang_wait = _gang_wait(snapshot, pod)
+    if gang_wait:
+        lines.append(gang_wait)
     outcome = snapshot.state(without={c.metadata.uid for c in claims
                                       if not (c.status and c.status.allocation)}).place_pod(pod, claims)
-    if isinstance(outcome, Placed):
+    if isinstance(outcome, Placed) and gates:
+        lines.append(f"Once the gates are removed it fits now: node {outcome.node}.")
+    elif isinstance(outcome, Placed) and gang_wait:
+        lines.append(f"On its own it fits now: node {outcome.node}; it is placed only together with its gang.")
+    elif isinstance(outcome, Placed):
         lines.append(f"It fits now: node {outcome.node}; the next scheduling attempt should bind it.")
     else:
         lines.extend(_describe_failures(outcome, said))
         lines.extend(_preemption_now(snapshot, pod, claims))
     lines.extend(_preempted_for(snapshot, pod))
     return lines
+
+
+def _gang_wait(snapshot: Snapshot, pod: Pod) -> str:
+    """Why the pod's gang keeps it back, as the shards see it; "" when nothing does. A member
+    counts once it is bound, or pending and not gated (a gated member is never sent to a shard)."""
+    namespace = pod.metadata.namespace or ""
+    key = pod_group_key(namespace, pod.spec)
+    if key is None:
+        return ""
+    group = next((g for g in snapshot.pod_groups
+                  if f"{g.metadata.namespace or ''}/{g.metadata.name or ''}" == key), None)
+    if group is None:
+        return (f"Waiting for PodGroup {key}: not found. The pod names it in spec.schedulingGroup.podGroupName, "
+                "and no member is placed until it exists.")
+    try:
+        spec = gang_spec(group)
+    except GangSpecError as exc:
+        return f"Its gang cannot be placed: {exc}."
+    if spec is None:
+        return ""  # a `basic` group: each pod is placed on its own
+    members = [p for p in snapshot.pods if p.metadata.namespace == namespace
+               and pod_group_key(namespace, p.spec) == key
+               and not (p.status and p.status.phase in ("Succeeded", "Failed"))
+               and (p.spec.node_name or (p.metadata.deletion_timestamp is None and not p.spec.scheduling_gates))]
+    if len(members) >= spec.min_count:
+        return ""
+    missing = spec.min_count - len(members)
+    return (f"Waiting for the gang's minimum count: {len(members)} of {spec.min_count} pods of PodGroup {key} exist; "
+            f"no member is placed until {missing} more {'exists' if missing == 1 else 'exist'}.")
 
 
 def _preempted_for(snapshot: Snapshot, pod: Pod) -> list[str]:
@@ -233,26 +276,47 @@ async def gather(kubeconfig) -> Snapshot:
         return [(f"{e['involvedObject'].get('namespace')}/{e['involvedObject'].get('name')}", e.get("message") or "")
                 for e in events if isinstance(e, dict) and isinstance(e.get("involvedObject"), dict)], None
 
+    async def pod_groups(kube) -> tuple[list[PodGroup], None]:
+        try:
+            return await kube.list(PodGroup)
+        except KubeApiError as exc:
+            if exc.is_not_found:  # a cluster that does not serve them (the GenericWorkload gate is off)
+                return [], None
+            raise
+
     async with await KubeClient.from_environment(kubeconfig) as kube:
         results = await asyncio.gather(
             kube.list(ResourceSlice), kube.list(DeviceClass), kube.list(Node), kube.list(ResourceClaim), kube.list(Pod),
-            taint_rules(kube), kube.list(PodDisruptionBudget), preempted(kube),
+            taint_rules(kube), kube.list(PodDisruptionBudget), preempted(kube), pod_groups(kube),
         )
     return Snapshot(*(items for items, _ in results))
 
 
-def find_target(snapshot: Snapshot, target: str, namespace: str) -> ResourceClaim | Pod | None:
+def find_targets(snapshot: Snapshot, target: str, namespace: str) -> list[ResourceClaim | Pod]:
+    """What `target` names: a pod, a claim, or both when a bare NAME is both (the pod first)."""
     kind, _, name = target.rpartition("/")
     kind = kind.lower()
-    if kind in ("", "claim", "resourceclaim", "resourceclaims"):
-        for c in snapshot.claims:
-            if c.metadata.namespace == namespace and c.metadata.name == name:
-                return c
+    found: list[ResourceClaim | Pod] = []
     if kind in ("", "pod", "pods"):
-        for p in snapshot.pods:
-            if p.metadata.namespace == namespace and p.metadata.name == name:
-                return p
-    return None
+        found += [p for p in snapshot.pods if p.metadata.namespace == namespace and p.metadata.name == name]
+    if kind in ("", "claim", "resourceclaim", "resourceclaims"):
+        found += [c for c in snapshot.claims if c.metadata.namespace == namespace and c.metadata.name == name]
+    return found
+
+
+def find_target(snapshot: Snapshot, target: str, namespace: str) -> ResourceClaim | Pod | None:
+    found = find_targets(snapshot, target, namespace)
+    return found[0] if found else None
+
+
+def chosen_line(found: list[ResourceClaim | Pod], target: str) -> str:
+    """Said first when a bare NAME is both a pod and a claim: which one is explained, and how to ask
+    for the other ("" when the name was not ambiguous)."""
+    if len(found) < 2:
+        return ""
+    name = target.rpartition("/")[2]
+    return (f"Both pod/{name} and resourceclaim/{name} exist in namespace {found[0].metadata.namespace}: "
+            f"explaining pod/{name} (draplane explain claim/{name} for the claim).")
 
 
 def register(subparsers: argparse._SubParsersAction) -> None:
@@ -277,10 +341,12 @@ def run(args: argparse.Namespace) -> int:
     except Exception as exc:  # noqa: BLE001 - a missing kubeconfig raises the client's own types
         print(f"draplane explain: cannot connect: {exc}", file=sys.stderr)
         return 2
-    obj = find_target(snapshot, args.target, args.namespace)
-    if obj is None:
+    found = find_targets(snapshot, args.target, args.namespace)
+    if not found:
         print(f"draplane explain: no ResourceClaim or Pod {args.target!r} in namespace {args.namespace}", file=sys.stderr)
         return 1
+    obj = found[0]
     lines = explain_claim(snapshot, obj) if isinstance(obj, ResourceClaim) else explain_pod(snapshot, obj)
-    print("\n".join(lines))
+    chosen = chosen_line(found, args.target)
+    print("\n".join([chosen] + lines if chosen else lines))
     return 0
