@@ -1,5 +1,6 @@
-"""The cluster as NATS tells it: the inventory feed bucket (slices, DeviceClasses) and the
-reservation bucket (what draplane allocated), for `draplane free` and the metrics subscriber.
+"""The cluster as NATS tells it: the inventory feed bucket (slices, DeviceClasses), the
+reservation bucket (what draplane allocated) and the DeviceTaintRules of the binder's cluster
+bucket, for `draplane free`, the dashboard and the metrics subscriber.
 
 `ClusterView` holds the decoded entries and turns them into `free_capacity`'s inputs;
 `read_cluster` fills one from the buckets once, `follow_cluster` keeps one current. Neither asks
@@ -21,8 +22,9 @@ import nats.js.errors
 from nats.js import JetStreamContext
 
 from draplane.allocation.free_capacity import FreeCapacity, free_capacity
-from draplane.api.resource import AllocationResult, DeviceClass, ResourceSlice
+from draplane.api.resource import AllocationResult, DeviceClass, DeviceTaintRule, ResourceSlice
 from draplane.messages.inventory import FeedEntry, InventoryNames, decode_feed_entry
+from draplane.scheduling import cluster_feed
 from draplane.scheduling import reservations as rv
 from draplane.scheduling import streams
 from draplane.scheduling.messages import Subjects
@@ -34,6 +36,9 @@ log = logging.getLogger(__name__)
 class ClusterView:
     feed: dict[str, FeedEntry] = dataclasses.field(default_factory=dict)
     reservations: dict[str, rv.NodeReservations] = dataclasses.field(default_factory=dict)
+    # DeviceTaintRules, from the binder's cluster bucket: their taints are in no slice, yet a
+    # device they taint is as closed to new claims as one whose slice says so
+    taint_rules: dict[str, DeviceTaintRule] = dataclasses.field(default_factory=dict)
     unreadable: int = 0  # entries that did not decode (logged, skipped)
 
     def apply_feed(self, key: str, value: bytes | None) -> None:
@@ -56,6 +61,19 @@ class ClusterView:
             self.unreadable += 1
             log.error("reservation entry %s is unreadable, skipped: %s", node, exc)
 
+    def apply_cluster(self, key: str, value: bytes | None) -> None:
+        """An entry of the cluster bucket; only its DeviceTaintRules (TAINT_RULE_KEYS) are read."""
+        if not key.startswith(TAINT_RULE_PREFIX):
+            return
+        if not value:
+            self.taint_rules.pop(key, None)
+            return
+        try:
+            self.taint_rules[key] = cluster_feed.decode(key, value)
+        except cluster_feed.FeedError as exc:
+            self.unreadable += 1
+            log.error("cluster bucket entry is unreadable, skipped: %s", exc)
+
     def slices(self) -> list[ResourceSlice]:
         return [s for entry in self.feed.values() for s in entry.slices]
 
@@ -70,7 +88,7 @@ class ClusterView:
         return sorted(e.node for e in self.feed.values() if e.stale and e.node)
 
     def free(self) -> FreeCapacity:
-        return free_capacity(self.slices(), self.classes(), self.allocations())
+        return free_capacity(self.slices(), self.classes(), self.allocations(), self.taint_rules.values())
 
 
 async def _bucket(js: JetStreamContext, name: str):
@@ -80,31 +98,37 @@ async def _bucket(js: JetStreamContext, name: str):
         return None
 
 
-async def _read_all(kv, apply: Callable[[str, bytes | None], None], timeout: float) -> None:
-    for entry in await streams.bucket_snapshot(kv, timeout=timeout):
-        apply(entry.key, streams.entry_value(entry))
+# The keys of the cluster bucket read here: its DeviceTaintRules, and nothing of its claims and pods.
+TAINT_RULE_PREFIX = f"{cluster_feed.PREFIXES[DeviceTaintRule]}."
+TAINT_RULE_KEYS = f"{TAINT_RULE_PREFIX}>"
+
+
+def _buckets(prefix: str, view: ClusterView) -> list[tuple[str, str, Callable[[str, bytes | None], None]]]:
+    """(bucket, keys, apply) of what a view reads."""
+    subjects = Subjects(prefix=prefix)
+    return [(InventoryNames(prefix=prefix).feed_bucket, ">", view.apply_feed),
+            (subjects.reservations_bucket, ">", view.apply_reservations),
+            (subjects.cluster_bucket, TAINT_RULE_KEYS, view.apply_cluster)]
 
 
 async def read_cluster(js: JetStreamContext, prefix: str, *, timeout: float = 10.0) -> ClusterView:
-    """Both buckets as they are now. A bucket not created yet is an empty one."""
+    """The buckets as they are now. A bucket not created yet is an empty one."""
     view = ClusterView()
-    feed = await _bucket(js, InventoryNames(prefix=prefix).feed_bucket)
-    if feed is not None:
-        await _read_all(feed, view.apply_feed, timeout)
-    reservations = await _bucket(js, Subjects(prefix=prefix).reservations_bucket)
-    if reservations is not None:
-        await _read_all(reservations, view.apply_reservations, timeout)
+    for name, keys, apply in _buckets(prefix, view):
+        kv = await _bucket(js, name)
+        if kv is not None:
+            for entry in await streams.bucket_snapshot(kv, keys=keys, timeout=timeout):
+                apply(entry.key, streams.entry_value(entry))
     return view
 
 
 async def follow_cluster(js: JetStreamContext, prefix: str, view: ClusterView, on_change: Callable[[], None],
                          synced: asyncio.Event | None = None) -> None:
-    """Keep `view` current from both buckets, forever; `synced` is set once both were read."""
-    buckets = [(InventoryNames(prefix=prefix).feed_bucket, view.apply_feed),
-               (Subjects(prefix=prefix).reservations_bucket, view.apply_reservations)]
-    initial = {name: asyncio.Event() for name, _ in buckets}
+    """Keep `view` current from the buckets, forever; `synced` is set once each was read."""
+    buckets = _buckets(prefix, view)
+    initial = {name: asyncio.Event() for name, _, _ in buckets}
 
-    async def follow(name: str, apply) -> None:
+    async def follow(name: str, keys: str, apply) -> None:
         failures = 0
         while True:
             try:
@@ -113,7 +137,7 @@ async def follow_cluster(js: JetStreamContext, prefix: str, view: ClusterView, o
                     initial[name].set()  # nothing there yet: empty, and looked at again below
                     await asyncio.sleep(2.0)
                     continue
-                async with contextlib.aclosing(streams.bucket_entries(kv)) as entries:
+                async with contextlib.aclosing(streams.bucket_entries(kv, keys)) as entries:
                     async for update in entries:
                         failures = 0
                         if update is None:
@@ -132,4 +156,4 @@ async def follow_cluster(js: JetStreamContext, prefix: str, view: ClusterView, o
         if synced is not None:
             synced.set()
 
-    await asyncio.gather(*(follow(name, apply) for name, apply in buckets), all_synced())
+    await asyncio.gather(*(follow(name, keys, apply) for name, keys, apply in buckets), all_synced())

@@ -19,6 +19,8 @@ Who writes what:
 | reader (`draplane free`, `draplane dashboard`) | nothing | none |
 
 Shards read the cluster bucket (the binder's view of Kubernetes) and hold no Kubernetes client.
+The audit service's metrics and the reader read its DeviceTaintRules (the `taintrule.>` keys)
+for the devices' states; NATS grants reading a bucket whole, so they may read the rest of it too.
 
 Every role reads replies only under an inbox prefix of its own (`inbox_prefix`): a client must
 connect with it (`nats.connect(inbox_prefix=...)`), and no other identity can read its replies.
@@ -190,13 +192,13 @@ def service_permissions(role: str, prefix: str) -> Permissions:
     elif role == "audit":
         publish = [
             account_info, *_stream_owner(audit.stream), *_durable_consumer(audit.stream, audit.consumer),
-            *_bucket_reader(feed), *_bucket_reader(reservations),
+            *_bucket_reader(feed), *_bucket_reader(reservations), *_bucket_reader(cluster),
         ]
         subscribe = []
     elif role == "reader":
         publish = [
             account_info, f"{JS_API}.STREAM.INFO.{audit.stream}", *_ephemeral_consumers(audit.stream),
-            *_bucket_reader(feed), *_bucket_reader(reservations),
+            *_bucket_reader(feed), *_bucket_reader(reservations), *_bucket_reader(cluster),
         ]
         deny = _denied_durables(audit.stream, [audit.consumer])
         # The dashboard sees pending pods and placements as they are published, without taking

@@ -56,3 +56,19 @@ def test_bad_since_and_missing_log_are_said(tmp_path, capsys):
     assert "give a duration" in capsys.readouterr().err
     assert main(["audit", "--log", str(tmp_path / "none.jsonl")]) == 1
     assert "cannot read the audit log" in capsys.readouterr().err
+
+
+def test_a_reader_that_closes_the_pipe_gets_no_traceback(tmp_path):
+    """`draplane audit | head -1`: head exits after one line, and the rest of the writes fail."""
+    import subprocess
+    import sys
+
+    log = tmp_path / "audit.jsonl"
+    write_log(log)
+    lines = log.read_bytes().splitlines(keepends=True)
+    log.write_bytes(b"".join(lines * 3000))  # far more than a pipe's buffer holds
+    command = f"{sys.executable} -m draplane.cli audit --log {log} | head -1"
+    done = subprocess.run(["bash", "-o", "pipefail", "-c", command], capture_output=True, text=True, timeout=120)
+    assert done.stdout.count("\n") == 1 and "placed" in done.stdout
+    assert done.stderr == "", done.stderr
+    assert done.returncode == 141  # as a shell reports a command ended by SIGPIPE

@@ -112,8 +112,12 @@ async def test_up_binds_a_users_pod_and_ctrl_c_leaves_no_orphans(tmp_path, contr
 
         with pytest.raises((nats.errors.Error, OSError)):
             await nats.connect(info["nats_url"], allow_reconnect=False, max_reconnect_attempts=0, connect_timeout=2)
+        # `free` run as `up` printed it (with the --workdir it needs), from another directory
+        free_line = next(line for line in lines if line.strip().startswith("free:")).split("free:", 1)[1]
+        free_argv = free_line.split("(", 1)[0].split()
+        assert free_argv == ["draplane", "free", "--workdir", str(workdir)], free_line
         free = await asyncio.to_thread(
-            subprocess.run, [sys.executable, "-m", "draplane.cli", "free", f"--workdir={workdir}", "-o", "json"],
+            subprocess.run, [sys.executable, "-m", "draplane.cli", *free_argv[1:], "-o", "json"], cwd=tmp_path,
             capture_output=True, text=True, timeout=60, env={k: v for k, v in os.environ.items() if not k.startswith("DRAPLANE_NATS")})
         assert free.returncode == 0, free.stderr
         # the trainer's GPU, read from the reservation bucket

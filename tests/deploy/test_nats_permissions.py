@@ -332,11 +332,20 @@ async def test_the_reader_reads_the_feed_and_reservations_and_writes_nothing(nat
         async with contextlib.aclosing(streams.bucket_entries(view)) as entries:
             first = await asyncio.wait_for(anext(entries), 5)
         assert first is not None and first.value == b"held"
+        # the DeviceTaintRules of the binder's cluster bucket, read as `draplane free` reads them
+        cluster = await streams.cluster_bucket(binder.jetstream(), subjects)
+        await cluster.put("taintrule.maintenance", b"a rule")
+        await cluster.put(f"node.{NODE_A}", b"a node")
+        cluster_view = await (reader.jetstream()).key_value(subjects.cluster_bucket)
+        rules = await streams.bucket_snapshot(cluster_view, keys="taintrule.>")
+        assert [(e.key, e.value) for e in rules] == [("taintrule.maintenance", b"a rule")]
         for subject in (f"$KV.{subjects.reservations_bucket}.node.{NODE_A}", subjects.results, subjects.pending(0),
+                        f"$KV.{subjects.cluster_bucket}.taintrule.maintenance",
                         names.snapshot_subject(NODE_A), f"$JS.API.STREAM.CREATE.{audit.stream}",
                         f"$JS.API.CONSUMER.MSG.NEXT.{audit.stream}.{audit.consumer}"):
             await _refused_publish(reader, errors, subject)
         assert (await reservations.get(f"node.{NODE_A}")).value == b"held"
+        assert (await cluster.get("taintrule.maintenance")).value == b"a rule"
     finally:
         for client in (reader, binder):
             await client.close()

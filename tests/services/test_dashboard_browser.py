@@ -233,7 +233,7 @@ async def test_the_map_shows_every_device_follows_an_allocation_and_lists_a_pend
         (mig,) = slice_claim.status.allocation.devices.results
         overlapping = await overlapping_devices(kube, mig.pool, mig.device)
         assert overlapping >= 2  # at least its whole GPU and the 7g placement
-        await browser.wait_for(f"{cells_in_rows((h100, a100), 'unavailable')} === {overlapping}", 10,
+        await browser.wait_for(f"{cells_in_rows((h100, a100), 'blocked')} === {overlapping}", 10,
                                "the MIG slice's GPU and overlapping placements blocked")
 
         # Eight GPUs where six are left untainted and free: pending, with Kubernetes' reason.

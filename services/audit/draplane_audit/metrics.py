@@ -6,7 +6,7 @@ tests can run several subscribers in one interpreter and each /metrics shows onl
 The cluster metrics are computed from NATS alone (the inventory feed and the reservation bucket,
 see draplane.cluster_view), so nobody needs to scrape every service to see the cluster:
 - ``draplane_cluster_devices{device_class,node,state}``: devices by state (free, allocated,
-  shared, tainted, unavailable: counters used by other partitions);
+  shared, tainted, blocked: counters used by other partitions);
 - ``draplane_cluster_devices_free_whole{device_class,node}``: one-device claims that still fit;
 - ``draplane_cluster_partitions_free{device_class,node,profile}``: MIG placements still possible;
 - ``draplane_cluster_shared_capacity_{total,left}{device_class,node,capacity}``;

@@ -33,6 +33,7 @@ from draplane.api.resource import (
     DeviceClass,
     DeviceRequest,
     DeviceSelector,
+    DeviceTaintRule,
     ExactDeviceRequest,
     ResourceClaim,
     ResourceClaimSpec,
@@ -41,8 +42,8 @@ from draplane.api.resource import (
 )
 
 # A device's state, as the metrics subscriber counts devices.
-FREE, ALLOCATED, SHARED, TAINTED, UNAVAILABLE = "free", "allocated", "shared", "tainted", "unavailable"
-DEVICE_STATES = (FREE, ALLOCATED, SHARED, TAINTED, UNAVAILABLE)
+FREE, ALLOCATED, SHARED, TAINTED, BLOCKED = "free", "allocated", "shared", "tainted", "blocked"
+DEVICE_STATES = (FREE, ALLOCATED, SHARED, TAINTED, BLOCKED)
 
 # The attribute the NVIDIA DRA driver (and draplane's node agent) names a MIG profile with.
 PROFILE_ATTRIBUTE = "profile"
@@ -95,9 +96,11 @@ def free_capacity(
     slices: Iterable[ResourceSlice],
     classes: Iterable[DeviceClass],
     allocations: Mapping[str, AllocationResult],
+    taint_rules: Iterable[DeviceTaintRule] = (),
 ) -> FreeCapacity:
-    """`allocations`: claim UID (or any unique key) -> what it holds: every device in use."""
-    cluster = Cluster(slices=slices, classes=classes, policy=FIRST_FIT)
+    """`allocations`: claim UID (or any unique key) -> what it holds: every device in use.
+    `taint_rules`: the DeviceTaintRules in force, whose taints count as the devices' own."""
+    cluster = Cluster(slices=slices, classes=classes, taint_rules=taint_rules, policy=FIRST_FIT)
     cluster.ensure_nodes_from_slices()
     for key, allocation in allocations.items():
         cluster.add_allocated_claim(_holder(key, allocation))
@@ -115,7 +118,7 @@ def free_capacity(
 
 def device_state(cluster: Cluster, record: DeviceRecord, pool: Pool | None) -> str:
     """One device's state (DEVICE_STATES) in `cluster`, as `draplane free`, the metrics and the
-    device map count it. `pool` None: its counters are not looked at (it cannot be UNAVAILABLE)."""
+    device map count it. `pool` None: its counters are not looked at (it cannot be BLOCKED)."""
     state = cluster.state
     if state.in_use(record.id):
         return ALLOCATED
@@ -124,7 +127,7 @@ def device_state(cluster: Cluster, record: DeviceRecord, pool: Pool | None) -> s
     if taint_blocks(record, None):
         return TAINTED
     if record.consumes and pool is not None and not cluster.allocator.counters_left(record, pool):
-        return UNAVAILABLE  # its counters are used by other partitions of the same GPU
+        return BLOCKED  # its counters are used by other partitions of the same GPU
     return FREE
 
 

@@ -10,6 +10,7 @@ from __future__ import annotations
 import argparse
 import importlib
 import logging
+import os
 import sys
 
 # Module names under draplane.cli, in the order `--help` lists them.
@@ -49,6 +50,20 @@ def main(argv: list[str] | None = None) -> int:
         return int(handler(args) or 0)
     except KeyboardInterrupt:
         return 130
+    except BrokenPipeError:
+        return _reader_went_away()
+
+
+def _reader_went_away() -> int:
+    """The reader of our output closed it (`draplane audit | head -1`): not an error of ours, so no
+    traceback. What Python still holds for stdout is dropped, or its flush at exit would raise the
+    same error again; 141 is what a shell reports for a command ended by SIGPIPE."""
+    try:
+        devnull = os.open(os.devnull, os.O_WRONLY)
+        os.dup2(devnull, sys.stdout.fileno())
+    except (OSError, ValueError):
+        pass  # stdout is not a file descriptor (a test's capture): nothing is flushed at exit
+    return 141
 
 
 if __name__ == "__main__":

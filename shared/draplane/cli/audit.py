@@ -60,8 +60,10 @@ def run(args: argparse.Namespace) -> int:
     try:
         handle = path.open("rb")
     except OSError as exc:
+        hint = ("; if `draplane up` was started with --workdir DIR, give the same --workdir DIR here"
+                if args.log is None and args.workdir is None and not os.environ.get("DRAPLANE_AUDIT_LOG") else "")
         print(f"draplane audit: cannot read the audit log {path}: {exc.strerror}; is draplane-audit running "
-              "(it is part of `draplane up`), or give --log", file=sys.stderr)
+              f"(it is part of `draplane up`), or give --log{hint}", file=sys.stderr)
         return 1
     with handle:
         for line in read_lines(handle, where):

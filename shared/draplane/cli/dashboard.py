@@ -13,7 +13,7 @@ import asyncio
 import signal
 import sys
 
-from draplane.cli.free import add_nats_source_arguments, nats_url, reader_connect_options
+from draplane.cli.free import add_nats_source_arguments, nats_url, no_up_hint, reader_connect_options
 
 DEFAULT_PORT = 8090
 
@@ -53,6 +53,10 @@ async def _serve(args: argparse.Namespace) -> None:
     host = "127.0.0.1" if args.host in ("0.0.0.0", "::") else args.host
     print(f"draplane dashboard: http://{host}:{port}/  (NATS {url}, prefix {args.prefix}; Ctrl-C stops it)",
           flush=True)
+    hint = no_up_hint(args)
+    if hint:
+        # it keeps trying NATS (the page says so); the likely cause is said once, here
+        print(f"draplane dashboard: warning{hint}", file=sys.stderr, flush=True)
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGINT, signal.SIGTERM):

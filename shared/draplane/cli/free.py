@@ -17,7 +17,7 @@ import sys
 from pathlib import Path
 
 from draplane.allocation.free_capacity import (
-    ALLOCATED, SHARED, TAINTED, UNAVAILABLE, ClassOnNode, ClassTotals, FreeCapacity, SharedCapacity, class_totals,
+    ALLOCATED, BLOCKED, SHARED, TAINTED, ClassOnNode, ClassTotals, FreeCapacity, SharedCapacity, class_totals,
 )
 
 
@@ -67,6 +67,22 @@ def nats_source(args: argparse.Namespace) -> tuple[str, str | None, str | None]:
             args.nats_ca or info.get("nats_ca"))
 
 
+def no_up_hint(args: argparse.Namespace) -> str:
+    """What a "cannot read NATS" error adds when no URL was given and no `draplane up` runs in the
+    workdir looked at: most often, `up` was started with --workdir and this command was not."""
+    if args.nats or os.environ.get("DRAPLANE_NATS_URL"):
+        return ""
+    from draplane.localenv.environment import running_up, state_dir
+
+    workdir = args.workdir or state_dir() / "up"
+    if running_up(workdir):
+        return ""
+    if args.workdir is not None:
+        return f"; no `draplane up` is running with --workdir {workdir}"
+    return (f"; no `draplane up` is running in the default workdir {workdir}: if it was started with "
+            "--workdir DIR, give the same --workdir DIR here (or --nats URL for another NATS)")
+
+
 def reader_connect_options(args: argparse.Namespace, *, name: str) -> dict:
     from draplane.entrypoints import nats_connect_options
     from draplane.nats_roles import service_inbox_prefix
@@ -82,11 +98,11 @@ def run(args: argparse.Namespace) -> int:
     try:
         free = asyncio.run(_read(args))
     except asyncio.TimeoutError:
-        print(f"draplane free: cannot read NATS at {nats_url(args)}: no answer within {CONNECT_SECONDS:.0f} s",
-              file=sys.stderr)
+        print(f"draplane free: cannot read NATS at {nats_url(args)}: no answer within {CONNECT_SECONDS:.0f} s"
+              f"{no_up_hint(args)}", file=sys.stderr)
         return 1
     except (OSError, nats.errors.Error, nats.js.errors.Error) as exc:
-        print(f"draplane free: cannot read NATS at {nats_url(args)}: {exc!r}", file=sys.stderr)
+        print(f"draplane free: cannot read NATS at {nats_url(args)}: {exc!r}{no_up_hint(args)}", file=sys.stderr)
         return 1
     free = _only(free, args.device_class, args.node)
     if args.output == "json":
@@ -166,8 +182,8 @@ def _in_use_text(states: dict[str, int]) -> str:
     parts = [f"{states[ALLOCATED]} allocated"] if states[ALLOCATED] else []
     if states[SHARED]:
         parts.append(f"{states[SHARED]} shared")
-    if states[UNAVAILABLE]:
-        parts.append(f"{states[UNAVAILABLE]} blocked")
+    if states[BLOCKED]:
+        parts.append(f"{states[BLOCKED]} blocked")
     return ", ".join(parts) or "-"
 
 
@@ -179,8 +195,13 @@ def print_tables(free: FreeCapacity, console=None) -> None:
     if not free.nodes:
         console.print("No devices: the inventory feed has no slices (is the inventory service running?).")
         return
+    # Class and node names are what a user types into a claim or a selector: never cut, however
+    # narrow the terminal (piped output is 80 columns): the other columns give way to them.
+    class_width = max([len("DeviceClass")] + [len(c.device_class) for c in free.classes])
+    node_width = max([len("node")] + [len(r.node) for r in free.nodes])
     by_class = Table(title="Free devices by DeviceClass", title_justify="left")
-    for column, justify in (("DeviceClass", "left"), ("nodes", "right"), ("devices", "right"),
+    by_class.add_column("DeviceClass", justify="left", no_wrap=True, min_width=class_width)
+    for column, justify in (("nodes", "right"), ("devices", "right"),
                             ("free whole", "right"), ("in use", "left"), ("tainted", "right"),
                             ("MIG placements still possible", "left"), ("shared capacity left", "left")):
         by_class.add_column(column, justify=justify)
@@ -190,7 +211,9 @@ def print_tables(free: FreeCapacity, console=None) -> None:
                          _shared_text(c.shared))
     console.print(by_class)
     by_node = Table(title="By node", title_justify="left")
-    for column, justify in (("node", "left"), ("DeviceClass", "left"), ("devices", "right"),
+    by_node.add_column("node", justify="left", no_wrap=True, min_width=node_width)
+    by_node.add_column("DeviceClass", justify="left", no_wrap=True, min_width=class_width)
+    for column, justify in (("devices", "right"),
                             ("free whole", "right"), ("in use", "left"), ("tainted", "right"),
                             ("MIG placements still possible", "left"), ("shared capacity left", "left")):
         by_node.add_column(column, justify=justify)

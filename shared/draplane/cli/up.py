@@ -46,14 +46,17 @@ async def _up(args: argparse.Namespace) -> int:
     for sig in (signal.SIGINT, signal.SIGTERM):
         loop.add_signal_handler(sig, stop.set)
     kubectl = binaries.find(binaries.KUBECTL)
+    # the commands below find this `up` through its workdir: one given here must be given to them
+    at = f" --workdir {args.workdir}" if args.workdir is not None else ""
     print(
         f"\ndraplane is up: {sum(len(n) for n in env.nodes.values())} nodes, {env.shards} allocator shards.\n"
         f"  kubeconfig: {env.kubeconfig}\n"
         f"  try:        {kubectl or 'kubectl'} --kubeconfig {env.kubeconfig} get nodes,resourceslices,deviceclasses\n"
         f"  logs:       tail -f {env.logs}/*.log\n"
-        f"  free:       draplane free        (devices still free, by class and node; from NATS)\n"
-        f"  audit:      draplane audit       (every placement, release, rejection and taint)\n"
-        f"  map:        draplane dashboard   (the devices and pending pods, live: http://127.0.0.1:8090/)\n"
+        f"  free:       draplane free{at}        (devices still free, by class and node; from NATS)\n"
+        f"  audit:      draplane audit{at}       (every placement, release, rejection and taint)\n"
+        f"  map:        draplane dashboard{at}   (the devices and pending pods, live: http://127.0.0.1:8090/)\n"
+        f"  explain:    draplane explain --kubeconfig {env.kubeconfig} -n NAMESPACE POD   (why it is pending)\n"
         f"A service or server that dies is restarted (with backoff); Ctrl-C stops everything.",
         flush=True,
     )

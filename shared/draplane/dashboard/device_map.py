@@ -6,7 +6,7 @@ and `SchedulingFacts` (pod names, the policy's score of each placement, the pods
 
 A device's state is the allocator core's, the same that `draplane free` and the cluster metrics
 count (draplane.allocation.free_capacity.device_state): allocated (held whole), shared (a share of
-a device that allows multiple allocations is held), tainted (NoSchedule or NoExecute), unavailable
+a device that allows multiple allocations is held), tainted (NoSchedule or NoExecute), blocked
 (a MIG placement or whole GPU whose counters other partitions of the GPU use) or free. Claims that
 another scheduler allocated are recorded only in Kubernetes, so the map, reading NATS alone,
 shows their devices free.

@@ -87,8 +87,8 @@ async def cluster_bucket(js: JetStreamContext, subjects: Subjects, *, replicas: 
 EMPTY_BUCKET_GRACE_SECONDS = 0.5
 
 
-async def bucket_entries(kv: KeyValue) -> AsyncIterator[KeyValue.Entry | None]:
-    """Every entry a bucket holds, then None (the ones it held when the watch began are all
+async def bucket_entries(kv: KeyValue, keys: str = ">") -> AsyncIterator[KeyValue.Entry | None]:
+    """Every entry a bucket holds (of the `keys` wildcard), then None (the ones it held when the watch began are all
     delivered), then every change, for ever. Use with contextlib.aclosing to stop the watcher
     when the caller stops reading.
 
@@ -98,7 +98,7 @@ async def bucket_entries(kv: KeyValue) -> AsyncIterator[KeyValue.Entry | None]:
     a reader taking it would think the bucket empty or its replay over too early (seen: a
     restarted binder that missed keys, so never deleted them). nats-py's None is believed only
     when no entry follows it within EMPTY_BUCKET_GRACE_SECONDS."""
-    watcher = await kv.watchall()
+    watcher = await kv.watch(keys)
     replayed = False
     said_empty = False  # nats-py said there is nothing, before any entry came
     reads = 0
@@ -156,12 +156,13 @@ async def _next_update(watcher: KeyValue.KeyWatcher, timeout: float | None, *, p
     return await queue.get()  # no suspension while the queue holds an entry
 
 
-async def bucket_snapshot(kv: KeyValue, *, timeout: float = 10.0) -> list[KeyValue.Entry]:
-    """The entries a bucket holds now, delete and purge markers included, read to the real end
-    of the replay as `bucket_entries` finds it; asyncio.TimeoutError when `timeout` seconds pass
-    with no entry (a big bucket may take longer in all, as long as it keeps coming)."""
+async def bucket_snapshot(kv: KeyValue, *, keys: str = ">", timeout: float = 10.0) -> list[KeyValue.Entry]:
+    """The entries a bucket holds now (of the `keys` wildcard), delete and purge markers included,
+    read to the real end of the replay as `bucket_entries` finds it; asyncio.TimeoutError when
+    `timeout` seconds pass with no entry (a big bucket may take longer in all, as long as it keeps
+    coming)."""
     held = []
-    async with contextlib.aclosing(bucket_entries(kv)) as entries:
+    async with contextlib.aclosing(bucket_entries(kv, keys)) as entries:
         while True:
             entry = await asyncio.wait_for(anext(entries), timeout)
             if entry is None:

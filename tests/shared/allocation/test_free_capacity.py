@@ -10,7 +10,7 @@ from fractions import Fraction
 
 import msgspec
 
-from draplane.allocation.free_capacity import ALLOCATED, FREE, SHARED, TAINTED, UNAVAILABLE, free_capacity
+from draplane.allocation.free_capacity import ALLOCATED, FREE, SHARED, TAINTED, BLOCKED, free_capacity
 from draplane.api.resource import (
     AllocationResult,
     DeviceAllocationResult,
@@ -66,12 +66,12 @@ def test_one_mig_slice_in_use_takes_its_gpu_out_of_whole_and_blocks_the_overlapp
     free = free_capacity(slices, CLASSES, {"claim-1": allocation("a100-0", "gpu-0-mig-1g-5gb-0")})
     gpus = row(free, "a100-0", "gpu.nvidia.com")
     assert gpus.whole_free == 7
-    assert gpus.states[UNAVAILABLE] == 1 and gpus.states[FREE] == 7  # gpu-0: its counters are taken
+    assert gpus.states[BLOCKED] == 1 and gpus.states[FREE] == 7  # gpu-0: its counters are taken
     mig = row(free, "a100-0", "mig.nvidia.com")
     assert mig.partitions == {"1g.5gb": 55, "2g.10gb": 23, "3g.20gb": 15, "4g.20gb": 7, "7g.40gb": 7}
     assert mig.states[ALLOCATED] == 1
     # On gpu-0 the placements over memory slice 0 (2g@0, 3g@0, 4g@0, 7g@0) cannot be had now.
-    assert mig.states[UNAVAILABLE] == 4
+    assert mig.states[BLOCKED] == 4
     assert mig.states[FREE] == 8 * 14 - 5
 
 

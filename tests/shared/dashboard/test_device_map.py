@@ -72,7 +72,7 @@ def test_an_empty_a100_node_is_one_row_of_every_gpu_and_mig_placement_all_free()
     assert (row.name, row.kind, row.stale, row.note) == ("a100-0", "node", False, "")
     # Each of the 8 GPUs: the whole GPU and 7 + 3 + 2 + 1 + 1 MIG placements.
     assert len(row.cells) == 8 * 15
-    assert m.totals == {"free": 120, "allocated": 0, "shared": 0, "tainted": 0, "unavailable": 0}
+    assert m.totals == {"free": 120, "allocated": 0, "shared": 0, "tainted": 0, "blocked": 0}
     groups = {}
     for cell in row.cells:
         groups.setdefault(cell.group, []).append(cell.device)
@@ -101,11 +101,11 @@ def test_a_mig_placement_held_is_allocated_with_its_claim_pod_and_score_and_bloc
     assert [msgspec.to_builtins(h) for h in held.holders] == [
         {"claim": "team/slice", "pod": "team/trainer", "node": "a100-0", "policy": "draplane", "score": 41.5}]
     # The whole GPU and the placements over memory slice 0 cannot be had now; the others can.
-    assert cells["gpu-0"].state == "unavailable"
-    assert sorted(d for d, c in cells.items() if c.state == "unavailable") == [
+    assert cells["gpu-0"].state == "blocked"
+    assert sorted(d for d, c in cells.items() if c.state == "blocked") == [
         "gpu-0", "gpu-0-mig-2g-10gb-0", "gpu-0-mig-3g-20gb-0", "gpu-0-mig-4g-20gb-0", "gpu-0-mig-7g-40gb-0"]
     assert cells["gpu-0-mig-1g-5gb-1"].state == "free" and cells["gpu-1"].state == "free"
-    assert m.totals["allocated"] == 1 and m.totals["unavailable"] == 5
+    assert m.totals["allocated"] == 1 and m.totals["blocked"] == 5
 
 
 def test_a_claim_under_a_lease_is_allocated_and_says_so_and_its_pod_is_named_by_the_pod_reservation():

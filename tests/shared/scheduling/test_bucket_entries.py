@@ -35,7 +35,8 @@ class _Bucket:
     def __init__(self, script):
         self.watcher = _Watcher(script)
 
-    async def watchall(self):
+    async def watch(self, keys):
+        assert keys == ">"  # every key, as nats-py's watchall asks
         return self.watcher
 
 
@@ -77,7 +78,8 @@ class _QueueBucket:
             self.watcher.stopped = True
         self.watcher.stop = stop
 
-    async def watchall(self):
+    async def watch(self, keys):
+        assert keys == ">"  # every key, as nats-py's watchall asks
         return self.watcher
 
 
