@@ -47,6 +47,12 @@ class FieldsAdapter(logging.LoggerAdapter):
         return msg, kwargs
 
 
+def error_text(exc: BaseException) -> str:
+    """An exception as a log line says it: its message, or its type where it has none (a bare
+    TimeoutError printed "failed (); retrying")."""
+    return str(exc) or type(exc).__name__
+
+
 def with_fields(logger: logging.Logger, **given: Any) -> FieldsAdapter:
     return FieldsAdapter(logger, fields(**given))
 

@@ -89,6 +89,33 @@ async def test_members_wait_for_the_gangs_min_count_then_bind_together(schedulin
     await kubectl.apply(members[2])
     bound = [await wait_bound(scheduling, kubectl, namespace, f"trio-{i}") for i in range(3)]
     assert len({p["spec"]["nodeName"] for p in bound}) == 2  # 3 x 4 GPUs on two 8-GPU nodes
+    # waiting a moment for the gang's last member is no failure: a condition, never a Warning
+    assert await warnings(kubectl, namespace) == [], "a gang that bound within seconds got Warning events"
+    no_races_or_errors(scheduling)
+
+
+async def warnings(kubectl, namespace: str) -> list[tuple[str, str, str]]:
+    events = await get_json(kubectl, "events", "-n", namespace)
+    return sorted((e["involvedObject"]["name"], e["reason"], e["message"]) for e in events["items"]
+                  if e["type"] == "Warning")
+
+
+async def test_a_gang_that_keeps_waiting_is_warned_once_the_wait_has_lasted(scheduling, kube, kubectl, namespace):
+    class_name, _ = await gpu_cluster(scheduling, kube, nodes=1)
+    await scheduling.start(gang_wait_warning_seconds=4.0)
+    members = gang_yaml(namespace, "pair", scheduling.scheduler_name, class_name, pods=2, gpus=1)
+    await kubectl.apply(pod_group_yaml(namespace, "pair", 2) + "---" + members[0])
+    message = await wait_unschedulable(scheduling, kubectl, namespace, "pair-0", "1 of 2")
+    assert await warnings(kubectl, namespace) == []  # told by the condition only, at first
+
+    async def warned():
+        return await warnings(kubectl, namespace)
+
+    # the binder retries the pod (1, 2, 4, 8 s apart): past 4 s of waiting, one Warning with the same words
+    assert await scheduling.wait_for(warned, 30, "a Warning once the gang waited 4 s", interval=0.5) == [
+        ("pair-0", "FailedScheduling", message)]
+    await asyncio.sleep(3.0)
+    assert len(await warnings(kubectl, namespace)) == 1, "warned again for the same wait"
     no_races_or_errors(scheduling)
 
 

@@ -87,3 +87,10 @@ def test_configure_logging_replaces_the_root_handler():
     finally:
         root.handlers[:] = saved[0]
         root.setLevel(saved[1])
+
+
+def test_error_text_names_an_exception_that_says_nothing():
+    from draplane.structured_logs import error_text
+
+    assert error_text(TimeoutError()) == "TimeoutError"  # logged "fetching snapshots failed ()" before
+    assert error_text(ConnectionRefusedError(111, "Connection refused")) == "[Errno 111] Connection refused"

@@ -65,7 +65,7 @@ from draplane.scheduling.placing import allocation_node
 from draplane.scheduling.reservation_store import ReservationStore
 from draplane.metrics import counter_value
 from draplane.scheduling.unschedulable import (
-    CLAIM_ERROR, CONDITION_REASON, ERROR_CONDITION_REASON, EVENT_REASON, claim_problem, failure_label,
+    CLAIM_ERROR, CONDITION_REASON, ERROR_CONDITION_REASON, EVENT_REASON, GANG_WAITING, claim_problem, failure_label,
 )
 from draplane.structured_logs import fields
 from draplane.tasks import cancel_all
@@ -193,6 +193,8 @@ class Binder:
         self.retry: dict[str, tuple[float, float]] = {}
         # pod uid -> first time seen pending, carried to the shards for latency figures
         self.first_seen: dict[str, float] = {}
+        # gang members told they wait (the condition) but not yet warned (the Event)
+        self.unwarned: set[str] = set()
         # pod uid -> the last unschedulable message written, to avoid rewriting the same one
         self.last_reason: dict[str, str] = {}
         # pod uid -> why its last attempt failed, as a metric label (failure_label, SchedulerError)
@@ -370,6 +372,7 @@ class Binder:
             uid = pod.metadata.uid or ""
             for table in (self.in_flight, self.retry, self.first_seen, self.last_reason, self.failure_reason):
                 table.pop(uid, None)
+            self.unwarned.discard(uid)
         if kind == "DELETED":
             self.pods.pop(key, None)
         else:
@@ -599,14 +602,25 @@ class Binder:
         _, backoff = self.retry.get(uid, (0.0, self.settings.retry_initial_seconds / 2))
         backoff = min(self.settings.retry_max_seconds, backoff * 2)
         self.retry[uid] = (time.monotonic() + backoff, backoff)
+        first_seen = self.first_seen.get(uid)
+        # waiting for the gang's other members is no failure yet: the condition says it, and a
+        # Warning follows only once the wait has lasted (gang_wait_warning_seconds)
+        quiet = reason == GANG_WAITING and first_seen is not None and \
+            time.time() - first_seen < self.settings.gang_wait_warning_seconds
         if self.last_reason.get(uid) == message:
+            if uid in self.unwarned and not quiet:
+                self.unwarned.discard(uid)
+                await self._event(pod, EVENT_REASON, message)
             return
         self.last_reason[uid] = message
         self.metrics.failures.labels(reason).inc()
         log.info("pod %s/%s: unschedulable, retry in %.1f s: %s", *_key(pod), backoff, message,
                  extra=fields(pod="/".join(_key(pod))))
-        await self._not_scheduled(pod, CONDITION_REASON, message)
-        first_seen = self.first_seen.get(uid)
+        await self._not_scheduled(pod, CONDITION_REASON, message, warn=not quiet)
+        if quiet:
+            self.unwarned.add(uid)
+        else:
+            self.unwarned.discard(uid)
         await self.audit.publish_and_wait(audit.AuditEvent(
             id=audit.rejected_id(uid, message, answer), kind="rejected", at=time.time(),
             by=[*([f"shard-{shard}"] if shard is not None else []), self.instance],
@@ -614,9 +628,9 @@ class Binder:
             reason=message, latency=time.time() - first_seen if first_seen else None,
         ))
 
-    async def _not_scheduled(self, pod: Pod, reason: str, message: str) -> None:
-        """PodScheduled=False with `reason`, and a FailedScheduling Event, as kube-scheduler writes
-        them. A pod deleted meanwhile gets neither."""
+    async def _not_scheduled(self, pod: Pod, reason: str, message: str, *, warn: bool = True) -> None:
+        """PodScheduled=False with `reason`, and (`warn`) a FailedScheduling Event, as kube-scheduler
+        writes them. A pod deleted meanwhile gets neither."""
         namespace, name = _key(pod)
         condition = {"type": "PodScheduled", "status": "False", "reason": reason, "message": message,
                      "lastTransitionTime": _now_rfc3339()}
@@ -627,7 +641,8 @@ class Binder:
             if not exc.is_not_found:
                 raise
             return
-        await self._event(pod, EVENT_REASON, message)
+        if warn:
+            await self._event(pod, EVENT_REASON, message)
 
     async def _event(self, pod: Pod, reason: str, message: str, type_: str = "Warning") -> None:
         now = _now_rfc3339()

@@ -31,6 +31,10 @@ class BinderSettings:
     retry_initial_seconds: float = 1.0
     retry_max_seconds: float = 20.0
     retry_flush_seconds: float = 0.2
+    # A gang member waiting for its gang's minCount gets the PodScheduled=False condition at once,
+    # but a Warning FailedScheduling Event only once it has waited this long: members are created
+    # one after the other, and a Warning on each of a gang that binds a moment later is noise.
+    gang_wait_warning_seconds: float = 30.0
     stream_replicas: int = 1  # 3 on a 3-server NATS cluster
     # Client-side limit of apiserver requests (--kube-api-qps/--kube-api-burst). Above the most the
     # binder wrote in bench/e2e.py (138 pods/s at 6 writes a pod, about 830 a second), so it caps a

@@ -47,7 +47,7 @@ from draplane.messages.inventory import (
 )
 from draplane.messages import audit
 from draplane_inventory.liveness import Liveness, NodeLivenessTable
-from draplane.structured_logs import fields
+from draplane.structured_logs import error_text, fields
 from draplane_inventory.metrics import InventoryMetrics
 from draplane_inventory.slicecache import SliceCache
 from draplane_inventory.slices import STALE_TAINT_KEY, NodeRef, PoolPlan, check_snapshot, is_managed, plan_node
@@ -303,13 +303,13 @@ class InventoryService:
                     continue
             except (nats.errors.Error, nats.js.errors.Error, OSError) as exc:
                 failures += 1
-                log.info("inventory: fetching snapshots failed (%s); retrying", exc)
+                log.info("inventory: fetching snapshots failed (%s); retrying", error_text(exc))
                 await asyncio.sleep(min(5.0, 0.1 * 2**failures))
                 try:
                     if await self._jetstream_lost():
                         sub = await self._subscribe_durable()
                 except (nats.errors.Error, nats.js.errors.Error, OSError) as again:
-                    log.info("inventory: recreating the stream failed (%s); retrying", again)
+                    log.info("inventory: recreating the stream failed (%s); retrying", error_text(again))
                 continue
             failures = 0
             now = time.monotonic()
@@ -437,7 +437,7 @@ class InventoryService:
                 await self._sync_node(node)
             except Exception as exc:  # one node's failure must not stop the others
                 self.metrics.sync_failures.inc()
-                log.warning("inventory: writing the slices of node %s failed: %s; retrying", node, exc,
+                log.warning("inventory: writing the slices of node %s failed: %s; retrying", node, error_text(exc),
                             extra=fields(node=node))
                 self._pending_acks[node][:0] = acks
                 acks = []
@@ -521,7 +521,8 @@ class InventoryService:
                 try:
                     await self._publish_feed(key)
                 except (nats.errors.Error, nats.js.errors.Error, asyncio.TimeoutError) as exc:
-                    log.info("inventory: feed update for %s failed (%s); %d key(s) left to retry", key, exc, len(keys) - i)
+                    log.info("inventory: feed update for %s failed (%s); %d key(s) left to retry", key, error_text(exc),
+                             len(keys) - i)
                     self._feed_dirty.update(keys[i:])
                     break
             if self._feed_dirty:

@@ -20,7 +20,7 @@ import nats.errors
 import nats.js.errors
 
 from draplane.messages.inventory import DriverDevices, InventoryNames, encode
-from draplane.structured_logs import fields
+from draplane.structured_logs import error_text, fields
 from draplane_node_agent.state import AgentState, backoff_delay
 
 log = logging.getLogger(__name__)
@@ -142,7 +142,7 @@ class AgentFleet:
             except (OSError, asyncio.TimeoutError, nats.errors.Error) as exc:
                 delay = backoff_delay(attempt)
                 attempt += 1
-                log.info("node agents: NATS connect failed (%s); retrying in %.2fs", exc, delay)
+                log.info("node agents: NATS connect failed (%s); retrying in %.2fs", error_text(exc), delay)
                 await asyncio.sleep(delay)
                 continue
             if self._ever_connected:

@@ -13,6 +13,7 @@ import aiohttp
 import msgspec
 
 from draplane.kube.client import KubeApiError, KubeClient, kind_of
+from draplane.structured_logs import error_text
 
 log = logging.getLogger(__name__)
 T = TypeVar("T", bound=msgspec.Struct)
@@ -64,7 +65,7 @@ async def watch_objects(
             )
         except KubeApiError as exc:
             failures += 1
-            log.warning("listing %s failed (%s); retrying", kind.plural, exc)
+            log.warning("listing %s failed (%s); retrying", kind.plural, error_text(exc))
             await asyncio.sleep(min(10.0, 0.2 * 2**failures) * (1 + random.random() * 0.2))
             continue
         listed = {_key(item): item for item in items}
@@ -107,7 +108,7 @@ async def watch_objects(
                     log.info("watch of %s expired (410); re-listing", kind.plural)
                     break
                 failures += 1
-                log.warning("watch of %s failed (%s); re-listing", kind.plural, exc)
+                log.warning("watch of %s failed (%s); re-listing", kind.plural, error_text(exc))
                 await asyncio.sleep(min(10.0, 0.2 * 2**failures))
                 break
             # aiohttp.ClientError too: an apiserver that stops mid-watch ends the chunked stream
