@@ -52,6 +52,9 @@ def build_parser() -> argparse.ArgumentParser:
                              "kube-controller-manager; default off)")
     parser.add_argument("--lease-seconds", type=float, default=DEFAULT_LEASE_SECONDS)
     parser.add_argument("--concurrency", type=int, default=32)
+    parser.add_argument("--gang-wait-warning-seconds", type=float, default=BinderSettings().gang_wait_warning_seconds,
+                        help="a gang member waiting for its gang's minCount gets a Warning Event only after this "
+                             "long (the PodScheduled condition says it at once; default %(default)s)")
     add_kube_rate_arguments(parser, qps=BinderSettings().kube_api_qps, burst=BinderSettings().kube_api_burst)
     add_http_arguments(parser, default_port=8082)
     parser.add_argument("-v", "--verbose", action="count", default=0)
@@ -101,6 +104,7 @@ def settings_from(args: argparse.Namespace) -> BinderSettings:
         shards=args.shards,
         concurrency=args.concurrency,
         lease_seconds=args.lease_seconds,
+        gang_wait_warning_seconds=args.gang_wait_warning_seconds,
         stream_replicas=args.stream_replicas,
         kube_api_qps=args.kube_api_qps,
         kube_api_burst=args.kube_api_burst,
