@@ -352,3 +352,45 @@ spec:
     assert {result["device"], other["device"]} == {"gpu-0", "gpu-1"}
     no_races_or_errors(scheduling)
 
+
+
+@pytest.mark.parametrize("shards", [1, 3])
+async def test_pods_that_ask_for_one_host_port_never_share_a_node(scheduling, kube, kubectl, namespace, shards):
+    """Three replicas with hostPort 8080 and a GPU each, applied at once, on two 8-GPU nodes: two
+    bind, on different nodes, whichever shards place them; the third waits with kube-scheduler's
+    NodePorts reason. It binds once one of the others is deleted."""
+    class_name, nodes = await gpu_cluster(scheduling, kube, nodes=2)
+    await scheduling.start(shards=shards)
+    template = f"""
+apiVersion: resource.k8s.io/v1
+kind: ResourceClaimTemplate
+metadata: {{name: one-gpu, namespace: {namespace}}}
+spec:
+  spec:
+    devices:
+      requests:
+        - name: gpus
+          exactly: {{deviceClassName: {class_name}}}
+"""
+    replicas = [pod_yaml(namespace, f"web-{i}", scheduling.scheduler_name, template="one-gpu").replace(
+        "        claims: [{name: devices}]",
+        "        claims: [{name: devices}]\n      ports: [{containerPort: 80, hostPort: 8080}]") for i in range(3)]
+    await kubectl.apply("---".join([template] + replicas))
+
+    async def two_bound_one_waiting():
+        pods = (await get_json(kubectl, "pods", "-n", namespace))["items"]
+        bound = {p["metadata"]["name"]: p["spec"]["nodeName"] for p in pods if p["spec"].get("nodeName")}
+        waiting = [c["message"] for p in pods if not p["spec"].get("nodeName")
+                   for c in p.get("status", {}).get("conditions", []) if c["type"] == "PodScheduled"
+                   and c["status"] == "False" and "free ports" in c["message"]]
+        return (bound, waiting) if len(bound) == 2 and waiting else None
+
+    bound, (message,) = await scheduling.wait_for(two_bound_one_waiting, 45, "two replicas bound, one waiting")
+    assert sorted(bound.values()) == sorted(nodes), bound
+    assert "2 node(s) didn't have free ports for the requested pod ports" in message, message
+    (waiting,) = {"web-0", "web-1", "web-2"} - set(bound)
+    # no kubelet here to finish a graceful delete: gone at once, as a kubelet would make it
+    await kubectl("delete", "pod", sorted(bound)[0], "-n", namespace, "--grace-period=0", "--force")
+    pod = await wait_bound(scheduling, kubectl, namespace, waiting)
+    assert pod["spec"]["nodeName"] == bound[sorted(bound)[0]]
+    no_races_or_errors(scheduling)

@@ -37,7 +37,7 @@ from nats.aio.client import Client as NatsClient
 from draplane.allocation.errors import AllocationError
 from draplane.allocation.gang import GangError, GangUnplaceable
 from draplane.allocation.taintrules import rule_selects
-from draplane.allocation.nodefit import pod_requests
+from draplane.allocation.nodefit import pod_host_ports, pod_requests
 from draplane.api.core import Node, Pod
 from draplane.api.meta import ObjectMeta
 from draplane.api.policy import PodDisruptionBudget
@@ -651,13 +651,14 @@ class Shard:
             pod_reservation = rv.PodReservation(
                 pod_uid=pending.pod.uid, pod_namespace=pending.pod.namespace, pod_name=pending.pod.name,
                 requests=outcome.requests, reserved_at=now, expires_at=expires_at, shard=self.index,
+                host_ports=list(pod_host_ports(pod.spec)),
             )
             reservations = self._reservations(pending, outcome, now, expires_at)
             try:
                 if node not in commits:
                     revision, entry = self.store.entry(node)
                     step = protocol.commit(entry, reservations, pod_reservation, self._lapse_clock(),
-                                           self.state.claim_is_allocated)
+                                           self.state.claim_is_allocated, self.state.pod_is_gone)
                     commits[node] = step
                     # what this node's write will hold before this pod: its entry, pruned
                     views[node] = (revision, step.lapsed.entry or entry)
@@ -871,13 +872,15 @@ class Shard:
             pod_reservation = rv.PodReservation(
                 pod_uid=pending.pod.uid, pod_namespace=pending.pod.namespace, pod_name=pending.pod.name,
                 requests=placed.requests, reserved_at=now, expires_at=expires_at, shard=self.index,
+                host_ports=list(pod_host_ports(pending.spec)) if pending.spec is not None else [],
             )
             per_node.setdefault(placed.node, []).append(
                 (self._reservations(pending, placed, now, expires_at), pod_reservation))
         revisions = {node: self.store.entry(node) for node in per_node}
         try:
             step = protocol.commit_gang({node: entry for node, (_, entry) in revisions.items()}, per_node,
-                                        self._lapse_clock(), self.state.claim_is_allocated)
+                                        self._lapse_clock(), self.state.claim_is_allocated,
+                                        self.state.pod_is_gone)
         except rv.ReservationConflict as exc:
             self.m.conflicts_in_view.inc()
             self.log.debug("shard %d: gang %s: %s", self.index, outcome.gang, exc, extra=fields(gang=outcome.gang))
@@ -1031,11 +1034,13 @@ class Shard:
         pod_reservation = rv.PodReservation(
             pod_uid=pending.pod.uid, pod_namespace=pending.pod.namespace, pod_name=pending.pod.name,
             requests=placed.requests, reserved_at=now, expires_at=expires_at, shard=self.index,
+            host_ports=list(pod_host_ports(pod.spec)),
         )
         revision, entry = self.store.entry(node)
         try:
             step = protocol.nominate(entry, self._reservations(pending, placed, now, expires_at), pod_reservation,
-                                     victim_claims, self._lapse_clock(), self.state.claim_is_allocated)
+                                     victim_claims, self._lapse_clock(), self.state.claim_is_allocated,
+                                     self.state.pod_is_gone)
         except rv.ReservationConflict as exc:
             self.log.info("shard %d: pod %s: no hold on node %s for its preemption: %s", self.index,
                           pending.pod.key(), node, exc, extra=fields(pod=pending.pod.key(), node=node))

@@ -4,8 +4,9 @@ The checks kube-scheduler's filter plugins make, in the same order and with the 
 strings, so that a user reading "why is my pod pending" sees what they would see with kube-scheduler:
 
 - NodeUnschedulable: `spec.unschedulable` unless the pod tolerates `node.kubernetes.io/unschedulable`;
-- NodeAffinity: `spec.nodeSelector` and required node affinity (terms ORed, requirements ANDed);
 - TaintToleration: every NoSchedule/NoExecute taint must be tolerated;
+- NodeAffinity: `spec.nodeSelector` and required node affinity (terms ORed, requirements ANDed);
+- NodePorts: no host port the pod asks for is held on the node already;
 - NodeResourcesFit: pod slots, CPU, memory, ephemeral storage and every other scalar resource the
   pod requests, against allocatable minus what the pods already bound to the node request.
 
@@ -20,7 +21,9 @@ import functools
 from dataclasses import dataclass
 from typing import Iterable, Mapping, Sequence
 
-from draplane.api.core import Container, Node, Pod, Taint, Toleration
+import msgspec
+
+from draplane.api.core import Container, Node, Pod, PodSpec, Taint, Toleration
 from draplane.api.meta import NodeSelectorRequirement, NodeSelectorTerm
 from draplane.api.quantity import QuantityError, parse_quantity
 
@@ -35,6 +38,40 @@ REASON_UNSCHEDULABLE = "node(s) were unschedulable"
 REASON_AFFINITY = "node(s) didn't match Pod's node affinity/selector"
 REASON_TOO_MANY_PODS = "Too many pods"
 REASON_TAINT_PREFIX = "node(s) had untolerated taint "
+# What kube-scheduler 1.37 counts for a node with an untolerated taint: it no longer names the
+# taint (our own detail still does).
+REASON_TAINTS = "node(s) had untolerated taint(s)"
+REASON_NODE_PORTS = "node(s) didn't have free ports for the requested pod ports"
+
+ALL_HOST_IPS = "0.0.0.0"
+
+
+class HostPort(msgspec.Struct, frozen=True, array_like=True):
+    """A host port a pod holds on its node, with kube-scheduler's defaults filled in."""
+
+    protocol: str
+    ip: str
+    port: int
+
+
+def pod_host_ports(spec: PodSpec) -> tuple[HostPort, ...]:
+    """The host ports the pod holds, as kube-scheduler's GetHostPorts reads them: every container's,
+    and those of init containers that run as long as the pod (restartPolicy Always)."""
+    containers = [c for c in spec.init_containers or () if c.restart_policy == "Always"] + list(spec.containers)
+    return tuple(HostPort(p.protocol or "TCP", p.host_ip or ALL_HOST_IPS, p.host_port)
+                 for c in containers for p in c.ports or () if (p.host_port or 0) > 0)
+
+
+def ports_conflict(wanted: Iterable[HostPort], in_use: Iterable[HostPort]) -> bool:
+    """kube-scheduler's HostPortInfo.CheckConflict for each wanted port: the same protocol and
+    port, held on the same IP, or on 0.0.0.0 by either side."""
+    in_use = list(in_use)
+    for w in wanted:
+        for u in in_use:
+            if u.port == w.port and u.protocol == w.protocol and (
+                    w.ip == ALL_HOST_IPS or u.ip == ALL_HOST_IPS or u.ip == w.ip):
+                return True
+    return False
 
 
 class NodeFitError(ValueError):
@@ -55,13 +92,15 @@ class NodeFit:
     @property
     def scheduler_reasons(self) -> tuple[str, ...]:
         """The reasons kube-scheduler would report for this node: its filters run in the order
-        NodeUnschedulable, TaintToleration, NodeAffinity, NodeResourcesFit, and it stops at the
-        first that rejects the node, so only that one's reasons are counted."""
-        for belongs in (lambda r: r == REASON_UNSCHEDULABLE, lambda r: r.startswith(REASON_TAINT_PREFIX),
-                        lambda r: r == REASON_AFFINITY):
-            first = tuple(r for r in self.reasons if belongs(r))
-            if first:
-                return first
+        NodeUnschedulable, TaintToleration, NodeAffinity, NodePorts, NodeResourcesFit, and it
+        stops at the first that rejects the node, so only that one's reasons are counted."""
+        if REASON_UNSCHEDULABLE in self.reasons:
+            return (REASON_UNSCHEDULABLE,)
+        if any(r.startswith(REASON_TAINT_PREFIX) for r in self.reasons):
+            return (REASON_TAINTS,)
+        for reason in (REASON_AFFINITY, REASON_NODE_PORTS):
+            if reason in self.reasons:
+                return (reason,)
         return self.reasons
 
     def __str__(self) -> str:
@@ -285,13 +324,16 @@ def node_fit(
     *,
     requests: Mapping[str, int] | None = None,
     in_use: tuple[Mapping[str, int], int] | None = None,
+    ports_in_use: Iterable[HostPort] | None = None,
 ) -> NodeFit:
     """Every reason the pod cannot go to the node (none: it fits, devices aside).
 
     `requests` (from pod_requests) and `in_use` (from sum_requests over the bound pods) may be
-    passed in by callers that keep them per node, to avoid recomputing them for every pod.
+    passed in by callers that keep them per node, to avoid recomputing them for every pod; so may
+    `ports_in_use`, the host ports the pods there hold (from the bound pods without it).
     """
     node_name = node.metadata.name or "<unnamed>"
+    bound_pods = tuple(bound_pods)  # read twice: for their ports and their requests
     tolerations = pod.spec.tolerations or []
     reasons: list[str] = []
     spec = node.spec
@@ -304,6 +346,12 @@ def node_fit(
     taint = untolerated_taint(tolerations, (spec.taints or []) if spec else [])
     if taint is not None:
         reasons.append(_taint_reason(taint))
+    wanted_ports = pod_host_ports(pod.spec)
+    if wanted_ports:
+        held = ports_in_use if ports_in_use is not None else (
+            port for other in bound_pods for port in pod_host_ports(other.spec))
+        if ports_conflict(wanted_ports, held):
+            reasons.append(REASON_NODE_PORTS)
     if requests is None:
         requests = pod_requests(pod)
     used, count = in_use if in_use is not None else sum_requests(bound_pods)

@@ -56,10 +56,23 @@ class ResourceRequirements(Base, kw_only=True):
     claims: list[ResourceClaimRef] | None = None
 
 
+class ContainerPort(Base, kw_only=True):
+    container_port: int
+    name: str | None = None
+    # A host port is taken on the node: no two pods there may hold the same (protocol, IP, port),
+    # 0.0.0.0 (or no IP) holding it on every IP.
+    host_port: int | None = None
+    protocol: str | None = None  # TCP (the default), UDP or SCTP
+    host_ip: str | None = msgspec.field(default=None, name="hostIP")  # not "hostIp"
+
+
 class Container(Base, kw_only=True):
     name: str
     image: str | None = None
     resources: ResourceRequirements | None = None
+    ports: list[ContainerPort] | None = None
+    # Always on an init container: a sidecar, running (and holding its ports) as long as the pod
+    restart_policy: str | None = None
 
 
 class PreferredSchedulingTerm(Base, kw_only=True):

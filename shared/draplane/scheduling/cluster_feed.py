@@ -106,7 +106,10 @@ def _meta(meta: ObjectMeta, *, annotations: bool = False) -> ObjectMeta:
 
 
 def _container(container: Container) -> Container:
-    return Container(name=container.name, resources=container.resources)
+    # of its ports, only those that hold a host port (NodePorts); restartPolicy tells a sidecar
+    host_ports = [p for p in container.ports or () if (p.host_port or 0) > 0]
+    return Container(name=container.name, resources=container.resources, ports=host_ports or None,
+                     restart_policy=container.restart_policy)
 
 
 def trimmed(obj):

@@ -25,7 +25,9 @@ from draplane.allocation.errors import AllocationError, Reason
 from draplane.allocation.fragmented_devices import (
     claim_demands, device_capacity, fragmented_devices, has_partly_used_devices,
 )
-from draplane.allocation.nodefit import CPU, MEMORY, NodeFitError, node_allocatable, node_fit, pod_requests
+from draplane.allocation.nodefit import (
+    CPU, MEMORY, HostPort, NodeFitError, node_allocatable, node_fit, pod_host_ports, pod_requests,
+)
 from draplane.allocation.state import claim_key
 from draplane.api.core import Node, Pod
 from draplane.api.meta import ObjectMeta
@@ -160,6 +162,16 @@ class ClusterState:
         # by any shard, maybe not bound yet); node fit counts the live ones with the bound pods,
         # each pod once
         self.reserved_pods: dict[str, dict[str, tuple[dict[str, int], float]]] = {}
+        # node -> pod uid -> host ports, of the pods holding any: bound ones (the pod watch), and
+        # (uid -> (ports, lease end)) reserved ones, from the same entries as reserved_pods
+        self.ports_on_node: dict[str, dict[str, tuple[HostPort, ...]]] = {}
+        self._ports_node: dict[str, str] = {}
+        self.reserved_ports: dict[str, dict[str, tuple[tuple[HostPort, ...], float]]] = {}
+        # pods seen deleted or finished (uid -> None, oldest first, bounded): a reservation of
+        # theirs still in a node's entry holds nothing, though its lease runs on (a replica
+        # deleted right after its bind held its host port, CPU and memory for the rest of it)
+        self._gone_pods: dict[str, None] = {}
+        self._reserved_pod_node: dict[str, str] = {}  # pod uid -> the node whose entry reserves it
         self._reserved_by_node: dict[str, set[str]] = {}
         # claim uid -> (state key it is recorded under, the allocation recorded)
         self._held: dict[str, tuple[str, AllocationResult]] = {}
@@ -217,6 +229,7 @@ class ClusterState:
         uid = pod.metadata.uid or ""
         phase = pod.status.phase if pod.status else None
         if deleted or phase in ("Succeeded", "Failed"):
+            self._pod_gone(uid)
             self.forget_pod(uid)
             self._forget_running(uid)
             return
@@ -226,11 +239,27 @@ class ClusterState:
                 running = preemption.RunningPod.from_pod(pod)
             except NodeFitError:
                 requests, running = {}, None
-            self.assume_pod(uid, pod.spec.node_name, requests)
+            self.assume_pod(uid, pod.spec.node_name, requests, pod_host_ports(pod.spec))
             self._forget_running(uid)
             if running is not None:
                 self.running.setdefault(pod.spec.node_name, {})[uid] = running
                 self._running_node[uid] = pod.spec.node_name
+
+    GONE_PODS_REMEMBERED = 65_536
+
+    def pod_is_gone(self, uid: str) -> bool:
+        """Seen deleted or finished: a reservation of the pod may be dropped from its node's entry."""
+        return uid in self._gone_pods
+
+    def _pod_gone(self, uid: str) -> None:
+        if uid in self._gone_pods:
+            return
+        if len(self._gone_pods) >= self.GONE_PODS_REMEMBERED:
+            del self._gone_pods[next(iter(self._gone_pods))]  # forgotten: its lease alone ends it
+        self._gone_pods[uid] = None
+        node = self._reserved_pod_node.get(uid)
+        if node is not None:
+            self._resources_changed(node)
 
     def _forget_running(self, uid: str) -> None:
         # By the pod's node, not a walk over every node: this runs for each pod event a shard sees
@@ -247,10 +276,13 @@ class ClusterState:
         else:
             self.budgets[key] = budget
 
-    def assume_pod(self, uid: str, node: str, requests: dict[str, int]) -> None:
+    def assume_pod(self, uid: str, node: str, requests: dict[str, int], ports: tuple[HostPort, ...] = ()) -> None:
         self.forget_pod(uid)
         self.pods_on_node.setdefault(node, {})[uid] = requests
         self._pod_node[uid] = node
+        if ports:
+            self.ports_on_node.setdefault(node, {})[uid] = ports
+            self._ports_node[uid] = node
         self._resources_changed(node)
 
     def _resources_changed(self, node: str) -> None:
@@ -263,6 +295,12 @@ class ClusterState:
         if node is not None:
             self.pods_on_node.get(node, {}).pop(uid, None)
             self._resources_changed(node)
+        port_node = self._ports_node.pop(uid, None)
+        if port_node is not None:
+            held = self.ports_on_node.get(port_node, {})
+            held.pop(uid, None)
+            if not held:
+                self.ports_on_node.pop(port_node, None)
 
     def set_claim(self, claim: ResourceClaim, deleted: bool = False) -> None:
         uid = claim.metadata.uid or ""
@@ -286,11 +324,21 @@ class ClusterState:
                 self._refresh_claim(uid)
         self._reserved_by_node[node] = set(entry.claims)
         pods = {uid: (p.requests, p.expires_at) for uid, p in entry.pods.items()}
-        if pods != self.reserved_pods.get(node, {}):
+        ports = {uid: (tuple(p.host_ports), p.expires_at) for uid, p in entry.pods.items() if p.host_ports}
+        if pods != self.reserved_pods.get(node, {}) or ports != self.reserved_ports.get(node, {}):
+            for uid in self.reserved_pods.get(node, {}).keys() - pods.keys():
+                if self._reserved_pod_node.get(uid) == node:
+                    del self._reserved_pod_node[uid]
+            for uid in pods:
+                self._reserved_pod_node[uid] = node
             if pods:
                 self.reserved_pods[node] = pods
             else:
                 self.reserved_pods.pop(node, None)
+            if ports:
+                self.reserved_ports[node] = ports
+            else:
+                self.reserved_ports.pop(node, None)
             self._resources_changed(node)
 
     def pods_here(self, node: str, now: float | None = None) -> dict[str, dict[str, int]]:
@@ -301,9 +349,24 @@ class ClusterState:
         if not reserved:
             return bound
         now = time.time() if now is None else now
-        merged = {uid: requests for uid, (requests, expires_at) in reserved.items() if expires_at > now}
+        gone = self._gone_pods
+        merged = {uid: requests for uid, (requests, expires_at) in reserved.items()
+                  if expires_at > now and uid not in gone}
         merged.update(bound)
         return merged
+
+    def ports_here(self, node: str, now: float | None = None, *, without: str | None = None) -> list[HostPort]:
+        """The host ports held on a node: by the pods bound there, and by those reserved there under
+        a lease that has not run out (each pod once); `without` the pod of that uid."""
+        held = dict(self.ports_on_node.get(node, {}))
+        reserved = self.reserved_ports.get(node)
+        if reserved:
+            now = time.time() if now is None else now
+            for uid, (ports, expires_at) in reserved.items():
+                if expires_at > now and uid not in self._gone_pods:
+                    held.setdefault(uid, ports)
+        held.pop(without, None)
+        return [port for ports in held.values() for port in ports]
 
     def _refresh_claim(self, uid: str) -> None:
         """The devices a claim holds: its status' allocation, else its reservation."""
@@ -389,7 +452,8 @@ class ClusterState:
         for other in pods_here.values():
             for resource, amount in other.items():
                 used[resource] = used.get(resource, 0) + amount
-        return node_fit(pod, node, requests=requests, in_use=(used, len(pods_here)))
+        ports = self.ports_here(name, without=pod.metadata.uid) if pod_host_ports(pod.spec) else ()
+        return node_fit(pod, node, requests=requests, in_use=(used, len(pods_here)), ports_in_use=ports)
 
     def _free_cpu_memory(self, name: str) -> tuple[int, int]:
         """The node's allocatable CPU and memory minus the requests of the pods on it (0 when the
@@ -465,7 +529,8 @@ class ClusterState:
             return total, len(pods)
 
         return preemption.plan_preemption(self.cluster, pod, claims, running=running, claims_in_use=in_use,
-                                          budgets=list(self.budgets.values()), in_use=used, now=now)
+                                          budgets=list(self.budgets.values()), in_use=used,
+                                          ports_in_use=lambda node: self.ports_here(node, now), now=now)
 
     def held_elsewhere(self, claims: Sequence[ResourceClaim]) -> NotPlaced | None:
         """A claim reserved (not yet written) on devices another claim still holds: a preemption
@@ -575,4 +640,5 @@ _FIT_KEY_ENCODER = msgspec.msgpack.Encoder()
 def _fit_key(pod: Pod, requests: dict[str, int]) -> bytes:
     """All node fit reads of a pod, besides its name in error messages (errors are not kept)."""
     spec = pod.spec
-    return _FIT_KEY_ENCODER.encode((sorted(requests.items()), spec.node_selector, spec.affinity, spec.tolerations))
+    return _FIT_KEY_ENCODER.encode((sorted(requests.items()), spec.node_selector, spec.affinity, spec.tolerations,
+                                    pod_host_ports(spec)))

@@ -52,8 +52,10 @@ from draplane.allocation.cluster import Cluster
 from draplane.allocation.errors import AllocationError, NodeFailure
 from draplane.allocation.nodefit import (
     REASON_AFFINITY,
+    REASON_NODE_PORTS,
     REASON_TAINT_PREFIX,
     REASON_UNSCHEDULABLE,
+    HostPort,
     node_fit,
     pod_requests,
 )
@@ -264,6 +266,7 @@ def plan_preemption(
     claims_in_use: Mapping[str, ResourceClaim],
     budgets: Sequence[PodDisruptionBudget] = (),
     in_use: Callable[[str], tuple[Mapping[str, int], int]] | None = None,
+    ports_in_use: Callable[[str], Sequence[HostPort]] | None = None,
     now: float | None = None,
 ) -> PreemptionPlan | AwaitingVictims | NoPreemption:
     """The cheapest set of lower-priority victims on one node whose eviction lets `pod` and its
@@ -271,7 +274,8 @@ def plan_preemption(
 
     `running`: node -> the pods bound there. `claims_in_use`: "namespace/name" -> allocated claim,
     for the claims those pods use. `in_use(node)`: the summed requests and count of every pod bound
-    to the node (defaults to summing `running`). The cluster's state is the same afterwards."""
+    to the node (defaults to summing `running`); `ports_in_use(node)`: the host ports held there. The
+    cluster's state is the same afterwards."""
     key = f"{pod.metadata.namespace or 'default'}/{pod.metadata.name}"
     refusal = preemption_refusal(pod)
     if refusal:
@@ -291,8 +295,12 @@ def plan_preemption(
         bound = list(running.get(name, ()))
         used, count = in_use(name) if in_use else _summed(bound)
         # Reasons no eviction cures end the node's chances at once.
-        blocking = [r for r in node_fit(pod, node, requests=requests, in_use=({}, 0)).reasons
-                    if r in (REASON_UNSCHEDULABLE, REASON_AFFINITY) or r.startswith(REASON_TAINT_PREFIX)]
+        # A host port held there counts as such: evicting its holder is left undone (a victim is
+        # chosen for the devices, CPU and memory it frees, never for a port).
+        blocking = [r for r in node_fit(pod, node, requests=requests, in_use=({}, 0),
+                                        ports_in_use=ports_in_use(name) if ports_in_use else None).reasons
+                    if r in (REASON_UNSCHEDULABLE, REASON_AFFINITY, REASON_NODE_PORTS)
+                    or r.startswith(REASON_TAINT_PREFIX)]
         if blocking:
             per_node[name] = NOT_HELPFUL
             continue

@@ -72,11 +72,12 @@ def has_lapsed(entry: NodeReservations, now: float) -> bool:
     return rv.has_lapsed_claims(entry, now)
 
 
-def lapse(entry: NodeReservations, now: float, claim_is_allocated: Callable[[str], bool]) -> Lapse:
+def lapse(entry: NodeReservations, now: float, claim_is_allocated: Callable[[str], bool],
+          pod_is_gone: Callable[[str], bool] | None = None) -> Lapse:
     """Drop the reservations whose lease ran out before their placement reached Kubernetes, and
     confirm those whose claim is allocated after all. Any writer may take this step; it has no undo
     (a freed claim is simply placed again)."""
-    pruned, dropped = rv.prune(entry, now, claim_is_allocated)
+    pruned, dropped = rv.prune(entry, now, claim_is_allocated, pod_is_gone)
     confirmed = [uid for uid, r in entry.claims.items()
                  if not r.confirmed and uid in pruned.claims and pruned.claims[uid].confirmed]
     pods_dropped = len(entry.pods) - len(pruned.pods)
@@ -105,13 +106,14 @@ def commit(
     pod: PodReservation | None,
     now: float,
     claim_is_allocated: Callable[[str], bool],
+    pod_is_gone: Callable[[str], bool] | None = None,
 ) -> Commit:
     """Reserve a placement's devices and its pod's CPU and memory. Raises ReservationConflict when
     a device is taken in `entry` (the shard's view missed a reservation: refresh, place again).
 
     Lapsed leases are pruned first, so a device whose lease ran out can be given in this very
     write, and never while its old reservation is still in the entry."""
-    lapsed = lapse(entry, now, claim_is_allocated)
+    lapsed = lapse(entry, now, claim_is_allocated, pod_is_gone)
     base = lapsed.entry if lapsed.entry is not None else entry
     added = rv.add(base, reservations, pod)
     return Commit(entry=None if added is base else added, lapsed=lapsed)
@@ -133,6 +135,7 @@ def commit_gang(
     members: Mapping[str, Iterable[tuple[Iterable[Reservation], PodReservation | None]]],
     now: float,
     claim_is_allocated: Callable[[str], bool],
+    pod_is_gone: Callable[[str], bool] | None = None,
 ) -> GangCommit:
     """`commit` for all of a gang's members: `members` gives, per node, each member's reservations
     and pod there; `entries` each node's entry as the gang was placed on it. Raises
@@ -148,7 +151,7 @@ def commit_gang(
     lapsed: dict[str, Lapse] = {}
     seen_claims: set[str] = set()
     for node, items in members.items():
-        step = lapse(entries[node], now, claim_is_allocated)
+        step = lapse(entries[node], now, claim_is_allocated, pod_is_gone)
         base = step.entry if step.entry is not None else entries[node]
         current = base
         claims: dict[str, list[ReservedDevice]] = {}
@@ -183,6 +186,7 @@ def nominate(
     victims: Iterable[str],
     now: float,
     claim_is_allocated: Callable[[str], bool],
+    pod_is_gone: Callable[[str], bool] | None = None,
 ) -> Commit:
     """Hold what a preemption frees for its preemptor: its claims reserved on the devices the
     victims' claims (`victims`, claim uids) still hold, and its CPU and memory, under a lease long
@@ -191,7 +195,7 @@ def nominate(
     devices taken, so none gives them away when the victims go; the preemptor's own placement,
     later, finds its claims reserved and waits until no other claim holds their devices
     (`ClusterState.place_pod`). Undo: `abandon` (or the lease lapses)."""
-    lapsed = lapse(entry, now, claim_is_allocated)
+    lapsed = lapse(entry, now, claim_is_allocated, pod_is_gone)
     base = lapsed.entry if lapsed.entry is not None else entry
     added = rv.add(base, reservations, pod, displacing=set(victims))
     return Commit(entry=None if added is base else added, lapsed=lapsed)

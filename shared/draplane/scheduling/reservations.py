@@ -29,6 +29,7 @@ from collections.abc import Callable, Collection, Iterable
 
 import msgspec
 
+from draplane.allocation.nodefit import HostPort, ports_conflict
 from draplane.api.resource import AllocationResult
 from draplane.shared_instances import SharedInstances
 
@@ -90,6 +91,10 @@ class PodReservation(msgspec.Struct, kw_only=True):
     reserved_at: float
     expires_at: float
     shard: int = 0
+    # The host ports the pod holds (draplane.allocation.nodefit.pod_host_ports): in the node's
+    # entry, a compare-and-set keeps two shards from giving one port twice. Last, with a default,
+    # so entries written before it decode.
+    host_ports: list[HostPort] = msgspec.field(default_factory=list)
 
 
 class NodeReservations(msgspec.Struct, kw_only=True):
@@ -191,11 +196,14 @@ def prune(
     entry: NodeReservations,
     now: float,
     claim_is_allocated: Callable[[str], bool],
+    pod_is_gone: Callable[[str], bool] | None = None,
 ) -> tuple[NodeReservations, list[Reservation]]:
     """Drop reservations whose lease ran out before their placement reached Kubernetes.
 
     A lapsed lease whose claim *is* allocated (the binder wrote the status but died before
-    confirming) is confirmed instead: Kubernetes is the source of truth.
+    confirming) is confirmed instead: Kubernetes is the source of truth. A pod's reservation (its
+    CPU, memory and host ports) is dropped too once `pod_is_gone` says the pod was deleted or
+    finished: it holds nothing any more, though its lease runs on.
     """
     kept: dict[str, Reservation] = {}
     dropped: list[Reservation] = []
@@ -207,7 +215,8 @@ def prune(
                 dropped.append(reservation)
             continue
         kept[claim_uid] = reservation
-    pods = {uid: p for uid, p in entry.pods.items() if p.expires_at > now}
+    pods = {uid: p for uid, p in entry.pods.items()
+            if p.expires_at > now and not (pod_is_gone is not None and pod_is_gone(uid))}
     return NodeReservations(node=entry.node, claims=kept, pods=pods), dropped
 
 
@@ -229,8 +238,8 @@ def add(
 
     Re-adding a claim's identical reservation, or a pod already reserved here, is a no-op so a
     redelivered commit stays idempotent; a *different* reservation for a claim already reserved
-    here is a conflict. Whether the pod's CPU and memory fit is the caller's node fit, computed
-    with the pods of this entry.
+    here is a conflict, and so is a host port of the pod that a pod of this entry holds. Whether the
+    pod's CPU and memory fit is the caller's node fit, computed with the pods of this entry.
     """
     claims = dict(entry.claims)
     held = exclusive_devices(entry, except_claims=displacing)
@@ -256,6 +265,12 @@ def add(
         added = True
     pods = entry.pods
     if pod is not None and pod.pod_uid not in pods:
+        if pod.host_ports:
+            held = [port for other in pods.values() for port in other.host_ports]
+            if ports_conflict(pod.host_ports, held):
+                raise ReservationConflict(
+                    f"pod {pod.pod_namespace}/{pod.pod_name}: a host port it asks for is already reserved on node "
+                    f"{entry.node}")
         pods = {**pods, pod.pod_uid: pod}
         added = True
     if not added:

@@ -206,3 +206,63 @@ def test_all_reasons_are_reported_together():
         "node(s) had untolerated taint {k}",
         "Insufficient cpu",
     )
+
+
+def ported_pod(name: str, *ports: dict, sidecar_ports: tuple = (), init_ports: tuple = ()) -> Pod:
+    spec = {"containers": [{"name": "main", "ports": list(ports)}]}
+    init = []
+    if sidecar_ports:
+        init.append({"name": "sidecar", "restartPolicy": "Always", "ports": list(sidecar_ports)})
+    if init_ports:
+        init.append({"name": "setup", "ports": list(init_ports)})
+    if init:
+        spec["initContainers"] = init
+    return msgspec.convert({"metadata": {"name": name}, "spec": spec}, Pod)
+
+
+def test_host_ports_are_read_as_kube_scheduler_reads_them():
+    from draplane.allocation.nodefit import HostPort, pod_host_ports
+
+    pod = ported_pod("p", {"containerPort": 80, "hostPort": 8080}, {"containerPort": 9090},
+                     {"containerPort": 53, "hostPort": 53, "protocol": "UDP", "hostIP": "10.0.0.1"},
+                     sidecar_ports=({"containerPort": 15001, "hostPort": 15001},),
+                     init_ports=({"containerPort": 1, "hostPort": 1},))
+    # a container port with no host port holds nothing; an init container that ends holds nothing
+    assert pod_host_ports(pod.spec) == (HostPort("TCP", "0.0.0.0", 15001), HostPort("TCP", "0.0.0.0", 8080),
+                                        HostPort("UDP", "10.0.0.1", 53))
+
+
+@pytest.mark.parametrize("held, wanted, conflict", [
+    (("TCP", "0.0.0.0", 8080), ("TCP", "0.0.0.0", 8080), True),
+    (("TCP", "0.0.0.0", 8080), ("UDP", "0.0.0.0", 8080), False),  # another protocol
+    (("TCP", "0.0.0.0", 8080), ("TCP", "0.0.0.0", 8081), False),
+    (("TCP", "10.0.0.1", 8080), ("TCP", "10.0.0.2", 8080), False),  # two IPs of the node
+    (("TCP", "10.0.0.1", 8080), ("TCP", "10.0.0.1", 8080), True),
+    (("TCP", "10.0.0.1", 8080), ("TCP", "0.0.0.0", 8080), True),  # every IP takes the one held
+    (("TCP", "0.0.0.0", 8080), ("TCP", "10.0.0.1", 8080), True),  # held on every IP
+])
+def test_host_port_conflicts_as_check_conflict_decides(held, wanted, conflict):
+    from draplane.allocation.nodefit import HostPort, ports_conflict
+
+    assert ports_conflict([HostPort(*wanted)], [HostPort(*held)]) is conflict
+
+
+def test_a_host_port_taken_on_the_node_is_kube_schedulers_node_ports_reason():
+    from draplane.allocation.nodefit import REASON_NODE_PORTS, REASON_TAINTS
+
+    first = ported_pod("first", {"containerPort": 80, "hostPort": 8080})
+    second = ported_pod("second", {"containerPort": 8080, "hostPort": 8080})
+    node = make_node()
+    assert node_fit(second, node, [first]).reasons == (REASON_NODE_PORTS,)
+    assert node_fit(second, node, [ported_pod("other", {"containerPort": 80, "hostPort": 8081})]).fits
+    # NodePorts runs after TaintToleration and NodeAffinity, before NodeResourcesFit: the first to
+    # reject the node is the one counted; 1.37 no longer names the taint
+    tainted = make_node(taints=[{"key": "k", "effect": "NoSchedule"}])
+    fit = node_fit(second, tainted, [first])
+    assert fit.reasons == ("node(s) had untolerated taint {k}", REASON_NODE_PORTS)
+    assert fit.scheduler_reasons == (REASON_TAINTS,) == ("node(s) had untolerated taint(s)",)
+    busy = make_node(allocatable={"cpu": "1", "memory": "1Gi", "pods": "110"})
+    hungry = msgspec.convert({"metadata": {"name": "h"}, "spec": {"containers": [
+        {"name": "c", "ports": [{"containerPort": 1, "hostPort": 8080}], "resources": {"requests": {"cpu": "2"}}}]}}, Pod)
+    fit = node_fit(hungry, busy, [first])
+    assert fit.reasons == (REASON_NODE_PORTS, "Insufficient cpu") and fit.scheduler_reasons == (REASON_NODE_PORTS,)

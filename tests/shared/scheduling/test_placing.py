@@ -332,3 +332,66 @@ def test_devices_tainted_by_a_rule_are_their_own_class_of_failure():
     assert outcome.failures[0].reason == FailureReason.DEVICES_TAINTED.value
     assert FailureReason.DEVICES_TAINTED.words == "matching devices are tainted (and the request does not tolerate it)"
     assert "matching devices have taints the request does not tolerate" in outcome.message
+
+
+def test_a_host_port_held_on_a_node_bound_or_reserved_keeps_the_next_pod_off_it():
+    import msgspec
+
+    from draplane.api.core import Pod
+
+    def web(name: str, node: str | None = None) -> Pod:
+        pod = msgspec.convert({"metadata": {"name": name, "namespace": "ns", "uid": f"u-{name}"}, "spec": {
+            "schedulerName": "draplane", "nodeName": node,
+            "containers": [{"name": "web", "ports": [{"containerPort": 80, "hostPort": 8080}]}]}}, Pod)
+        return pod
+
+    state = eight_gpu_nodes(2)
+    state.set_pod(web("bound", "node-0"))  # bound there, from the cluster feed
+    placed = state.place_pod(web("second"), [])
+    assert isinstance(placed, Placed) and placed.node == "node-1"
+    # reserved on node-1 by some shard, not bound yet: its port is held all the same
+    entry = rv.add(rv.NodeReservations(node="node-1"), [], rv.PodReservation(
+        pod_uid="u-second", pod_namespace="ns", pod_name="second", requests=placed.requests,
+        reserved_at=time.time(), expires_at=time.time() + 30, host_ports=[rv.HostPort("TCP", "0.0.0.0", 8080)]))
+    state.set_reservations("node-1", entry)
+    outcome = state.place_pod(web("third"), [])
+    assert isinstance(outcome, NotPlaced)
+    assert outcome.message == "0/2 nodes are available: 2 node(s) didn't have free ports for the requested pod ports."
+    # the pod's own reservation does not count against it (a redelivered placement)
+    again = state.place_pod(web("second"), [])
+    assert isinstance(again, Placed) and again.node == "node-1"
+    # a commit built on an entry that holds the port is refused, as a device taken twice is
+    try:
+        rv.add(entry, [], rv.PodReservation(pod_uid="u-third", pod_namespace="ns", pod_name="third", requests={},
+                                            reserved_at=time.time(), expires_at=time.time() + 30,
+                                            host_ports=[rv.HostPort("TCP", "0.0.0.0", 8080)]))
+    except rv.ReservationConflict as exc:
+        assert "host port" in str(exc) and "node-1" in str(exc)
+    else:
+        raise AssertionError("the same host port reserved twice on one node")
+    # the lease runs out: the port is free again
+    state.set_reservations("node-1", rv.NodeReservations(node="node-1"))
+    assert state.place_pod(web("third"), []).node == "node-1"
+
+
+def test_a_pod_deleted_while_its_lease_runs_holds_nothing_any_more():
+    import msgspec
+
+    from draplane.api.core import Pod
+
+    state = eight_gpu_nodes(1)
+    pod = msgspec.convert({"metadata": {"name": "web", "namespace": "ns", "uid": "u-web"}, "spec": {
+        "nodeName": "node-0", "containers": [{"name": "web", "resources": {"requests": {"cpu": "60"}},
+                                              "ports": [{"containerPort": 80, "hostPort": 8080}]}]}}, Pod)
+    entry = rv.add(rv.NodeReservations(node="node-0"), [], rv.PodReservation(
+        pod_uid="u-web", pod_namespace="ns", pod_name="web", requests={"cpu": 60_000},
+        reserved_at=time.time(), expires_at=time.time() + 30, host_ports=[rv.HostPort("TCP", "0.0.0.0", 8080)]))
+    state.set_reservations("node-0", entry)
+    state.set_pod(pod)
+    other = msgspec.convert({"metadata": {"name": "next", "namespace": "ns", "uid": "u-next"}, "spec": {
+        "containers": [{"name": "web", "resources": {"requests": {"cpu": "60"}},
+                        "ports": [{"containerPort": 80, "hostPort": 8080}]}]}}, Pod)
+    outcome = state.place_pod(other, [])
+    assert isinstance(outcome, NotPlaced) and "free ports" in outcome.message
+    state.set_pod(pod, deleted=True)  # its reservation is still in the entry, for 30 s more
+    assert state.place_pod(other, []).node == "node-0"

@@ -725,7 +725,7 @@ def test_the_model_catches_a_lapse_that_frees_a_lease_whatever_kubernetes_says(m
     without its reservation. The interleaving hypothesis found for this mutant (300 examples),
     shrunk by it, replayed."""
     real_lapse = protocol.lapse
-    monkeypatch.setattr(protocol, "lapse", lambda entry, now, allocated: real_lapse(entry, now, lambda uid: False))
+    monkeypatch.setattr(protocol, "lapse", lambda entry, now, allocated, gone=None: real_lapse(entry, now, lambda uid: False, gone))
     machine = ReservationProtocol()
     replay_binder_dies_after_writing(machine)
     with pytest.raises(AssertionError, match="allocated without its reservation"):
@@ -901,3 +901,19 @@ def test_commit_gang_leaves_out_nodes_where_the_gang_is_reserved_already_and_res
          "n1": [([reservation("c", "gpu-0", expires=40.0, node="n1")], pod_reservation("pc"))]},
         11.0, lambda uid: False)
     assert set(again.entries) == {"n1"}
+
+
+def test_a_commit_drops_the_reservation_of_a_pod_that_is_gone_and_its_host_port_with_it():
+    import time
+
+    now = time.time()
+
+    def pod(uid: str) -> rv.PodReservation:
+        return rv.PodReservation(pod_uid=uid, pod_namespace="ns", pod_name=uid, requests={"cpu": 1000},
+                                 reserved_at=now, expires_at=now + 30, host_ports=[rv.HostPort("TCP", "0.0.0.0", 8080)])
+
+    entry = rv.add(rv.NodeReservations(node="n"), [], pod("web-0"))
+    with pytest.raises(rv.ReservationConflict):
+        protocol.commit(entry, [], pod("web-1"), now, lambda uid: False)  # web-0 still holds 8080
+    step = protocol.commit(entry, [], pod("web-1"), now, lambda uid: False, lambda uid: uid == "web-0")
+    assert set(step.entry.pods) == {"web-1"} and step.lapsed.pods_dropped == 1
