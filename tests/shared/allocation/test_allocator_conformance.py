@@ -751,7 +751,7 @@ def test_consumable_capacity_rounded_up_is_written_in_the_steps_format():
     # kube-scheduler 1.37 writes the rounded value with the step's format: a 10G request with a
     # 1M step is "10G" (decimal), which binary suffixes would write "9765625Ki"
     s = slice_("slice-1", NODE_1, "pool-1", A, device("device-1", capacity={"bandwidth": "100G"}, multi=True,
-                                                      policies={"bandwidth": capacity_policy(min="1M", step="1M")}))
+                                                      policies={"bandwidth": capacity_policy(default="1M", min="1M", step="1M")}))
     out = allocate(CLASSES, [s], [claim("claim-0", request("req-0", CLASS_A, capacity={"bandwidth": "10G"}))])
     assert out.allocations[0].devices.results[0].consumed_capacity == {"bandwidth": "10G"}
     out = allocate(CLASSES, [s], [claim("claim-0", request("req-0", CLASS_A, capacity={"bandwidth": "1500k"}))])
