@@ -517,9 +517,12 @@ class FragmentationAwareDraplane(DraplanePolicy):
         free = round(MILLI * max(0.0, 1.0 - used_fraction))
         return free, min(free, round(MILLI * take_fraction))
 
-    def _order_partitions(self, ordered, view):
+    def _order_partitions(self, ordered, view, count: int = 1):
         """Stable: partitions of GPUs already partitioned stay first (the base order), then the one
-        that takes the least of what its GPU could still hold."""
+        that takes the least of what its GPU could still hold. For a request of `count` > 1
+        partitions, those of one GPU stay together (GPUs in the order of their best partition), so
+        that the search fills one GPU before it splits the next: two 3g.20gb slices share an empty
+        A100 rather than take the start-4 slot of two."""
         touched = self._touched_counter_sets(view)
         cache: dict = {}
 
@@ -530,7 +533,17 @@ class FragmentationAwareDraplane(DraplanePolicy):
             untouched = not any((r.driver, r.pool, s) in touched for s, _ in r.consumes)
             return (int(untouched), self.placement_loss(r, c.pool, view, cache))
 
-        return sorted(ordered, key=key)
+        keyed = sorted(((key(c), i, c) for i, c in enumerate(ordered)), key=lambda k: (k[0], k[1]))
+        if count <= 1:
+            return [c for _, _, c in keyed]
+        group_rank: dict = {}  # a GPU (its counter sets) -> the rank of its first partition
+        for rank, (_, _, c) in enumerate(keyed):
+            group = (c.record.driver, c.record.pool, tuple(sorted(s for s, _ in c.record.consumes or ())))
+            group_rank.setdefault(group, rank)
+        return [c for _, _, c in sorted(
+            keyed, key=lambda k: (k[0][0], group_rank[(k[2].record.driver, k[2].record.pool,
+                                                       tuple(sorted(s for s, _ in k[2].record.consumes or ())))],
+                                  k[0], k[1]))]
 
     def score_placement(self, placement, view):
         score = super().score_placement(placement, view)
@@ -596,7 +609,7 @@ class FragmentationAwareDraplane(DraplanePolicy):
     def order_candidates(self, request, candidates, view):
         ordered = super().order_candidates(request, candidates, view)
         if len(ordered) > 1 and any(c.record.consumes for c in ordered):
-            return self._order_partitions(ordered, view)
+            return self._order_partitions(ordered, view, max(request.count, 1))
         if len(ordered) <= 1 or not request.capacity or request.count != 1:
             return ordered
         wanted = {name: amount for name, amount in request.capacity.items()}

@@ -192,6 +192,7 @@ class DraplanePolicy(ScoringPolicy):
         split = 0
         chosen_ids = set()
         touched_sets = None
+        newly_touched: set = set()  # the counter sets (GPUs) this placement partitions first
         for chosen in placement.chosen:
             for c in chosen:
                 r = c.record
@@ -201,8 +202,13 @@ class DraplanePolicy(ScoringPolicy):
                 if r.consumes:
                     if touched_sets is None:
                         touched_sets = self._touched_counter_sets(view)
-                    if not any((r.driver, r.pool, s) in touched_sets for s, _ in r.consumes):
-                        split += 1
+                    sets = {(r.driver, r.pool, s) for s, _ in r.consumes}
+                    if not sets & touched_sets:
+                        # one GPU split for two of its partitions, not two: two 3g.20gb slices
+                        # on one GPU keep another GPU whole, on two GPUs they split both
+                        if not sets & newly_touched:
+                            split += 1
+                        newly_touched |= sets
         total = 0
         whole_free = 0
         for pool in view.pools:

@@ -293,3 +293,35 @@ def test_the_shipped_policy_scores_many_nodes_as_it_scores_one():
     one_by_one = [policy.node_resources_score(float(d), float(t), (int(c), int(m)), requests)
                   for d, t, c, m in zip(device_free, taken, cpu_free, memory_free)]
     assert many.tolist() == one_by_one
+
+
+def test_two_mig_slices_of_one_claim_share_one_empty_gpu_and_keep_the_next_whole():
+    """An empty A100 node, one claim for two 3g.20gb slices: both on gpu-0 (starts 4 and 0), not the
+    start-4 slot of gpu-0 and gpu-1, which split two GPUs. Three: the third opens gpu-1."""
+    import msgspec
+
+    from draplane.api.resource import DeviceClass
+    from draplane.localenv.environment import standard_device_classes
+    from draplane.scheduling import scenario
+    from draplane.scheduling.placing import ClusterState, Placed
+    from draplane_inventory.slices import NodeRef, plan_node
+    from draplane_node_agent.hardware import driver_devices
+    from draplane_node_agent.profile import load_profile, profile_hardware
+
+    drivers = driver_devices(profile_hardware(load_profile("a100-mig"), "a100-0"))
+    slices = [s for plan in plan_node(NodeRef("a100-0", "uid"), drivers, []) for s in plan.creates]
+    for count, expected in ((2, ["gpu-0-mig-3g-20gb-4", "gpu-0-mig-3g-20gb-0"]),
+                            (3, ["gpu-0-mig-3g-20gb-4", "gpu-0-mig-3g-20gb-0", "gpu-1-mig-3g-20gb-4"])):
+        state = ClusterState()  # the shipped policy
+        for c in standard_device_classes():
+            state.set_class(msgspec.convert(c, DeviceClass))
+        state.set_node(scenario.gpu_node("a100-0"))
+        state.set_feed_entry("node.a100-0", slices)
+        claim = scenario.claim("ns", "mig", "mig.nvidia.com", count=count,
+                               selector='device.attributes["gpu.nvidia.com"].profile == "3g.20gb"')
+        claim.metadata.uid = "c"
+        pod = scenario.pod("ns", "p", claim_name="mig")
+        pod.metadata.uid = "p"
+        placed = state.place_pod(pod, [claim])
+        assert isinstance(placed, Placed)
+        assert [r.device for r in placed.allocations["c"].devices.results] == expected
