@@ -394,3 +394,72 @@ spec:
     pod = await wait_bound(scheduling, kubectl, namespace, waiting)
     assert pod["spec"]["nodeName"] == bound[sorted(bound)[0]]
     no_races_or_errors(scheduling)
+
+
+@pytest.mark.parametrize("shards", [1, 3])
+async def test_a_deployment_with_hostname_anti_affinity_puts_each_replica_on_its_own_node(
+        scheduling, kube, kubectl, namespace, shards):
+    """The inference Deployment's usual shape: 3 replicas, one GPU each, required podAntiAffinity on
+    kubernetes.io/hostname, on 3 nodes of 8 GPUs (each could take all three). kube-scheduler puts
+    them on 3 nodes; so must draplane, with 3 shards placing at once. A fourth replica waits with
+    kube-scheduler's InterPodAffinity reason."""
+    class_name, nodes = await gpu_cluster(scheduling, kube, nodes=3)
+    await scheduling.start(shards=shards)
+    await kubectl.apply(f"""
+apiVersion: resource.k8s.io/v1
+kind: ResourceClaimTemplate
+metadata: {{name: one-gpu, namespace: {namespace}}}
+spec:
+  spec:
+    devices:
+      requests:
+        - name: gpus
+          exactly: {{deviceClassName: {class_name}}}
+---
+apiVersion: apps/v1
+kind: Deployment
+metadata: {{name: llm, namespace: {namespace}}}
+spec:
+  replicas: 3
+  selector: {{matchLabels: {{app: llm}}}}
+  template:
+    metadata: {{labels: {{app: llm}}}}
+    spec:
+      schedulerName: {scheduling.scheduler_name}
+      affinity:
+        podAntiAffinity:
+          requiredDuringSchedulingIgnoredDuringExecution:
+            - topologyKey: kubernetes.io/hostname
+              labelSelector: {{matchLabels: {{app: llm}}}}
+      containers:
+        - name: server
+          image: registry.k8s.io/pause:3.10
+          resources: {{claims: [{{name: gpu}}]}}
+      resourceClaims:
+        - name: gpu
+          resourceClaimTemplateName: one-gpu
+""")
+
+    async def replicas_bound(count: int):
+        pods = (await get_json(kubectl, "pods", "-n", namespace, "-l", "app=llm"))["items"]
+        bound = {p["metadata"]["name"]: p["spec"]["nodeName"] for p in pods if p["spec"].get("nodeName")}
+        return bound if len(bound) == count else None
+
+    bound = await scheduling.wait_for(lambda: replicas_bound(3), 60, "3 replicas bound")
+    assert sorted(bound.values()) == sorted(nodes), bound
+    await kubectl("scale", "deployment", "llm", "-n", namespace, "--replicas=4")
+
+    async def fourth_waits():
+        pods = (await get_json(kubectl, "pods", "-n", namespace, "-l", "app=llm"))["items"]
+        for p in pods:
+            if p["spec"].get("nodeName"):
+                continue
+            for c in p.get("status", {}).get("conditions", []):
+                if c["type"] == "PodScheduled" and c["status"] == "False" and "anti-affinity" in c["message"]:
+                    return c["message"]
+        return None
+
+    message = await scheduling.wait_for(fourth_waits, 45, "the fourth replica unschedulable")
+    assert "3 node(s) didn't match pod anti-affinity rules" in message, message
+    assert await replicas_bound(3), "the fourth replica was bound"
+    no_races_or_errors(scheduling)

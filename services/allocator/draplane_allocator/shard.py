@@ -38,6 +38,7 @@ from draplane.allocation.errors import AllocationError
 from draplane.allocation.gang import GangError, GangUnplaceable
 from draplane.allocation.taintrules import rule_selects
 from draplane.allocation.nodefit import pod_host_ports, pod_requests
+from draplane.scheduling.inter_pod_affinity import required_anti_affinity
 from draplane.api.core import Node, Pod
 from draplane.api.meta import ObjectMeta
 from draplane.api.policy import PodDisruptionBudget
@@ -539,8 +540,8 @@ class Shard:
             self.log.info("shard %d: gang member %s is gone or being deleted: not placed", self.index,
                           pending.pod.key(), extra=fields(pod=pending.pod.key()))
             return None
-        return Pod(metadata=ObjectMeta(namespace=pending.pod.namespace, name=pending.pod.name, uid=pending.pod.uid),
-                   spec=pending.spec)
+        return Pod(metadata=ObjectMeta(namespace=pending.pod.namespace, name=pending.pod.name, uid=pending.pod.uid,
+                                       labels=pending.labels), spec=pending.spec)
 
     async def _claims(self, pending: PendingPod) -> list[ResourceClaim] | None:
         try:
@@ -651,7 +652,8 @@ class Shard:
             pod_reservation = rv.PodReservation(
                 pod_uid=pending.pod.uid, pod_namespace=pending.pod.namespace, pod_name=pending.pod.name,
                 requests=outcome.requests, reserved_at=now, expires_at=expires_at, shard=self.index,
-                host_ports=list(pod_host_ports(pod.spec)),
+                host_ports=list(pod_host_ports(pod.spec)), labels=pod.metadata.labels,
+                anti_affinity=list(required_anti_affinity(pod.spec)) or None,
             )
             reservations = self._reservations(pending, outcome, now, expires_at)
             try:
@@ -873,6 +875,8 @@ class Shard:
                 pod_uid=pending.pod.uid, pod_namespace=pending.pod.namespace, pod_name=pending.pod.name,
                 requests=placed.requests, reserved_at=now, expires_at=expires_at, shard=self.index,
                 host_ports=list(pod_host_ports(pending.spec)) if pending.spec is not None else [],
+                labels=pending.labels,
+                anti_affinity=(list(required_anti_affinity(pending.spec)) or None) if pending.spec is not None else None,
             )
             per_node.setdefault(placed.node, []).append(
                 (self._reservations(pending, placed, now, expires_at), pod_reservation))
@@ -1034,7 +1038,8 @@ class Shard:
         pod_reservation = rv.PodReservation(
             pod_uid=pending.pod.uid, pod_namespace=pending.pod.namespace, pod_name=pending.pod.name,
             requests=placed.requests, reserved_at=now, expires_at=expires_at, shard=self.index,
-            host_ports=list(pod_host_ports(pod.spec)),
+            host_ports=list(pod_host_ports(pod.spec)), labels=pod.metadata.labels,
+            anti_affinity=list(required_anti_affinity(pod.spec)) or None,
         )
         revision, entry = self.store.entry(node)
         try:

@@ -566,6 +566,7 @@ class Binder:
             claims=[ClaimRef(namespace=namespace, name=c.metadata.name or "", uid=c.metadata.uid or "") for c in claims],
             first_seen=self.first_seen[uid],
             spec=pod.spec,
+            labels=pod.metadata.labels,
             cluster_revision=revision,
         )
         shard = shard_for(partition_key(pending), self.settings.shards)

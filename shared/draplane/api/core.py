@@ -9,6 +9,7 @@ from __future__ import annotations
 import msgspec
 
 from draplane.api.meta import Base, Condition, ListMeta, NodeSelector, NodeSelectorTerm, ObjectMeta
+from draplane.api.policy import LabelSelector
 
 
 class Taint(Base, kw_only=True):
@@ -85,8 +86,39 @@ class NodeAffinity(Base, kw_only=True):
     preferred_during_scheduling_ignored_during_execution: list[PreferredSchedulingTerm] | None = None
 
 
+class PodAffinityTerm(Base, kw_only=True):
+    """Pods (by `label_selector`, in `namespaces` or those `namespace_selector` picks; the term
+    owner's namespace when neither is set) and the domain (`topology_key`, a node label) they count
+    in. The apiserver folds matchLabelKeys/mismatchLabelKeys into the label selector when it takes
+    the pod; they are kept so nothing a user set is dropped."""
+
+    topology_key: str
+    label_selector: LabelSelector | None = None
+    namespaces: list[str] | None = None
+    namespace_selector: LabelSelector | None = None
+    match_label_keys: list[str] | None = None
+    mismatch_label_keys: list[str] | None = None
+
+
+class WeightedPodAffinityTerm(Base, kw_only=True):
+    weight: int
+    pod_affinity_term: PodAffinityTerm
+
+
+class PodAffinity(Base, kw_only=True):
+    required_during_scheduling_ignored_during_execution: list[PodAffinityTerm] | None = None
+    preferred_during_scheduling_ignored_during_execution: list[WeightedPodAffinityTerm] | None = None
+
+
+class PodAntiAffinity(Base, kw_only=True):
+    required_during_scheduling_ignored_during_execution: list[PodAffinityTerm] | None = None
+    preferred_during_scheduling_ignored_during_execution: list[WeightedPodAffinityTerm] | None = None
+
+
 class Affinity(Base, kw_only=True):
     node_affinity: NodeAffinity | None = None
+    pod_affinity: PodAffinity | None = None
+    pod_anti_affinity: PodAntiAffinity | None = None
 
 
 class PodResourceClaim(Base, kw_only=True):

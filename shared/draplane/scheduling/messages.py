@@ -61,6 +61,8 @@ class PendingPod(msgspec.Struct, tag="pending", kw_only=True):
     # bound pods, not every change of every pending one. None from a binder that predates it:
     # the shard then reads the pod.
     spec: PodSpec | None = None
+    # The pod's labels: other pods' (anti-)affinity terms select it by them. None from an older binder.
+    labels: dict[str, str] | None = None
     # The cluster bucket's revision once the pod's claims were in it (draplane.scheduling
     # .cluster_feed): a shard whose watch of the bucket is behind that waits for it, rather than
     # take a claim it has not heard of yet for one that does not exist. 0 from an older binder.

@@ -42,6 +42,7 @@ from draplane.api.resource import (
 from draplane.cel.errors import CELError
 from draplane.scheduling import reservations as rv
 from draplane.api.policy import PodDisruptionBudget
+from draplane.scheduling import inter_pod_affinity as ipa
 from draplane.scheduling import preemption
 from draplane.scheduling.messages import NodeFailure
 from draplane.scheduling.unschedulable import FailureReason, summarize
@@ -172,6 +173,12 @@ class ClusterState:
         # deleted right after its bind held its host port, CPU and memory for the rest of it)
         self._gone_pods: dict[str, None] = {}
         self._reserved_pod_node: dict[str, str] = {}  # pod uid -> the node whose entry reserves it
+        # For InterPodAffinity: every bound pod as the filter reads it, those with required
+        # anti-affinity again, and (node -> uid -> (pod, lease end)) the pods reserved in entries
+        self._placed: dict[str, ipa.PlacedPod] = {}
+        self._placed_with_anti_affinity: dict[str, ipa.PlacedPod] = {}
+        self.reserved_placed: dict[str, dict[str, tuple[ipa.PlacedPod, float]]] = {}
+        self._reserved_anti_affinity_nodes: set[str] = set()  # nodes whose entry reserves such a pod
         self._reserved_by_node: dict[str, set[str]] = {}
         # claim uid -> (state key it is recorded under, the allocation recorded)
         self._held: dict[str, tuple[str, AllocationResult]] = {}
@@ -241,6 +248,14 @@ class ClusterState:
                 requests, running = {}, None
             self.assume_pod(uid, pod.spec.node_name, requests, pod_host_ports(pod.spec))
             self._forget_running(uid)
+            placed = ipa.PlacedPod(uid=uid, namespace=pod.metadata.namespace or "default",
+                                   labels=pod.metadata.labels or {}, node=pod.spec.node_name,
+                                   anti_affinity=ipa.required_anti_affinity(pod.spec))
+            self._placed[uid] = placed
+            if placed.anti_affinity:
+                self._placed_with_anti_affinity[uid] = placed
+            else:
+                self._placed_with_anti_affinity.pop(uid, None)
             if running is not None:
                 self.running.setdefault(pod.spec.node_name, {})[uid] = running
                 self._running_node[uid] = pod.spec.node_name
@@ -264,6 +279,8 @@ class ClusterState:
     def _forget_running(self, uid: str) -> None:
         # By the pod's node, not a walk over every node: this runs for each pod event a shard sees
         # (7 % of a follower shard's CPU at 300 nodes when it walked them).
+        self._placed.pop(uid, None)
+        self._placed_with_anti_affinity.pop(uid, None)
         node = self._running_node.pop(uid, None)
         pods = self.running.get(node) if node is not None else None
         if pods is not None and pods.pop(uid, None) is not None and not pods:
@@ -331,6 +348,17 @@ class ClusterState:
                     del self._reserved_pod_node[uid]
             for uid in pods:
                 self._reserved_pod_node[uid] = node
+            placed = {uid: (ipa.PlacedPod(uid=uid, namespace=p.pod_namespace, labels=p.labels or {}, node=node,
+                                          anti_affinity=tuple(p.anti_affinity or ())), p.expires_at)
+                      for uid, p in entry.pods.items()}
+            if placed:
+                self.reserved_placed[node] = placed
+            else:
+                self.reserved_placed.pop(node, None)
+            if any(p.anti_affinity for p, _ in placed.values()):
+                self._reserved_anti_affinity_nodes.add(node)
+            else:
+                self._reserved_anti_affinity_nodes.discard(node)
             if pods:
                 self.reserved_pods[node] = pods
             else:
@@ -354,6 +382,18 @@ class ClusterState:
                   if expires_at > now and uid not in gone}
         merged.update(bound)
         return merged
+
+    def placed_pods(self, now: float | None = None, *, without: str | None = None) -> tuple[list, list]:
+        """(every pod placed, those with required anti-affinity), as InterPodAffinity reads them:
+        bound ones, and those reserved under a live lease (each pod once, the gone left out)."""
+        now = time.time() if now is None else now
+        placed = dict(self._placed)
+        for reserved in self.reserved_placed.values():
+            for uid, (pod, expires_at) in reserved.items():
+                if expires_at > now and uid not in self._gone_pods and uid not in placed:
+                    placed[uid] = pod
+        placed.pop(without, None)
+        return list(placed.values()), [p for p in placed.values() if p.anti_affinity]
 
     def ports_here(self, node: str, now: float | None = None, *, without: str | None = None) -> list[HostPort]:
         """The host ports held on a node: by the pods bound there, and by those reserved there under
@@ -455,6 +495,23 @@ class ClusterState:
         ports = self.ports_here(name, without=pod.metadata.uid) if pod_host_ports(pod.spec) else ()
         return node_fit(pod, node, requests=requests, in_use=(used, len(pods_here)), ports_in_use=ports)
 
+    def _inter_pod_affinity(self, pod: Pod) -> ipa.PreFilterState | None:
+        """InterPodAffinity's PreFilter for the pod: None when neither its terms nor any placed
+        pod's anti-affinity concern it (most pods: then no pod is looked at)."""
+        spec = pod.spec
+        has_terms = bool(ipa.required_affinity(spec) or ipa.required_anti_affinity(spec))
+        if not has_terms and not self._placed_with_anti_affinity and not self._reserved_anti_affinity_nodes:
+            return None
+        pods, with_anti_affinity = self.placed_pods(without=pod.metadata.uid)
+
+        def node_labels(name: str):
+            node = self.nodes.get(name)
+            return (node.metadata.labels or {}) if node is not None else None
+
+        meta = pod.metadata
+        return ipa.pre_filter(meta.namespace or "default", meta.labels or {}, spec, pods if has_terms else (),
+                              with_anti_affinity, node_labels, where=f"pod {meta.namespace}/{meta.name}")
+
     def _free_cpu_memory(self, name: str) -> tuple[int, int]:
         """The node's allocatable CPU and memory minus the requests of the pods on it (0 when the
         Node object does not say). Asked for every feasible node per pod, so both halves are kept:
@@ -528,9 +585,20 @@ class ClusterState:
                     total[resource] = total.get(resource, 0) + amount
             return total, len(pods)
 
+        try:
+            affinity = self._inter_pod_affinity(pod)
+        except ipa.PodAffinityError:
+            return None  # place_pod says why: no node can help
+
+        def blocked(name: str) -> bool:
+            node = self.nodes.get(name)
+            return affinity is not None and node is not None and \
+                ipa.filter_node(affinity, node.metadata.labels or {}) is not None
+
         return preemption.plan_preemption(self.cluster, pod, claims, running=running, claims_in_use=in_use,
                                           budgets=list(self.budgets.values()), in_use=used,
-                                          ports_in_use=lambda node: self.ports_here(node, now), now=now)
+                                          ports_in_use=lambda node: self.ports_here(node, now), blocked=blocked,
+                                          now=now)
 
     def held_elsewhere(self, claims: Sequence[ResourceClaim]) -> NotPlaced | None:
         """A claim reserved (not yet written) on devices another claim still holds: a preemption
@@ -588,6 +656,10 @@ class ClusterState:
         fit_failures: dict[str, tuple[str, list[str]]] = {}
 
         fit_key = _fit_key(pod, requests)
+        try:
+            affinity = self._inter_pod_affinity(pod)
+        except ipa.PodAffinityError as exc:
+            return NotPlaced(message=str(exc), failures=[], claim_error=str(exc))
 
         def node_filter(node: Node) -> bool:
             # kube-scheduler's filters run in order and the first to reject a node names it: node
@@ -601,6 +673,11 @@ class ClusterState:
             if not fit.fits:
                 fit_failures[name] = (", ".join(fit.reasons), list(fit.scheduler_reasons))
                 return False
+            if affinity is not None:
+                reason = ipa.filter_node(affinity, node.metadata.labels or {})
+                if reason is not None:
+                    fit_failures[name] = (reason, [reason])
+                    return False
             if pinned and name not in pinned:
                 fit_failures[name] = ("the pod's other claims are allocated on another node",
                                       ["resourceclaim not available on the node"])

@@ -267,6 +267,7 @@ def plan_preemption(
     budgets: Sequence[PodDisruptionBudget] = (),
     in_use: Callable[[str], tuple[Mapping[str, int], int]] | None = None,
     ports_in_use: Callable[[str], Sequence[HostPort]] | None = None,
+    blocked: Callable[[str], bool] | None = None,
     now: float | None = None,
 ) -> PreemptionPlan | AwaitingVictims | NoPreemption:
     """The cheapest set of lower-priority victims on one node whose eviction lets `pod` and its
@@ -274,8 +275,9 @@ def plan_preemption(
 
     `running`: node -> the pods bound there. `claims_in_use`: "namespace/name" -> allocated claim,
     for the claims those pods use. `in_use(node)`: the summed requests and count of every pod bound
-    to the node (defaults to summing `running`); `ports_in_use(node)`: the host ports held there. The
-    cluster's state is the same afterwards."""
+    to the node (defaults to summing `running`); `ports_in_use(node)`: the host ports held there;
+    `blocked(node)`: a node that a filter rejects whatever is evicted (InterPodAffinity: evicting
+    for it is left undone). The cluster's state is the same afterwards."""
     key = f"{pod.metadata.namespace or 'default'}/{pod.metadata.name}"
     refusal = preemption_refusal(pod)
     if refusal:
@@ -301,7 +303,7 @@ def plan_preemption(
                                         ports_in_use=ports_in_use(name) if ports_in_use else None).reasons
                     if r in (REASON_UNSCHEDULABLE, REASON_AFFINITY, REASON_NODE_PORTS)
                     or r.startswith(REASON_TAINT_PREFIX)]
-        if blocking:
+        if blocking or (blocked is not None and blocked(name)):
             per_node[name] = NOT_HELPFUL
             continue
         # A terminating pod is no victim: it is going anyway (counted as gone), and evicting it

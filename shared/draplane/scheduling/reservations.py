@@ -30,7 +30,9 @@ from collections.abc import Callable, Collection, Iterable
 import msgspec
 
 from draplane.allocation.nodefit import HostPort, ports_conflict
+from draplane.api.core import PodAffinityTerm
 from draplane.api.resource import AllocationResult
+from draplane.scheduling.inter_pod_affinity import PlacedPod, conflicts_on_one_node
 from draplane.shared_instances import SharedInstances
 
 SCHEMA_VERSION = 1
@@ -95,6 +97,10 @@ class PodReservation(msgspec.Struct, kw_only=True):
     # entry, a compare-and-set keeps two shards from giving one port twice. Last, with a default,
     # so entries written before it decode.
     host_ports: list[HostPort] = msgspec.field(default_factory=list)
+    # Its labels and required anti-affinity terms (InterPodAffinity): in the entry, a commit
+    # refuses a pod that would break a hostname-scoped anti-affinity rule on the node, either way.
+    labels: dict[str, str] | None = None
+    anti_affinity: list[PodAffinityTerm] | None = None
 
 
 class NodeReservations(msgspec.Struct, kw_only=True):
@@ -271,6 +277,13 @@ def add(
                 raise ReservationConflict(
                     f"pod {pod.pod_namespace}/{pod.pod_name}: a host port it asks for is already reserved on node "
                     f"{entry.node}")
+        if pod.anti_affinity or any(other.anti_affinity for other in pods.values()):
+            others = [PlacedPod(uid=o.pod_uid, namespace=o.pod_namespace, labels=o.labels or {}, node=entry.node,
+                                anti_affinity=tuple(o.anti_affinity or ())) for o in pods.values()]
+            if conflicts_on_one_node(pod.pod_namespace, pod.labels or {}, pod.anti_affinity or (), others):
+                raise ReservationConflict(
+                    f"pod {pod.pod_namespace}/{pod.pod_name}: a pod reserved on node {entry.node} breaks a "
+                    "pod anti-affinity rule with it")
         pods = {**pods, pod.pod_uid: pod}
         added = True
     if not added:

@@ -395,3 +395,65 @@ def test_a_pod_deleted_while_its_lease_runs_holds_nothing_any_more():
     assert isinstance(outcome, NotPlaced) and "free ports" in outcome.message
     state.set_pod(pod, deleted=True)  # its reservation is still in the entry, for 30 s more
     assert state.place_pod(other, []).node == "node-0"
+
+
+def test_replicas_with_hostname_anti_affinity_land_on_distinct_nodes_reserved_or_bound():
+    import msgspec
+
+    from draplane.api.core import Pod
+
+    def replica(i: int) -> tuple[Pod, object]:
+        pod = msgspec.convert({"metadata": {"name": f"web-{i}", "namespace": "ns", "uid": f"u{i}",
+                                            "labels": {"app": "web"}},
+                               "spec": {"containers": [{"name": "c"}], "affinity": {"podAntiAffinity": {
+                                   "requiredDuringSchedulingIgnoredDuringExecution": [
+                                       {"topologyKey": "kubernetes.io/hostname",
+                                        "labelSelector": {"matchLabels": {"app": "web"}}}]}}}}, Pod)
+        claim = with_uid(scenario.claim("ns", f"gpu-{i}", "gpu.nvidia.com"), f"c{i}")
+        return pod, claim
+
+    state = eight_gpu_nodes(2)
+    nodes = []
+    for i in range(2):
+        pod, claim = replica(i)
+        placed = state.place_pod(pod, [claim])
+        assert isinstance(placed, Placed), placed
+        nodes.append(placed.node)
+        # as the shard commits it: the pod reserved in the node's entry, with its labels and terms
+        entry = rv.add(
+            rv.NodeReservations(node=placed.node, claims=dict(state_entry_claims(state, placed.node))), [],
+            rv.PodReservation(pod_uid=f"u{i}", pod_namespace="ns", pod_name=f"web-{i}", requests=placed.requests,
+                              reserved_at=time.time(), expires_at=time.time() + 30, labels={"app": "web"},
+                              anti_affinity=list(pod.spec.affinity.pod_anti_affinity
+                                                 .required_during_scheduling_ignored_during_execution)))
+        state.set_reservations(placed.node, entry)
+    assert sorted(nodes) == ["node-0", "node-1"]
+    pod, claim = replica(2)
+    outcome = state.place_pod(pod, [claim])
+    assert isinstance(outcome, NotPlaced)
+    assert outcome.message == "0/2 nodes are available: 2 node(s) didn't match pod anti-affinity rules."
+    # a commit built on an entry that holds web-1 is refused there, whatever the placing view said
+    try:
+        rv.add(entry, [], rv.PodReservation(
+            pod_uid="u2", pod_namespace="ns", pod_name="web-2", requests={}, reserved_at=time.time(),
+            expires_at=time.time() + 30, labels={"app": "web"}))
+    except rv.ReservationConflict as exc:
+        assert "anti-affinity" in str(exc)
+    else:
+        raise AssertionError("two replicas reserved on one node against their anti-affinity")
+    # web-0 deleted: its node takes web-2
+    state.set_pod(pod_named("web-0", "u0", nodes[0]), deleted=True)
+    assert state.place_pod(pod, [claim]).node == nodes[0]
+
+
+def state_entry_claims(state: ClusterState, node: str) -> dict:
+    return {uid: r for uid, r in state.reserved.items() if uid in state._reserved_by_node.get(node, set())}
+
+
+def pod_named(name: str, uid: str, node: str):
+    import msgspec
+
+    from draplane.api.core import Pod
+
+    return msgspec.convert({"metadata": {"name": name, "namespace": "ns", "uid": uid, "labels": {"app": "web"}},
+                            "spec": {"nodeName": node, "containers": [{"name": "c"}]}}, Pod)
