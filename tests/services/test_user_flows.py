@@ -463,3 +463,59 @@ spec:
     assert "3 node(s) didn't match pod anti-affinity rules" in message, message
     assert await replicas_bound(3), "the fourth replica was bound"
     no_races_or_errors(scheduling)
+
+
+@pytest.mark.parametrize("shards", [1, 3])
+async def test_topology_spread_keeps_replicas_within_max_skew_over_zones(scheduling, kube, kubectl, namespace, shards):
+    """5 one-GPU replicas spread over zones with maxSkew 1 (DoNotSchedule): zone a has two 8-GPU
+    nodes, zone b one; busy-first packing alone would put them all on one node. 3 and 2, or
+    2 and 3, never 4 and 1; a node without the zone label takes none."""
+    class_name, nodes = await gpu_cluster(scheduling, kube, nodes=4,
+                                          labels={0: {"zone": "a"}, 1: {"zone": "a"}, 2: {"zone": "b"}})
+    zone_of = {nodes[0]: "a", nodes[1]: "a", nodes[2]: "b"}  # nodes[3] has no zone
+    await scheduling.start(shards=shards)
+    await kubectl.apply(f"""
+apiVersion: resource.k8s.io/v1
+kind: ResourceClaimTemplate
+metadata: {{name: one-gpu, namespace: {namespace}}}
+spec:
+  spec:
+    devices:
+      requests:
+        - name: gpus
+          exactly: {{deviceClassName: {class_name}}}
+---
+apiVersion: apps/v1
+kind: Deployment
+metadata: {{name: spread, namespace: {namespace}}}
+spec:
+  replicas: 5
+  selector: {{matchLabels: {{app: spread}}}}
+  template:
+    metadata: {{labels: {{app: spread}}}}
+    spec:
+      schedulerName: {scheduling.scheduler_name}
+      topologySpreadConstraints:
+        - maxSkew: 1
+          topologyKey: zone
+          whenUnsatisfiable: DoNotSchedule
+          labelSelector: {{matchLabels: {{app: spread}}}}
+      containers:
+        - name: server
+          image: registry.k8s.io/pause:3.10
+          resources: {{claims: [{{name: gpu}}]}}
+      resourceClaims:
+        - name: gpu
+          resourceClaimTemplateName: one-gpu
+""")
+
+    async def all_bound():
+        pods = (await get_json(kubectl, "pods", "-n", namespace, "-l", "app=spread"))["items"]
+        bound = [p["spec"]["nodeName"] for p in pods if p["spec"].get("nodeName")]
+        return bound if len(bound) == 5 else None
+
+    bound = await scheduling.wait_for(all_bound, 60, "5 replicas bound")
+    assert all(node in zone_of for node in bound), f"a replica on the node without a zone: {bound}"
+    per_zone = {z: sum(1 for n in bound if zone_of[n] == z) for z in ("a", "b")}
+    assert sorted(per_zone.values()) == [2, 3], per_zone
+    no_races_or_errors(scheduling)

@@ -121,6 +121,17 @@ class Affinity(Base, kw_only=True):
     pod_anti_affinity: PodAntiAffinity | None = None
 
 
+class TopologySpreadConstraint(Base, kw_only=True):
+    max_skew: int
+    topology_key: str
+    when_unsatisfiable: str  # DoNotSchedule (a filter) or ScheduleAnyway (a score only)
+    label_selector: LabelSelector | None = None
+    min_domains: int | None = None
+    node_affinity_policy: str | None = None  # Honor (the default) or Ignore
+    node_taints_policy: str | None = None  # Ignore (the default) or Honor
+    match_label_keys: list[str] | None = None
+
+
 class PodResourceClaim(Base, kw_only=True):
     name: str
     resource_claim_name: str | None = None
@@ -158,6 +169,7 @@ class PodSpec(Base, kw_only=True):
     termination_grace_period_seconds: int | None = None
     scheduling_group: PodSchedulingGroup | None = None
     scheduling_gates: list[PodSchedulingGate] | None = None
+    topology_spread_constraints: list[TopologySpreadConstraint] | None = None
 
 
 class PodResourceClaimStatus(Base, kw_only=True):

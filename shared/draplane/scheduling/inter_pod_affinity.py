@@ -53,6 +53,7 @@ class PlacedPod:
     labels: Mapping[str, str]
     node: str
     anti_affinity: tuple[PodAffinityTerm, ...] = ()
+    terminating: bool = False  # deletionTimestamp set: topology spread does not count it
 
 
 def required_affinity(spec: PodSpec) -> tuple[PodAffinityTerm, ...]:

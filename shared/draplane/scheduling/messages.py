@@ -216,16 +216,33 @@ class Subjects(msgspec.Struct, frozen=True, kw_only=True):
 def partition_key(pending: PendingPod) -> str:
     """Pods that share a claim must land on one shard, or two shards could allocate that claim
     at once; the lexicographically first claim is shared by all its pods, so key on it.
+    Pods whose placement counts other pods (spread, required pod affinity) key on their namespace.
 
     The members of a gang (the pods naming one PodGroup in spec.schedulingGroup) go to one shard,
     which places them together: they key on their PodGroup. A claim shared by a gang member and
     a pod outside the gang is the one case this cannot keep on one shard."""
-    group = pending.spec.scheduling_group if pending.spec is not None else None
+    spec = pending.spec
+    group = spec.scheduling_group if spec is not None else None
     if group is not None and group.pod_group_name:
         return f"podgroup:{pending.pod.namespace}/{group.pod_group_name}"
+    if spec is not None and _counts_other_pods(spec) and not any(c.resource_claim_name for c in spec.resource_claims or ()):
+        # Topology spread and pod (anti-)affinity count the pods placed before: one shard places a
+        # namespace's such pods one after the other, each seeing the others (two shards placing
+        # replicas at the same moment could both take the emptiest zone). Only pods whose claims
+        # are their own (from templates): a shared claim keeps them on its shard.
+        return f"constrained:{pending.pod.namespace}"
     if not pending.claims:
         return pending.pod.uid
     return min(c.key() for c in pending.claims)
+
+
+def _counts_other_pods(spec: PodSpec) -> bool:
+    affinity = spec.affinity
+    required_terms = affinity is not None and any(
+        part is not None and part.required_during_scheduling_ignored_during_execution
+        for part in (affinity.pod_affinity, affinity.pod_anti_affinity))
+    spreads = any(c.when_unsatisfiable == "DoNotSchedule" for c in spec.topology_spread_constraints or ())
+    return bool(required_terms or spreads)
 
 
 def shard_for(key: str, shards: int) -> int:

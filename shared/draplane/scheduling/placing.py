@@ -43,6 +43,7 @@ from draplane.cel.errors import CELError
 from draplane.scheduling import reservations as rv
 from draplane.api.policy import PodDisruptionBudget
 from draplane.scheduling import inter_pod_affinity as ipa
+from draplane.scheduling import pod_topology_spread as spread
 from draplane.scheduling import preemption
 from draplane.scheduling.messages import NodeFailure
 from draplane.scheduling.unschedulable import FailureReason, summarize
@@ -250,7 +251,8 @@ class ClusterState:
             self._forget_running(uid)
             placed = ipa.PlacedPod(uid=uid, namespace=pod.metadata.namespace or "default",
                                    labels=pod.metadata.labels or {}, node=pod.spec.node_name,
-                                   anti_affinity=ipa.required_anti_affinity(pod.spec))
+                                   anti_affinity=ipa.required_anti_affinity(pod.spec),
+                                   terminating=pod.metadata.deletion_timestamp is not None)
             self._placed[uid] = placed
             if placed.anti_affinity:
                 self._placed_with_anti_affinity[uid] = placed
@@ -495,6 +497,13 @@ class ClusterState:
         ports = self.ports_here(name, without=pod.metadata.uid) if pod_host_ports(pod.spec) else ()
         return node_fit(pod, node, requests=requests, in_use=(used, len(pods_here)), ports_in_use=ports)
 
+    def _topology_spread(self, pod: Pod) -> spread.PreFilterState | None:
+        """PodTopologySpread's PreFilter for the pod: None without DoNotSchedule constraints."""
+        if not any(c.when_unsatisfiable == "DoNotSchedule" for c in pod.spec.topology_spread_constraints or ()):
+            return None
+        pods, _ = self.placed_pods(without=pod.metadata.uid)
+        return spread.pre_filter(pod, self.nodes.values(), pods)
+
     def _inter_pod_affinity(self, pod: Pod) -> ipa.PreFilterState | None:
         """InterPodAffinity's PreFilter for the pod: None when neither its terms nor any placed
         pod's anti-affinity concern it (most pods: then no pod is looked at)."""
@@ -586,14 +595,18 @@ class ClusterState:
             return total, len(pods)
 
         try:
+            spreading = self._topology_spread(pod)
             affinity = self._inter_pod_affinity(pod)
-        except ipa.PodAffinityError:
+        except (ipa.PodAffinityError, spread.SpreadError):
             return None  # place_pod says why: no node can help
 
         def blocked(name: str) -> bool:
             node = self.nodes.get(name)
-            return affinity is not None and node is not None and \
-                ipa.filter_node(affinity, node.metadata.labels or {}) is not None
+            if node is None:
+                return False
+            labels = node.metadata.labels or {}
+            return (spreading is not None and spread.filter_node(spreading, labels) is not None) or \
+                (affinity is not None and ipa.filter_node(affinity, labels) is not None)
 
         return preemption.plan_preemption(self.cluster, pod, claims, running=running, claims_in_use=in_use,
                                           budgets=list(self.budgets.values()), in_use=used,
@@ -657,8 +670,9 @@ class ClusterState:
 
         fit_key = _fit_key(pod, requests)
         try:
+            spreading = self._topology_spread(pod)
             affinity = self._inter_pod_affinity(pod)
-        except ipa.PodAffinityError as exc:
+        except (ipa.PodAffinityError, spread.SpreadError) as exc:
             return NotPlaced(message=str(exc), failures=[], claim_error=str(exc))
 
         def node_filter(node: Node) -> bool:
@@ -673,11 +687,13 @@ class ClusterState:
             if not fit.fits:
                 fit_failures[name] = (", ".join(fit.reasons), list(fit.scheduler_reasons))
                 return False
-            if affinity is not None:
-                reason = ipa.filter_node(affinity, node.metadata.labels or {})
-                if reason is not None:
-                    fit_failures[name] = (reason, [reason])
-                    return False
+            # kube-scheduler's order after NodeResourcesFit: PodTopologySpread, InterPodAffinity
+            for plugin_state, plugin in ((spreading, spread), (affinity, ipa)):
+                if plugin_state is not None:
+                    reason = plugin.filter_node(plugin_state, node.metadata.labels or {})
+                    if reason is not None:
+                        fit_failures[name] = (reason, [reason])
+                        return False
             if pinned and name not in pinned:
                 fit_failures[name] = ("the pod's other claims are allocated on another node",
                                       ["resourceclaim not available on the node"])

@@ -117,3 +117,26 @@ def test_pending_pod_carries_the_scheduling_spec_and_reads_without_it():
     fields.pop("spec", None)
     old = msgspec.msgpack.encode(fields)
     assert decode_message(old).spec is None
+
+
+def test_pods_whose_placement_counts_other_pods_share_their_namespaces_partition():
+    from draplane.api.core import PodSpec
+
+    def replica(i: int, spec: dict) -> PendingPod:
+        return PendingPod(pod=PodRef(namespace="ns", name=f"web-{i}", uid=f"u{i}"),
+                          claims=[ClaimRef(namespace="ns", name=f"web-{i}-gpu", uid=f"c{i}")], first_seen=0,
+                          spec=msgspec.convert({"containers": [{"name": "c"}], **spec}, PodSpec))
+
+    spread = {"topologySpreadConstraints": [{"maxSkew": 1, "topologyKey": "zone", "whenUnsatisfiable": "DoNotSchedule",
+                                             "labelSelector": {"matchLabels": {"app": "web"}}}],
+              "resourceClaims": [{"name": "gpu", "resourceClaimTemplateName": "one-gpu"}]}
+    anti = {"affinity": {"podAntiAffinity": {"requiredDuringSchedulingIgnoredDuringExecution": [
+        {"topologyKey": "kubernetes.io/hostname", "labelSelector": {"matchLabels": {"app": "web"}}}]}}}
+    assert {partition_key(replica(i, spread)) for i in range(8)} == {"constrained:ns"}
+    assert {partition_key(replica(i, anti)) for i in range(8)} == {"constrained:ns"}
+    # ScheduleAnyway and preferred terms only score: the claims decide
+    soft = {"topologySpreadConstraints": [{**spread["topologySpreadConstraints"][0], "whenUnsatisfiable": "ScheduleAnyway"}]}
+    assert partition_key(replica(0, soft)) == "ns/web-0-gpu"
+    # a claim shared with other pods keeps the pod on the claim's shard
+    shared = {**anti, "resourceClaims": [{"name": "gpu", "resourceClaimName": "web-0-gpu"}]}
+    assert partition_key(replica(0, shared)) == "ns/web-0-gpu"
