@@ -385,9 +385,9 @@ class ClusterState:
         merged.update(bound)
         return merged
 
-    def placed_pods(self, now: float | None = None, *, without: str | None = None) -> tuple[list, list]:
-        """(every pod placed, those with required anti-affinity), as InterPodAffinity reads them:
-        bound ones, and those reserved under a live lease (each pod once, the gone left out)."""
+    def placed_pods(self, now: float | None = None, *, without: str | None = None) -> list[ipa.PlacedPod]:
+        """Every pod placed, as InterPodAffinity and PodTopologySpread read them: bound ones, and
+        those reserved under a live lease (each pod once, the gone left out)."""
         now = time.time() if now is None else now
         placed = dict(self._placed)
         for reserved in self.reserved_placed.values():
@@ -395,7 +395,18 @@ class ClusterState:
                 if expires_at > now and uid not in self._gone_pods and uid not in placed:
                     placed[uid] = pod
         placed.pop(without, None)
-        return list(placed.values()), [p for p in placed.values() if p.anti_affinity]
+        return list(placed.values())
+
+    def placed_with_anti_affinity(self, now: float | None = None, *, without: str | None = None) -> list[ipa.PlacedPod]:
+        """The placed pods with required anti-affinity terms (few), without walking every pod."""
+        now = time.time() if now is None else now
+        placed = dict(self._placed_with_anti_affinity)
+        for node in self._reserved_anti_affinity_nodes:
+            for uid, (pod, expires_at) in self.reserved_placed.get(node, {}).items():
+                if pod.anti_affinity and expires_at > now and uid not in self._gone_pods and uid not in placed:
+                    placed[uid] = pod
+        placed.pop(without, None)
+        return list(placed.values())
 
     def ports_here(self, node: str, now: float | None = None, *, without: str | None = None) -> list[HostPort]:
         """The host ports held on a node: by the pods bound there, and by those reserved there under
@@ -501,8 +512,7 @@ class ClusterState:
         """PodTopologySpread's PreFilter for the pod: None without DoNotSchedule constraints."""
         if not any(c.when_unsatisfiable == "DoNotSchedule" for c in pod.spec.topology_spread_constraints or ()):
             return None
-        pods, _ = self.placed_pods(without=pod.metadata.uid)
-        return spread.pre_filter(pod, self.nodes.values(), pods)
+        return spread.pre_filter(pod, self.nodes.values(), self.placed_pods(without=pod.metadata.uid))
 
     def _inter_pod_affinity(self, pod: Pod) -> ipa.PreFilterState | None:
         """InterPodAffinity's PreFilter for the pod: None when neither its terms nor any placed
@@ -511,14 +521,18 @@ class ClusterState:
         has_terms = bool(ipa.required_affinity(spec) or ipa.required_anti_affinity(spec))
         if not has_terms and not self._placed_with_anti_affinity and not self._reserved_anti_affinity_nodes:
             return None
-        pods, with_anti_affinity = self.placed_pods(without=pod.metadata.uid)
+        uid = pod.metadata.uid
+        # every placed pod only for a pod with terms of its own; else only those whose terms may
+        # select it (at 50,000 pods, walking them all for each pod cost more than placing it)
+        pods = self.placed_pods(without=uid) if has_terms else ()
+        with_anti_affinity = self.placed_with_anti_affinity(without=uid)
 
         def node_labels(name: str):
             node = self.nodes.get(name)
             return (node.metadata.labels or {}) if node is not None else None
 
         meta = pod.metadata
-        return ipa.pre_filter(meta.namespace or "default", meta.labels or {}, spec, pods if has_terms else (),
+        return ipa.pre_filter(meta.namespace or "default", meta.labels or {}, spec, pods,
                               with_anti_affinity, node_labels, where=f"pod {meta.namespace}/{meta.name}")
 
     def _free_cpu_memory(self, name: str) -> tuple[int, int]:
