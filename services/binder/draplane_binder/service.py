@@ -971,6 +971,15 @@ class Binder:
             self._queue_event(pod, "Scheduled", f"Successfully assigned {placement.pod.key()} to {placement.node}",
                               type_="Normal")
         uid = placement.pod.uid
+        if pod.spec.node_name:
+            # A placement delivered again (a restarted shard republishes what its reservations
+            # hold): the claims were checked and the leases renewed, nothing was bound again.
+            log.info("pod %s was already bound to node %s: placement from shard %d delivered again, nothing "
+                     "rebound", placement.pod.key(), placement.node, placement.shard,
+                     extra=fields(pod=placement.pod.key(), node=placement.node, shard=placement.shard))
+            for table in (self.retry, self.last_reason, self.failure_reason):
+                table.pop(uid, None)
+            return True
         log.info("pod %s bound to node %s with %s (shard %d, %.0f ms after it was first seen)",
                  placement.pod.key(), placement.node,
                  "; ".join(f"resourceclaim {c.claim.name}: {_devices_text(c.allocation)}" for c in placement.claims)

@@ -69,3 +69,34 @@ async def test_failed_placement_undoes_reserved_for_and_releases(scheduling, kub
     assert not (await kube.get(Pod, "second", namespace)).spec.node_name
     _, entry = await store.refresh(node)
     assert free.metadata.uid not in entry.claims
+
+
+async def test_a_placement_delivered_again_for_a_bound_pod_binds_nothing_and_says_so(scheduling, kube, namespace,
+                                                                                   caplog):
+    """A restarted shard republishes what its reservations hold: the binder checks and renews, and
+    neither binds again nor logs a second "bound to node" (issue 27: six such doubled lines)."""
+    import logging
+
+    class_name = f"gpu-{uuid.uuid4().hex[:6]}"
+    await ensure_class(kube, scenario.device_class(class_name))
+    node = f"again-{namespace[-6:]}"
+    await scheduling.put_node(scenario.gpu_node(node), [scenario.gpu_slice(node, 1, "80Gi")])
+    await scheduling.start()
+    await kube.create(scenario.claim(namespace, "mine", class_name))
+    pod = await kube.create(scheduling.pod(namespace, "once", claim_name="mine"))
+    await scheduling.bound_pod(namespace, "once")
+    claim = await kube.get(ResourceClaim, "mine", namespace)
+    bound_before = scheduling.binder.counters["pods_bound"]
+    placement = Placement(
+        pod=PodRef(namespace=namespace, name="once", uid=pod.metadata.uid), node=node,
+        claims=[ClaimPlacement(claim=ClaimRef(namespace=namespace, name="mine", uid=claim.metadata.uid),
+                               allocation=claim.status.allocation)],
+        shard=0, first_seen=time.time(), expires_at=time.time() + 30,
+    )
+    with caplog.at_level(logging.INFO, logger="draplane_binder"):
+        assert await scheduling.binder.write_placement(placement) is True
+    lines = [r.getMessage() for r in caplog.records if f"{namespace}/once" in r.getMessage()]
+    assert any("was already bound to node" in line and "nothing rebound" in line for line in lines), lines
+    assert not any(" bound to node " in line and "already" not in line for line in lines), lines
+    assert scheduling.binder.counters["pods_bound"] == bound_before
+    assert (await kube.get(Pod, "once", namespace)).spec.node_name == node
