@@ -85,6 +85,46 @@ spec:
 """
 
 
+def one_gpu_template_yaml(namespace: str, class_name: str) -> str:
+    """A ResourceClaimTemplate `one-gpu`: one device of the class for each pod."""
+    return f"""
+apiVersion: resource.k8s.io/v1
+kind: ResourceClaimTemplate
+metadata: {{name: one-gpu, namespace: {namespace}}}
+spec:
+  spec:
+    devices:
+      requests:
+        - name: gpus
+          exactly: {{deviceClassName: {class_name}}}
+"""
+
+
+def deployment_yaml(namespace: str, name: str, scheduler: str, replicas: int, constraints: str) -> str:
+    """A Deployment of pause pods labelled app=<name>, one GPU each from `one-gpu`; `constraints`
+    is YAML for the pod spec (affinity, topologySpreadConstraints), indented by 6."""
+    return f"""
+apiVersion: apps/v1
+kind: Deployment
+metadata: {{name: {name}, namespace: {namespace}}}
+spec:
+  replicas: {replicas}
+  selector: {{matchLabels: {{app: {name}}}}}
+  template:
+    metadata: {{labels: {{app: {name}}}}}
+    spec:
+      schedulerName: {scheduler}
+{constraints.rstrip()}
+      containers:
+        - name: server
+          image: registry.k8s.io/pause:3.10
+          resources: {{claims: [{{name: gpu}}]}}
+      resourceClaims:
+        - name: gpu
+          resourceClaimTemplateName: one-gpu
+"""
+
+
 async def get_json(kubectl, *args: str) -> dict:
     return json.loads(await kubectl("get", *args, "-o", "json"))
 
@@ -298,17 +338,7 @@ async def test_a_gated_pod_is_left_alone_until_its_last_gate_is_removed(scheduli
     kube-scheduler never tries a gated pod (and the apiserver refuses to bind one)."""
     class_name, (node,) = await gpu_cluster(scheduling, kube, gpus=2)
     await scheduling.start(shards=shards)
-    template = f"""
-apiVersion: resource.k8s.io/v1
-kind: ResourceClaimTemplate
-metadata: {{name: one-gpu, namespace: {namespace}}}
-spec:
-  spec:
-    devices:
-      requests:
-        - name: gpus
-          exactly: {{deviceClassName: {class_name}}}
-"""
+    template = one_gpu_template_yaml(namespace, class_name)
     gated = pod_yaml(namespace, "gated", scheduling.scheduler_name, template="one-gpu").replace(
         "spec:\n", "spec:\n  schedulingGates: [{name: example.com/quota}, {name: kueue.x-k8s.io/admission}]\n", 1)
     await kubectl.apply(template + "---" + gated)
@@ -361,17 +391,7 @@ async def test_pods_that_ask_for_one_host_port_never_share_a_node(scheduling, ku
     NodePorts reason. It binds once one of the others is deleted."""
     class_name, nodes = await gpu_cluster(scheduling, kube, nodes=2)
     await scheduling.start(shards=shards)
-    template = f"""
-apiVersion: resource.k8s.io/v1
-kind: ResourceClaimTemplate
-metadata: {{name: one-gpu, namespace: {namespace}}}
-spec:
-  spec:
-    devices:
-      requests:
-        - name: gpus
-          exactly: {{deviceClassName: {class_name}}}
-"""
+    template = one_gpu_template_yaml(namespace, class_name)
     replicas = [pod_yaml(namespace, f"web-{i}", scheduling.scheduler_name, template="one-gpu").replace(
         "        claims: [{name: devices}]",
         "        claims: [{name: devices}]\n      ports: [{containerPort: 80, hostPort: 8080}]") for i in range(3)]
@@ -405,40 +425,15 @@ async def test_a_deployment_with_hostname_anti_affinity_puts_each_replica_on_its
     kube-scheduler's InterPodAffinity reason."""
     class_name, nodes = await gpu_cluster(scheduling, kube, nodes=3)
     await scheduling.start(shards=shards)
-    await kubectl.apply(f"""
-apiVersion: resource.k8s.io/v1
-kind: ResourceClaimTemplate
-metadata: {{name: one-gpu, namespace: {namespace}}}
-spec:
-  spec:
-    devices:
-      requests:
-        - name: gpus
-          exactly: {{deviceClassName: {class_name}}}
----
-apiVersion: apps/v1
-kind: Deployment
-metadata: {{name: llm, namespace: {namespace}}}
-spec:
-  replicas: 3
-  selector: {{matchLabels: {{app: llm}}}}
-  template:
-    metadata: {{labels: {{app: llm}}}}
-    spec:
-      schedulerName: {scheduling.scheduler_name}
+    anti_affinity = """
       affinity:
         podAntiAffinity:
           requiredDuringSchedulingIgnoredDuringExecution:
             - topologyKey: kubernetes.io/hostname
-              labelSelector: {{matchLabels: {{app: llm}}}}
-      containers:
-        - name: server
-          image: registry.k8s.io/pause:3.10
-          resources: {{claims: [{{name: gpu}}]}}
-      resourceClaims:
-        - name: gpu
-          resourceClaimTemplateName: one-gpu
-""")
+              labelSelector: {matchLabels: {app: llm}}
+"""
+    await kubectl.apply(one_gpu_template_yaml(namespace, class_name) + "---"
+                        + deployment_yaml(namespace, "llm", scheduling.scheduler_name, 3, anti_affinity))
 
     async def replicas_bound(count: int):
         pods = (await get_json(kubectl, "pods", "-n", namespace, "-l", "app=llm"))["items"]
@@ -474,40 +469,15 @@ async def test_topology_spread_keeps_replicas_within_max_skew_over_zones(schedul
                                           labels={0: {"zone": "a"}, 1: {"zone": "a"}, 2: {"zone": "b"}})
     zone_of = {nodes[0]: "a", nodes[1]: "a", nodes[2]: "b"}  # nodes[3] has no zone
     await scheduling.start(shards=shards)
-    await kubectl.apply(f"""
-apiVersion: resource.k8s.io/v1
-kind: ResourceClaimTemplate
-metadata: {{name: one-gpu, namespace: {namespace}}}
-spec:
-  spec:
-    devices:
-      requests:
-        - name: gpus
-          exactly: {{deviceClassName: {class_name}}}
----
-apiVersion: apps/v1
-kind: Deployment
-metadata: {{name: spread, namespace: {namespace}}}
-spec:
-  replicas: 5
-  selector: {{matchLabels: {{app: spread}}}}
-  template:
-    metadata: {{labels: {{app: spread}}}}
-    spec:
-      schedulerName: {scheduling.scheduler_name}
+    spread = """
       topologySpreadConstraints:
         - maxSkew: 1
           topologyKey: zone
           whenUnsatisfiable: DoNotSchedule
-          labelSelector: {{matchLabels: {{app: spread}}}}
-      containers:
-        - name: server
-          image: registry.k8s.io/pause:3.10
-          resources: {{claims: [{{name: gpu}}]}}
-      resourceClaims:
-        - name: gpu
-          resourceClaimTemplateName: one-gpu
-""")
+          labelSelector: {matchLabels: {app: spread}}
+"""
+    await kubectl.apply(one_gpu_template_yaml(namespace, class_name) + "---"
+                        + deployment_yaml(namespace, "spread", scheduling.scheduler_name, 5, spread))
 
     async def all_bound():
         pods = (await get_json(kubectl, "pods", "-n", namespace, "-l", "app=spread"))["items"]

@@ -260,11 +260,13 @@ async def gather(kubeconfig) -> Snapshot:
 
     from draplane.kube import KubeApiError
 
-    async def taint_rules(kube) -> tuple[list[DeviceTaintRule], None]:
+    async def if_served(kube, model) -> tuple[list, None]:
+        """All objects of a kind a feature gate may leave unserved (DeviceTaintRules without
+        DRADeviceTaintRules, PodGroups without GenericWorkload): none where it is."""
         try:
-            return await kube.list(DeviceTaintRule)
+            return await kube.list(model)
         except KubeApiError as exc:
-            if exc.is_not_found:  # a cluster that does not serve them (the DRADeviceTaintRules gate is off)
+            if exc.is_not_found:
                 return [], None
             raise
 
@@ -276,18 +278,10 @@ async def gather(kubeconfig) -> Snapshot:
         return [(f"{e['involvedObject'].get('namespace')}/{e['involvedObject'].get('name')}", e.get("message") or "")
                 for e in events if isinstance(e, dict) and isinstance(e.get("involvedObject"), dict)], None
 
-    async def pod_groups(kube) -> tuple[list[PodGroup], None]:
-        try:
-            return await kube.list(PodGroup)
-        except KubeApiError as exc:
-            if exc.is_not_found:  # a cluster that does not serve them (the GenericWorkload gate is off)
-                return [], None
-            raise
-
     async with await KubeClient.from_environment(kubeconfig) as kube:
         results = await asyncio.gather(
             kube.list(ResourceSlice), kube.list(DeviceClass), kube.list(Node), kube.list(ResourceClaim), kube.list(Pod),
-            taint_rules(kube), kube.list(PodDisruptionBudget), preempted(kube), pod_groups(kube),
+            if_served(kube, DeviceTaintRule), kube.list(PodDisruptionBudget), preempted(kube), if_served(kube, PodGroup),
         )
     return Snapshot(*(items for items, _ in results))
 

@@ -8,7 +8,7 @@ import uuid
 
 import pytest
 
-from draplane.api.core import Node, Pod
+from draplane.api.core import Node, Pod, Toleration
 from draplane.api.resource import ResourceClaim
 from draplane.localenv import binaries
 from draplane.localenv.kubescheduler import kube_scheduler, scheduler_configuration
@@ -30,13 +30,19 @@ async def test_kube_scheduler_allocates_a_template_claim_and_binds_the_pod(contr
     # a product only this test's devices have: other tests' nodes in the session never match
     product = f"ks-test-{tag}"
     await kube.create(scenario.gpu_node(node))
-    await kube.patch(Node, node, {"spec": {"taints": None}})  # the apiserver's not-ready taint: no kubelet
+    # The apiserver's not-ready taint (no kubelet) replaced by one only this test's pod tolerates:
+    # left untainted, kube-scheduler gave its two GPUs to other tests' pending default-scheduler
+    # pods first (CI: two seed-example vllm pods bound there, the test's pod unschedulable).
+    only_this_test = {"key": "draplane.test/kube-scheduler", "value": tag, "effect": "NoSchedule"}
+    await kube.patch(Node, node, {"spec": {"taints": [only_this_test]}})
     await kube.create(scenario.gpu_slice(node, 2, "80Gi", product=product))
     class_name = f"ks-{tag}"
     await kube.create(scenario.device_class(class_name, f'device.attributes["gpu.nvidia.com"].productName == "{product}"'))
     await kube.create(scenario.claim_template(namespace, "one-gpu", class_name))
     # no schedulerName: the default, kube-scheduler's; draplane's services would not take it
-    await kube.create(scenario.pod(namespace, "p", template_name="one-gpu", scheduler_name=None))
+    pod = scenario.pod(namespace, "p", template_name="one-gpu", scheduler_name=None)
+    pod.spec.tolerations = [Toleration(key=only_this_test["key"], operator="Equal", value=tag, effect="NoSchedule")]
+    await kube.create(pod)
 
     scheduler = kube_scheduler(control_plane, tmp_path / "kube-scheduler.log", verbosity=2)
     assert scheduler.argv[0] == str(binaries.require(binaries.KUBE_SCHEDULER))
