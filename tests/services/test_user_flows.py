@@ -28,6 +28,7 @@ from draplane.api.resource import (
     ResourceSlice,
     ResourceSliceSpec,
 )
+from draplane.cli import explain
 from draplane.scheduling import scenario
 from conftest import ensure_class  # noqa: E402  (tests/services/conftest.py)
 
@@ -488,4 +489,192 @@ async def test_topology_spread_keeps_replicas_within_max_skew_over_zones(schedul
     assert all(node in zone_of for node in bound), f"a replica on the node without a zone: {bound}"
     per_zone = {z: sum(1 for n in bound if zone_of[n] == z) for z in ("a", "b")}
     assert sorted(per_zone.values()) == [2, 3], per_zone
+    no_races_or_errors(scheduling)
+
+
+# --- volumes: kube-scheduler's VolumeBinding and the PV controller of kube-controller-manager ---------
+
+
+async def explained(control_plane, namespace: str, pod: str) -> list[str]:
+    """`draplane explain pod/<pod>`'s lines, over what the apiserver holds now."""
+    snapshot = await explain.gather(control_plane.kubeconfig)
+    return explain.explain_pod(snapshot, explain.find_target(snapshot, f"pod/{pod}", namespace))
+
+
+def pod_with_volume_yaml(namespace: str, name: str, scheduler: str, claim: str) -> str:
+    """A one-GPU pod (template `one-gpu`) that mounts the PersistentVolumeClaim `claim`."""
+    return pod_yaml(namespace, name, scheduler, template="one-gpu").replace(
+        "        claims: [{name: devices}]",
+        "        claims: [{name: devices}]\n      volumeMounts: [{name: data, mountPath: /data}]"
+    ) + f"""  volumes:
+    - name: data
+      persistentVolumeClaim: {{claimName: {claim}}}
+"""
+
+
+def local_volume_yaml(name: str, class_name: str, node: str | None, size: str = "1Gi",
+                      claim_ref: dict | None = None) -> str:
+    affinity = f"""
+  nodeAffinity:
+    required:
+      nodeSelectorTerms:
+        - matchExpressions: [{{key: kubernetes.io/hostname, operator: In, values: [{node}]}}]""" if node else ""
+    ref = f"\n  claimRef: {json.dumps(claim_ref)}" if claim_ref else ""
+    source = f"local: {{path: /mnt/{name}}}" if node else f"hostPath: {{path: /mnt/{name}}}"
+    return f"""
+apiVersion: v1
+kind: PersistentVolume
+metadata: {{name: {name}}}
+spec:
+  capacity: {{storage: {size}}}
+  accessModes: [ReadWriteOnce]
+  storageClassName: {class_name}
+  persistentVolumeReclaimPolicy: Retain
+  {source}{affinity}{ref}
+"""
+
+
+def volume_claim_yaml(namespace: str, name: str, class_name: str, size: str = "1Gi") -> str:
+    return f"""
+apiVersion: v1
+kind: PersistentVolumeClaim
+metadata: {{name: {name}, namespace: {namespace}}}
+spec:
+  accessModes: [ReadWriteOnce]
+  storageClassName: {class_name}
+  resources: {{requests: {{storage: {size}}}}}
+"""
+
+
+def storage_class_yaml(name: str, provisioner: str, allowed_nodes: list[str] | None = None) -> str:
+    topologies = f"""
+allowedTopologies:
+  - matchLabelExpressions: [{{key: kubernetes.io/hostname, values: {json.dumps(allowed_nodes)}}}]""" \
+        if allowed_nodes else ""
+    return f"""
+apiVersion: storage.k8s.io/v1
+kind: StorageClass
+metadata: {{name: {name}}}
+provisioner: {provisioner}
+volumeBindingMode: WaitForFirstConsumer{topologies}
+"""
+
+
+async def wait_claim_bound(scheduling, kubectl, namespace: str, claim: str) -> dict:
+    async def bound():
+        got = await get_json(kubectl, "pvc", claim, "-n", namespace)
+        return got if got.get("status", {}).get("phase") == "Bound" else None
+
+    return await scheduling.wait_for(bound, 45, f"persistentvolumeclaim {namespace}/{claim} Bound")
+
+
+@pytest.mark.parametrize("shards", [1, 3])
+async def test_a_pod_whose_claim_is_bound_to_a_local_volume_lands_on_that_volumes_node(
+        scheduling, kube, kubectl, namespace, shards):
+    """A PersistentVolume on the third of three nodes, a claim the PV controller binds to it
+    (immediate binding), and a GPU pod that mounts the claim, all applied at once: until the
+    claim is bound the pod waits with kube-scheduler's message, then it lands on that node."""
+    class_name, nodes = await gpu_cluster(scheduling, kube, nodes=3)
+    await scheduling.start(shards=shards)
+    storage = f"manual-{namespace[-8:]}"
+    await kubectl.apply("---".join([
+        one_gpu_template_yaml(namespace, class_name),
+        local_volume_yaml(f"pv-{namespace[-8:]}", storage, nodes[2]),
+        volume_claim_yaml(namespace, "data", storage),
+        pod_with_volume_yaml(namespace, "trainer", scheduling.scheduler_name, "data"),
+    ]))
+    pod = await wait_bound(scheduling, kubectl, namespace, "trainer")
+    assert pod["spec"]["nodeName"] == nodes[2]
+    claim = await get_json(kubectl, "pvc", "data", "-n", namespace)
+    assert claim["status"]["phase"] == "Bound" and claim["spec"]["volumeName"] == f"pv-{namespace[-8:]}"
+    no_races_or_errors(scheduling)
+
+
+@pytest.mark.parametrize("shards", [1, 3])
+async def test_a_wait_for_first_consumer_claim_binds_the_local_volume_that_fits_on_the_chosen_node(
+        scheduling, kube, kubectl, namespace, shards, control_plane):
+    """A WaitForFirstConsumer class without a provisioner (local volumes): a 500Mi volume on one
+    node and a 5Gi one on another; a pod whose claim asks for 2Gi goes where the 5Gi volume is,
+    and draplane binds it there (claimRef), the PV controller completing the binding. A second
+    pod asking for 100Gi, which no volume holds, waits with kube-scheduler's reason."""
+    class_name, nodes = await gpu_cluster(scheduling, kube, nodes=3)
+    await scheduling.start(shards=shards)
+    tag = namespace[-8:]
+    storage = f"local-{tag}"
+    await kubectl.apply("---".join([
+        storage_class_yaml(storage, "kubernetes.io/no-provisioner"),
+        local_volume_yaml(f"small-{tag}", storage, nodes[0], size="500Mi"),
+        local_volume_yaml(f"big-{tag}", storage, nodes[1], size="5Gi"),
+        one_gpu_template_yaml(namespace, class_name),
+        volume_claim_yaml(namespace, "data", storage, size="2Gi"),
+        volume_claim_yaml(namespace, "huge", storage, size="100Gi"),
+        pod_with_volume_yaml(namespace, "trainer", scheduling.scheduler_name, "data"),
+        pod_with_volume_yaml(namespace, "hoarder", scheduling.scheduler_name, "huge"),
+    ]))
+    pod = await wait_bound(scheduling, kubectl, namespace, "trainer")
+    assert pod["spec"]["nodeName"] == nodes[1]
+    claim = await wait_claim_bound(scheduling, kubectl, namespace, "data")
+    assert claim["spec"]["volumeName"] == f"big-{tag}"
+    assert "volume.kubernetes.io/selected-node" not in claim["metadata"].get("annotations", {})
+    message = await wait_unschedulable(scheduling, kubectl, namespace, "hoarder",
+                                       "node(s) didn't find available persistent volumes to bind")
+    assert re.search(r"\b3 node\(s\) didn't find available persistent volumes to bind", message), message
+    lines = await explained(control_plane, namespace, "hoarder")
+    assert not any("fits now" in line for line in lines), lines
+    assert any("didn't find available persistent volumes to bind" in line for line in lines), lines
+    no_races_or_errors(scheduling)
+
+
+async def test_a_wait_for_first_consumer_claim_is_provisioned_on_the_chosen_node_before_the_pod_binds(
+        scheduling, kube, kubectl, namespace):
+    """A class with an (external) provisioner allowed on one node only: the claim gets
+    `volume.kubernetes.io/selected-node` for that node and the pod stays unbound while the volume
+    is made. This test is the provisioner: it creates the volume for the claim, the PV controller
+    binds them, and the pod binds on that node."""
+    class_name, nodes = await gpu_cluster(scheduling, kube, nodes=3)
+    await scheduling.start(shards=1)
+    tag = namespace[-8:]
+    storage = f"provisioned-{tag}"
+    await kubectl.apply("---".join([
+        storage_class_yaml(storage, "example.com/test-provisioner", allowed_nodes=[nodes[1]]),
+        one_gpu_template_yaml(namespace, class_name),
+        volume_claim_yaml(namespace, "data", storage),
+        pod_with_volume_yaml(namespace, "trainer", scheduling.scheduler_name, "data"),
+    ]))
+
+    async def selected():
+        got = await get_json(kubectl, "pvc", "data", "-n", namespace)
+        return got if got["metadata"].get("annotations", {}).get("volume.kubernetes.io/selected-node") else None
+
+    claim = await scheduling.wait_for(selected, 45, "the claim's selected-node annotation")
+    assert claim["metadata"]["annotations"]["volume.kubernetes.io/selected-node"] == nodes[1]
+    await asyncio.sleep(2)
+    assert not (await get_json(kubectl, "pod", "trainer", "-n", namespace))["spec"].get("nodeName"), \
+        "the pod was bound before its volume exists"
+    await kubectl.apply(local_volume_yaml(f"made-{tag}", storage, nodes[1], claim_ref={
+        "kind": "PersistentVolumeClaim", "apiVersion": "v1", "namespace": namespace, "name": "data",
+        "uid": claim["metadata"]["uid"]}))
+    pod = await wait_bound(scheduling, kubectl, namespace, "trainer")
+    assert pod["spec"]["nodeName"] == nodes[1]
+    assert (await wait_claim_bound(scheduling, kubectl, namespace, "data"))["spec"]["volumeName"] == f"made-{tag}"
+    no_races_or_errors(scheduling)
+
+
+async def test_a_missing_claim_then_an_unbound_immediate_one_are_explained_until_a_volume_binds_it(
+        scheduling, kube, kubectl, namespace, control_plane):
+    class_name, nodes = await gpu_cluster(scheduling, kube, nodes=1)
+    await scheduling.start(shards=1)
+    tag = namespace[-8:]
+    await kubectl.apply(one_gpu_template_yaml(namespace, class_name) + "---"
+                        + pod_with_volume_yaml(namespace, "trainer", scheduling.scheduler_name, "data"))
+    message = await wait_unschedulable(scheduling, kubectl, namespace, "trainer", 'persistentvolumeclaim "data" not found')
+    assert re.fullmatch(r'0/\d+ nodes are available: persistentvolumeclaim "data" not found\.', message), message
+    assert any(line.startswith('Cannot be scheduled yet: persistentvolumeclaim "data" not found')
+               for line in await explained(control_plane, namespace, "trainer"))
+    await kubectl.apply(volume_claim_yaml(namespace, "data", f"manual-{tag}"))
+    message = await wait_unschedulable(scheduling, kubectl, namespace, "trainer", "unbound immediate")
+    assert re.fullmatch(r"0/\d+ nodes are available: pod has unbound immediate PersistentVolumeClaims\.", message)
+    await kubectl.apply(local_volume_yaml(f"pv-{tag}", f"manual-{tag}", nodes[0]))
+    pod = await wait_bound(scheduling, kubectl, namespace, "trainer")
+    assert pod["spec"]["nodeName"] == nodes[0]
     no_races_or_errors(scheduling)

@@ -638,7 +638,7 @@ class Shard:
         for item in todo:
             pending, pod, claims = item
             try:
-                outcome = self.state.place_pod(pod, claims)
+                outcome = self.state.place_pod(pod, claims, volumes=pending.volumes)
             except Exception as exc:  # noqa: BLE001 - a bug met by one pod must not hold up the batch
                 self.m.errors.inc()
                 self.log.exception("shard %d: pod %s: placing it failed", self.index, pending.pod.key(),
@@ -805,7 +805,8 @@ class Shard:
                 return
         for _ in range(COMMIT_ATTEMPTS):
             try:
-                outcome = place_gang_members(self.state, spec, [got for _, got in members])
+                outcome = place_gang_members(self.state, spec, [got for _, got in members],
+                                             volumes=_member_volumes(members))
             except (GangError, AllocationError) as exc:
                 await self._answer_members(pendings, f"gang {spec.key}: {exc}", claim_error=True)
                 return
@@ -817,7 +818,8 @@ class Shard:
                                            f"gang {spec.key}: {exc!r}", claim_error=True)
                 return
             if isinstance(outcome, GangUnplaceable) and needed is not None and needed < len(members):
-                first = place_gang_members(self.state, spec, [got for _, got in members[:needed]])
+                first = place_gang_members(self.state, spec, [got for _, got in members[:needed]],
+                                           volumes=_member_volumes(members))
                 if isinstance(first, GangPlaced):
                     self.log.info("shard %d: gang %s: %d pods do not fit together, the first %d (its minCount "
                                   "less those running) do; the others wait", self.index, spec.key, len(members),
@@ -941,7 +943,8 @@ class Shard:
         devices its node's victims free first (as for one pod); without every hold nobody is
         evicted. The victims of a node go with the first member placed there."""
         try:
-            plan = gang_preemption_for(self.state, spec, [got for _, got in members])
+            plan = gang_preemption_for(self.state, spec, [got for _, got in members],
+                                       volumes=_member_volumes(members))
         except Exception:  # noqa: BLE001 - preemption is an extra; the gang's own answer must still go
             self.log.exception("shard %d: gang %s: preemption search failed", self.index, spec.key,
                                extra=fields(gang=spec.key))
@@ -997,7 +1000,7 @@ class Shard:
         message, plan = outcome.message, None
         if not outcome.claim_error:
             try:
-                plan = self.state.preemption_for(pod, claims)
+                plan = self.state.preemption_for(pod, claims, volumes=pending.volumes)
             except Exception:  # noqa: BLE001 - preemption is an extra; the pod's own answer must still go
                 self.log.exception("shard %d: pod %s: preemption search failed", self.index, pending.pod.key(),
                                    extra=fields(pod=pending.pod.key()))
@@ -1105,3 +1108,8 @@ class Shard:
     async def _publish(self, message) -> None:
         await self.js.publish(self.subjects.results, encode_message(message))
         self._published_since_backlog += 1
+
+
+def _member_volumes(members) -> dict:
+    """Per gang member's pod uid, its PendingPod's volumes (VolumeBinding's PreFilter in the binder)."""
+    return {pending.pod.uid: pending.volumes for pending, _ in members if pending.volumes is not None}

@@ -55,6 +55,11 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--gang-wait-warning-seconds", type=float, default=BinderSettings().gang_wait_warning_seconds,
                         help="a gang member waiting for its gang's minCount gets a Warning Event only after this "
                              "long (the PodScheduled condition says it at once; default %(default)s)")
+    parser.add_argument("--volume-bind-timeout-seconds", type=float,
+                        default=BinderSettings().volume_bind_timeout_seconds,
+                        help="how long binding waits for a pod's PersistentVolumeClaims to be bound or provisioned "
+                             "on its node before it tries the pod again (kube-scheduler's bindTimeoutSeconds; "
+                             "default %(default)s)")
     add_kube_rate_arguments(parser, qps=BinderSettings().kube_api_qps, burst=BinderSettings().kube_api_burst)
     add_http_arguments(parser, default_port=8082)
     parser.add_argument("-v", "--verbose", action="count", default=0)
@@ -105,6 +110,7 @@ def settings_from(args: argparse.Namespace) -> BinderSettings:
         concurrency=args.concurrency,
         lease_seconds=args.lease_seconds,
         gang_wait_warning_seconds=args.gang_wait_warning_seconds,
+        volume_bind_timeout_seconds=args.volume_bind_timeout_seconds,
         stream_replicas=args.stream_replicas,
         kube_api_qps=args.kube_api_qps,
         kube_api_burst=args.kube_api_burst,

@@ -65,8 +65,10 @@ from draplane.scheduling.placing import allocation_node
 from draplane.scheduling.reservation_store import ReservationStore
 from draplane.metrics import counter_value
 from draplane.scheduling.unschedulable import (
-    CLAIM_ERROR, CONDITION_REASON, ERROR_CONDITION_REASON, EVENT_REASON, GANG_WAITING, claim_problem, failure_label,
+    CLAIM_ERROR, CONDITION_REASON, ERROR_CONDITION_REASON, EVENT_REASON, GANG_WAITING, VOLUME_UNBOUND, claim_problem,
+    failure_label, pre_filter_problem,
 )
+from draplane.scheduling.volume_binding import VolumeUnschedulable, pod_claim_names
 from draplane.structured_logs import fields
 from draplane.tasks import cancel_all
 from draplane_binder import in_flight as inf
@@ -75,6 +77,7 @@ from draplane_binder import lifecycle as lc
 from draplane_binder.metrics import BinderMetrics, seconds_since
 from draplane_binder.requeue import node_fit_fingerprint
 from draplane_binder.settings import BinderSettings
+from draplane_binder.volumes import VolumeBinder
 
 log = logging.getLogger(__name__)
 
@@ -184,6 +187,9 @@ class Binder:
         self.synced: dict[str, asyncio.Event] = {k: asyncio.Event() for k in (
             "pods", "claims", "templates", "nodes", "classes", "taint rules", "pod groups", "budgets")}
         self.cluster = ClusterPublisher(instance=self.instance)
+        # PersistentVolumeClaims, PersistentVolumes, StorageClasses: VolumeBinding's PreFilter and PreBind
+        self.volumes = VolumeBinder(kube, bind_timeout=settings.volume_bind_timeout_seconds,
+                                    wake_pods=self._wake_pods, wake_all=self._flush_retries)
 
         self.pod_queue = WorkQueue()
         self.claim_queue = WorkQueue()
@@ -256,6 +262,8 @@ class Binder:
         self._spawn(lambda: self._watch(ResourceClaim, "claims", self._on_claim), "claims watch")
         self._spawn(lambda: self._watch(ResourceClaimTemplate, "templates", self._on_template), "templates watch")
         self._spawn(lambda: self._watch(Node, "nodes", self._on_node), "nodes watch")
+        for name, loop in self.volumes.watches():
+            self._spawn(loop, name)
         # for the shards alone: the binder keeps no cache of these
         self._spawn(lambda: self._watch(DeviceClass, "classes", self._offer), "classes watch")
         self._spawn(lambda: self._watch(PodDisruptionBudget, "budgets", self._offer), "disruption budgets watch")
@@ -278,7 +286,8 @@ class Binder:
 
     @property
     def ready(self) -> bool:
-        return all(e.is_set() for e in self.synced.values()) and self.store is not None and self.store.synced
+        return (all(e.is_set() for e in self.synced.values()) and self.volumes.ready and self.store is not None
+                and self.store.synced)
 
     async def wait_ready(self, timeout: float = 30.0) -> None:
         deadline = time.monotonic() + timeout
@@ -373,6 +382,7 @@ class Binder:
             for table in (self.in_flight, self.retry, self.first_seen, self.last_reason, self.failure_reason):
                 table.pop(uid, None)
             self.unwarned.discard(uid)
+        self.volumes.track_pod(key, old, None if kind == "DELETED" else pod)
         if kind == "DELETED":
             self.pods.pop(key, None)
         else:
@@ -438,6 +448,7 @@ class Binder:
     def _on_node(self, kind: str, node: Node) -> None:
         self.cluster.offer(node, kind == "DELETED")
         name = node.metadata.name or ""
+        self.volumes.set_node(name, None if kind == "DELETED" else (node.metadata.labels or {}))
         if kind == "DELETED":
             changed = self.nodes.pop(name, None) is not None
         else:
@@ -542,6 +553,17 @@ class Binder:
             return
         if uid in self.in_flight or (uid in self.retry and self.retry[uid][0] > time.monotonic()):
             return
+        volumes = None
+        if pod_claim_names(pod):
+            await self.volumes.wait_synced()
+            try:
+                volumes = self.volumes.pre_filter(pod)
+            except VolumeUnschedulable as exc:
+                # kube-scheduler's VolumeBinding PreFilter: no node is tried until the claims change,
+                # which wakes the pod (draplane_binder.volumes)
+                await self._mark_unschedulable(pod, pre_filter_problem(len(self.nodes), exc.message),
+                                               reason=VOLUME_UNBOUND)
+                return
         claims = [self.claims_by_namespace[namespace][name] for name in resolved.names.values()]
         # the shard reads the claims from the cluster bucket: from this revision on, it has them
         keys = [cluster_feed.key_of(c) for c in claims]
@@ -568,6 +590,7 @@ class Binder:
             spec=pod.spec,
             labels=pod.metadata.labels,
             cluster_revision=revision,
+            volumes=volumes,
         )
         shard = shard_for(partition_key(pending), self.settings.shards)
         self.in_flight[uid] = sent = inf.InFlight(since=time.monotonic(), shard=shard)
@@ -683,6 +706,15 @@ class Binder:
 
     # --- retries -----------------------------------------------------------------------------------
 
+    def _wake_pods(self, keys: list[Key]) -> None:
+        """Pods something they wait for changed (a PersistentVolumeClaim): tried again soon, backoff or not."""
+        soon = time.monotonic() + self.settings.retry_flush_seconds
+        for key in keys:
+            pod = self.pods.get(key)
+            uid = pod.metadata.uid or "" if pod is not None else ""
+            if uid in self.retry and self.retry[uid][0] > soon:
+                self.retry[uid] = (soon, self.retry[uid][1])
+
     def _flush_retries(self) -> None:
         soon = time.monotonic() + self.settings.retry_flush_seconds
         for uid, (at, backoff) in list(self.retry.items()):
@@ -795,7 +827,7 @@ class Binder:
     async def _handle_result(self, msg, result) -> None:
         try:
             if isinstance(result, Placement):
-                if await self.write_placement(result):
+                if await self.write_placement(result, in_progress=msg.in_progress):
                     # Before the acknowledgement: a crash in between redelivers the placement,
                     # which finds the pod bound and publishes this again (one event by its id).
                     await self.audit.publish_and_wait(self._placed_event(result))
@@ -892,8 +924,11 @@ class Binder:
         except Exception:  # noqa: BLE001
             log.warning("pod %s/%s: could not record the error on the pod", *_key(pod), exc_info=True)
 
-    async def write_placement(self, placement: Placement) -> bool:
-        """Finalizer, status, binding; idempotent. On failure, undo and release. True when bound."""
+    async def write_placement(self, placement: Placement, *,
+                              in_progress: Callable[[], Awaitable] | None = None) -> bool:
+        """PreBind (volumes, then the claims' finalizer and status), then the binding; idempotent.
+        On failure, undo and release. True when bound. `in_progress` tells the results stream
+        that the placement is still being worked on (PreBind may wait for volumes for minutes)."""
         pod = self.pods_by_uid.get(placement.pod.uid)
         if pod is None:
             try:
@@ -938,6 +973,10 @@ class Binder:
                 await self._abandon(placement, pod, f"resourceclaim {item.claim.key()}: its reservation is no longer held")
                 return False
 
+        if not pod.spec.node_name:
+            why = await self._bind_pod_volumes(placement, pod, in_progress)
+            if why is not None:
+                return False
         written: list[ClaimRef] = []
         deadline = self._write_deadline(placement.node, claim_uids)
         for item in placement.claims:
@@ -992,6 +1031,52 @@ class Binder:
         for table in (self.retry, self.last_reason, self.failure_reason):
             table.pop(uid, None)
         return True
+
+    async def _bind_pod_volumes(self, placement: Placement, pod: Pod,
+                                in_progress: Callable[[], Awaitable] | None) -> str | None:
+        """VolumeBinding's PreBind: the pod's claims bound or provisioned on the node, waited for
+        with the placement's leases (and its results message) kept alive. On failure the placement
+        is abandoned, and the pod says why as kube-scheduler's SchedulerError does."""
+        expected = {c.claim.uid: rv.devices_of(c.allocation) for c in placement.claims}
+        renewals_failed = 0
+
+        async def keep_leases() -> None:
+            nonlocal renewals_failed
+            if in_progress is not None:
+                try:
+                    await in_progress()
+                except Exception:  # noqa: BLE001 - redelivery is the worst case, and writing is idempotent
+                    log.debug("pod %s: could not tell the results stream it is in progress", placement.pod.key())
+            try:
+                await self.store.hold(placement.node, expected, self.settings.lease_seconds, pods=[placement.pod.uid])
+            except Exception:  # noqa: BLE001 - checked again once the wait is over
+                renewals_failed += 1
+                log.warning("pod %s: could not renew its leases on node %s while its volumes are bound",
+                            placement.pod.key(), placement.node, exc_info=True)
+
+        why = await self.volumes.pre_bind(pod, placement.node, keep_leases)
+        if why is None and renewals_failed:
+            # a lease may have lapsed meanwhile, and its devices gone to another pod
+            held = await self.store.hold(placement.node, expected, self.settings.lease_seconds,
+                                         pods=[placement.pod.uid])
+            plan = protocol.plan_write(list(expected), placement.pod.uid, held, node=placement.node,
+                                       pod_bound_here=False)
+            if isinstance(plan, protocol.Abandon):
+                why = plan.why
+            elif plan.verify:
+                why = f"the reservation of {len(plan.verify)} claim(s) lapsed while the volumes were bound"
+        if why is None:
+            return None
+        # kube-scheduler's backoff, doubling per failed attempt: not _abandon's quick retry, which
+        # is for a lapsed lease (a volume that keeps failing would otherwise be tried 3 times a second)
+        uid = placement.pod.uid
+        backoff = min(self.settings.retry_max_seconds,
+                      self.retry.get(uid, (0.0, self.settings.retry_initial_seconds / 2))[1] * 2)
+        await self._abandon(placement, pod, f"binding volumes: {why}")
+        if uid in self.retry:
+            self.retry[uid] = (time.monotonic() + backoff, backoff)
+        await self._report_error(placement.pod.uid, f"running PreBind plugin \"VolumeBinding\": {why}")
+        return why
 
     def _write_deadline(self, node: str, claim_uids: list[str]) -> float:
         """When (monotonic) the last attempt at writing these claims' allocation may start: the

@@ -78,6 +78,11 @@ class GangMember:
     name: str
     claims: tuple[ResourceClaim, ...]
     pod: Pod | None = None
+    # Filters beyond node fit that the member's own state decides (its volumes, in
+    # draplane.scheduling.volume_binding): a node it refuses takes no part of this member.
+    # `constraint_key` tells members apart whose filters differ, as their specs do.
+    node_allowed: Callable[[Node], bool] | None = None
+    constraint_key: bytes = b""
 
 
 @dataclass(frozen=True, slots=True)
@@ -348,6 +353,8 @@ class _GangSearch:
             for r, v in m.requests.items():
                 used[r] = used.get(r, 0) + v
         newest = group[-1]
+        if newest.spec.node_allowed is not None and not newest.spec.node_allowed(node):
+            return False
         if newest.spec.pod is None:
             return True
         return node_fit(newest.spec.pod, node, requests=newest.requests, in_use=(used, count + len(group) - 1)).fits
@@ -491,7 +498,7 @@ def _members(gang: Gang) -> list[_Member]:
         shape = (tuple(encode_json(c.spec) for c in m.claims if not is_allocated(c)),
                  tuple(claim_key(c) for c in m.claims if not is_allocated(c) and refs[claim_key(c)] > 1),
                  tuple(encode_json(a) for a in allocated),
-                 encode_json(m.pod.spec) if m.pod is not None else b"")
+                 encode_json(m.pod.spec) if m.pod is not None else b"", m.constraint_key)
         own = [c for c in m.claims if not is_allocated(c) and refs[claim_key(c)] == 1]
         shared = [c for c in m.claims if not is_allocated(c) and refs[claim_key(c)] > 1]
         out.append(_Member(0, m, shape, requests, own, shared, allocated))

@@ -152,6 +152,26 @@ class PodSchedulingGroup(Base, kw_only=True):
     pod_group_name: str | None = None
 
 
+class PersistentVolumeClaimVolumeSource(Base, kw_only=True):
+    claim_name: str
+    read_only: bool | None = None
+
+
+class EphemeralVolumeSource(Base, kw_only=True):
+    # The claim the ephemeral volume controller makes from it is named <pod>-<volume>; scheduling
+    # reads that claim, not the template, which is kept opaque.
+    volume_claim_template: dict | None = None
+
+
+class Volume(Base, kw_only=True):
+    """A pod volume, as far as scheduling reads it: the claims it uses. Other sources (emptyDir,
+    configMap, ...) decode to a name alone."""
+
+    name: str
+    persistent_volume_claim: PersistentVolumeClaimVolumeSource | None = None
+    ephemeral: EphemeralVolumeSource | None = None
+
+
 class PodSpec(Base, kw_only=True):
     containers: list[Container] = msgspec.field(default_factory=list)
     init_containers: list[Container] | None = None
@@ -170,6 +190,7 @@ class PodSpec(Base, kw_only=True):
     scheduling_group: PodSchedulingGroup | None = None
     scheduling_gates: list[PodSchedulingGate] | None = None
     topology_spread_constraints: list[TopologySpreadConstraint] | None = None
+    volumes: list[Volume] | None = None
 
 
 class PodResourceClaimStatus(Base, kw_only=True):

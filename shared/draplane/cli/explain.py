@@ -19,10 +19,12 @@ from draplane.api.meta import ObjectMeta
 from draplane.api.policy import PodDisruptionBudget
 from draplane.api.resource import DeviceClass, DeviceTaintRule, ResourceClaim, ResourceSlice
 from draplane.api.scheduling import PodGroup
+from draplane.api.storage import PersistentVolume, PersistentVolumeClaim, StorageClass
 from draplane.scheduling import preemption
 from draplane.scheduling.gangs import GangSpecError, gang_spec, pod_group_key
 from draplane.scheduling.placing import ClusterState, NotPlaced, Placed, allocation_node
 from draplane.scheduling.unschedulable import FailureReason
+from draplane.scheduling import volume_binding
 
 # How many node names to list per failure class before "and N more".
 NODES_SHOWN = 5
@@ -41,6 +43,16 @@ class Snapshot:
     # message naming the preemptor by UID and the node, as kube-scheduler's does.
     preempted: list[tuple[str, str]] = dataclasses.field(default_factory=list)
     pod_groups: list[PodGroup] = dataclasses.field(default_factory=list)
+    volume_claims: list[PersistentVolumeClaim] = dataclasses.field(default_factory=list)
+    volumes: list[PersistentVolume] = dataclasses.field(default_factory=list)
+    storage_classes: list[StorageClass] = dataclasses.field(default_factory=list)
+
+    def pod_volumes(self, pod: Pod) -> volume_binding.PodVolumes | None:
+        """The binder's VolumeBinding PreFilter over this snapshot; raises VolumeUnschedulable."""
+        namespace = pod.metadata.namespace
+        return volume_binding.pre_filter(
+            pod, {c.metadata.name: c for c in self.volume_claims if c.metadata.namespace == namespace},
+            {v.metadata.name: v for v in self.volumes}, {c.metadata.name: c for c in self.storage_classes})
 
     def state(self, *, without: set[str] = frozenset()) -> ClusterState:
         """The shards' view, minus the claims being explained (so they are placed afresh)."""
@@ -182,11 +194,18 @@ def explain_pod(snapshot: Snapshot, pod: Pod) -> list[str]:
     if gates:
         lines.append(f"Held by scheduling gates {', '.join(gates)}: no scheduler tries it until every gate is "
                      "removed (by whoever added it: Kueue, a quota controller).")
+    try:
+        volumes = snapshot.pod_volumes(pod)
+    except volume_binding.VolumeUnschedulable as exc:
+        lines.append(f"Cannot be scheduled yet: {exc.message} (its PersistentVolumeClaims; no node is tried "
+                     "until they change).")
+        return lines
     gang_wait = _gang_wait(snapshot, pod)
     if gang_wait:
         lines.append(gang_wait)
     outcome = snapshot.state(without={c.metadata.uid for c in claims
-                                      if not (c.status and c.status.allocation)}).place_pod(pod, claims)
+                                      if not (c.status and c.status.allocation)}).place_pod(pod, claims,
+                                                                                             volumes=volumes)
     if isinstance(outcome, Placed) and gates:
         lines.append(f"Once the gates are removed it fits now: node {outcome.node}.")
     elif isinstance(outcome, Placed) and gang_wait:
@@ -195,7 +214,7 @@ def explain_pod(snapshot: Snapshot, pod: Pod) -> list[str]:
         lines.append(f"It fits now: node {outcome.node}; the next scheduling attempt should bind it.")
     else:
         lines.extend(_describe_failures(outcome, said))
-        lines.extend(_preemption_now(snapshot, pod, claims))
+        lines.extend(_preemption_now(snapshot, pod, claims, volumes))
     lines.extend(_preempted_for(snapshot, pod))
     return lines
 
@@ -240,9 +259,10 @@ def _preempted_for(snapshot: Snapshot, pod: Pod) -> list[str]:
             + ", ".join(sorted(names)) for node, names in sorted(victims.items())]
 
 
-def _preemption_now(snapshot: Snapshot, pod: Pod, claims: list[ResourceClaim]) -> list[str]:
+def _preemption_now(snapshot: Snapshot, pod: Pod, claims: list[ResourceClaim],
+                    volumes: volume_binding.PodVolumes | None = None) -> list[str]:
     state = snapshot.state(without={c.metadata.uid for c in claims if not (c.status and c.status.allocation)})
-    plan = state.preemption_for(pod, claims)
+    plan = state.preemption_for(pod, claims, volumes=volumes)
     if isinstance(plan, preemption.PreemptionPlan):
         return [f"Preemption: {plan.explain()}."]
     if isinstance(plan, preemption.AwaitingVictims):
@@ -282,6 +302,7 @@ async def gather(kubeconfig) -> Snapshot:
         results = await asyncio.gather(
             kube.list(ResourceSlice), kube.list(DeviceClass), kube.list(Node), kube.list(ResourceClaim), kube.list(Pod),
             if_served(kube, DeviceTaintRule), kube.list(PodDisruptionBudget), preempted(kube), if_served(kube, PodGroup),
+            kube.list(PersistentVolumeClaim), kube.list(PersistentVolume), kube.list(StorageClass),
         )
     return Snapshot(*(items for items, _ in results))
 

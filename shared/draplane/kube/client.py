@@ -22,7 +22,7 @@ import yarl
 from kubernetes_asyncio import client as k8s_client
 from kubernetes_asyncio import config as k8s_config
 
-from draplane.api import core, policy, resource, scheduling
+from draplane.api import core, policy, resource, scheduling, storage
 from draplane.kube.metrics import ApiserverMetrics
 from draplane.kube.ratelimit import TokenBucket, retry_after_seconds, retry_delay
 
@@ -64,6 +64,15 @@ KINDS: dict[type[msgspec.Struct], ResourceKind] = {
     core.Node: ResourceKind("v1", "nodes", False, core.Node, core.NodeList),
     policy.PodDisruptionBudget: ResourceKind(
         "policy/v1", "poddisruptionbudgets", True, policy.PodDisruptionBudget, policy.PodDisruptionBudgetList
+    ),
+    storage.PersistentVolumeClaim: ResourceKind(
+        "v1", "persistentvolumeclaims", True, storage.PersistentVolumeClaim, storage.PersistentVolumeClaimList
+    ),
+    storage.PersistentVolume: ResourceKind(
+        "v1", "persistentvolumes", False, storage.PersistentVolume, storage.PersistentVolumeList
+    ),
+    storage.StorageClass: ResourceKind(
+        "storage.k8s.io/v1", "storageclasses", False, storage.StorageClass, storage.StorageClassList
     ),
     scheduling.PodGroup: ResourceKind(
         scheduling.API_VERSION, "podgroups", True, scheduling.PodGroup, scheduling.PodGroupList

@@ -11,7 +11,7 @@ reservations without placements, which the binder never binds and whose leases l
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Collection, Sequence
+from collections.abc import Callable, Collection, Mapping, Sequence
 
 import msgspec
 
@@ -19,9 +19,9 @@ from draplane.allocation.errors import AllocationError
 from draplane.allocation.gang import Gang, GangError, GangMember, GangPlacement, GangUnplaceable, SearchBudget, place_gang
 from draplane.allocation.nodefit import NodeFitError, pod_requests
 from draplane.allocation.state import claim_key
-from draplane.api.core import Pod
+from draplane.api.core import Node, Pod
 from draplane.api.resource import ResourceClaim, ResourceClaimStatus
-from draplane.scheduling import preemption
+from draplane.scheduling import preemption, volume_binding
 from draplane.scheduling.gangs import GangSpec
 from draplane.scheduling.placing import ClusterState, Placed
 
@@ -45,6 +45,12 @@ def _as_allocated(state: ClusterState, claim: ResourceClaim) -> ResourceClaim:
     return msgspec.structs.replace(claim, status=ResourceClaimStatus(allocation=reservation.allocation))
 
 
+def _volumes_allow(volumes: volume_binding.PodVolumes | None) -> Callable[[Node], bool] | None:
+    if volumes is None:
+        return None
+    return lambda node: not volume_binding.node_reasons(volumes, node.metadata.name or "", node.metadata.labels or {})
+
+
 def place_gang_members(
     state: ClusterState,
     spec: GangSpec,
@@ -52,10 +58,12 @@ def place_gang_members(
     *,
     budget: SearchBudget = SearchBudget(),
     gone: Collection[str] = (),
+    volumes: Mapping[str, volume_binding.PodVolumes] | None = None,
 ) -> GangPlaced | GangUnplaceable:
     """All members placed on the shard's state, or the gang's one explanation. The state is as
     before when this returns. `gone`: uids of bound pods to count as evicted (their CPU and memory
-    off their nodes; preemption frees their claims in the core itself). Raises GangError (and
+    off their nodes; preemption frees their claims in the core itself). `volumes`: per member
+    uid, what the binder's VolumeBinding PreFilter found (draplane.scheduling.volume_binding). Raises GangError (and
     AllocationError) for a gang that cannot be searched, naming the member or claim."""
     gang_members = []
     by_key: dict[str, tuple[Pod, list[ResourceClaim]]] = {}
@@ -63,7 +71,9 @@ def place_gang_members(
         key = f"{pod.metadata.namespace or ''}/{pod.metadata.name or ''}"
         ready = [_as_allocated(state, c) for c in claims]
         by_key[key] = (pod, ready)
-        gang_members.append(GangMember(key, tuple(ready), pod))
+        pod_volumes = (volumes or {}).get(pod.metadata.uid or "")
+        gang_members.append(GangMember(key, tuple(ready), pod, node_allowed=_volumes_allow(pod_volumes),
+                                       constraint_key=msgspec.msgpack.encode(pod_volumes) if pod_volumes else b""))
 
     def bound(node: str):
         pods = state.pods_here(node)
@@ -109,6 +119,7 @@ def gang_preemption_for(
     members: Sequence[tuple[Pod, Sequence[ResourceClaim]]],
     *,
     budget: SearchBudget = SearchBudget(),
+    volumes: Mapping[str, volume_binding.PodVolumes] | None = None,
 ) -> preemption.GangPreemptionPlan | preemption.NoPreemption | None:
     """For a gang `place_gang_members` could not place: the lower-priority pods whose eviction
     lets all its members fit together (`preemption.plan_gang_preemption`), or why there are none.
@@ -132,7 +143,8 @@ def gang_preemption_for(
     def try_place(gone: Sequence[preemption.RunningPod]) -> GangPlaced | None:
         released.restore_all()
         released.release_unused(gone)
-        outcome = place_gang_members(state, spec, members, budget=trial_budget, gone={p.uid for p in gone})
+        outcome = place_gang_members(state, spec, members, budget=trial_budget, gone={p.uid for p in gone},
+                                     volumes=volumes)
         return outcome if isinstance(outcome, GangPlaced) else None
 
     try:

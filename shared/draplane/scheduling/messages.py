@@ -16,6 +16,7 @@ import msgspec
 
 from draplane.api.core import PodSpec
 from draplane.api.resource import AllocationResult
+from draplane.scheduling.volume_binding import PodVolumes
 
 SCHEMA_VERSION = 1
 DEFAULT_PREFIX = "draplane."
@@ -67,6 +68,10 @@ class PendingPod(msgspec.Struct, tag="pending", kw_only=True):
     # .cluster_feed): a shard whose watch of the bucket is behind that waits for it, rather than
     # take a claim it has not heard of yet for one that does not exist. 0 from an older binder.
     cluster_revision: int = 0
+    # What the binder's VolumeBinding PreFilter found of the pod's PersistentVolumeClaims: the
+    # shard's Filter reads it per node (draplane.scheduling.volume_binding). None: no claims, or
+    # an older binder.
+    volumes: PodVolumes | None = None
 
 
 class ClaimPlacement(msgspec.Struct, kw_only=True):

@@ -44,6 +44,7 @@ from draplane.scheduling import reservations as rv
 from draplane.api.policy import PodDisruptionBudget
 from draplane.scheduling import inter_pod_affinity as ipa
 from draplane.scheduling import pod_topology_spread as spread
+from draplane.scheduling import volume_binding
 from draplane.scheduling import preemption
 from draplane.scheduling.messages import NodeFailure
 from draplane.scheduling.unschedulable import FailureReason, summarize
@@ -579,7 +580,8 @@ class ClusterState:
                                             reasons=[f"{CANNOT_ALLOCATE}: the node has no devices"]))
         return NotPlaced(message=summarize(failures, len(self.nodes)), failures=failures)
 
-    def preemption_for(self, pod: Pod, claims: Sequence[ResourceClaim], now: float | None = None):
+    def preemption_for(self, pod: Pod, claims: Sequence[ResourceClaim], now: float | None = None, *,
+                       volumes: volume_binding.PodVolumes | None = None):
         """For a pod `place_pod` could not place: the victims whose eviction lets it fit
         (`preemption.PreemptionPlan`), the terminating pods it waits for, or why preemption cannot
         help (`NoPreemption`). None when no pod anywhere has a lower priority, so preemption has
@@ -619,8 +621,11 @@ class ClusterState:
             if node is None:
                 return False
             labels = node.metadata.labels or {}
+            # A node the pod's volumes rule out stays ruled out whoever is evicted
+            # (UnschedulableAndUnresolvable in kube-scheduler).
             return (spreading is not None and spread.filter_node(spreading, labels) is not None) or \
-                (affinity is not None and ipa.filter_node(affinity, labels) is not None)
+                (affinity is not None and ipa.filter_node(affinity, labels) is not None) or \
+                bool(volume_binding.node_reasons(volumes, name, labels))
 
         return preemption.plan_preemption(self.cluster, pod, claims, running=running, claims_in_use=in_use,
                                           budgets=list(self.budgets.values()), in_use=used,
@@ -649,8 +654,10 @@ class ClusterState:
                     node=node, reason=FailureReason.CAPACITY_EXHAUSTED.value, detail=detail, reasons=[message])])
         return None
 
-    def place_pod(self, pod: Pod, claims: Sequence[ResourceClaim]) -> Placed | NotPlaced:
-        """Where `pod` and its claims can go: node fit first, then the devices, best score wins."""
+    def place_pod(self, pod: Pod, claims: Sequence[ResourceClaim], *,
+                  volumes: volume_binding.PodVolumes | None = None) -> Placed | NotPlaced:
+        """Where `pod` and its claims can go: node fit first, then the devices, best score wins.
+        `volumes` is what the binder's VolumeBinding PreFilter found of the pod's PVCs."""
         try:
             requests = pod_requests(pod)
         except NodeFitError as exc:
@@ -701,7 +708,13 @@ class ClusterState:
             if not fit.fits:
                 fit_failures[name] = (", ".join(fit.reasons), list(fit.scheduler_reasons))
                 return False
-            # kube-scheduler's order after NodeResourcesFit: PodTopologySpread, InterPodAffinity
+            # kube-scheduler's order after NodeResourcesFit: VolumeBinding, VolumeZone,
+            # PodTopologySpread, InterPodAffinity
+            if volumes is not None:
+                volume_reasons = volume_binding.node_reasons(volumes, name, node.metadata.labels or {})
+                if volume_reasons:
+                    fit_failures[name] = (", ".join(volume_reasons), volume_reasons)
+                    return False
             for plugin_state, plugin in ((spreading, spread), (affinity, ipa)):
                 if plugin_state is not None:
                     reason = plugin.filter_node(plugin_state, node.metadata.labels or {})

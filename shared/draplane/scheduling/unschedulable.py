@@ -67,6 +67,7 @@ CLAIM_ERROR = "ClaimError"  # the pod's claims themselves (an unknown class, a c
 NO_NODES = "NoNodes"  # no node to try
 GANG_WAITING = "GangWaiting"  # the pod's gang has fewer pods than its minCount, or no PodGroup yet
 GANG_UNPLACEABLE = "GangUnplaceable"  # the gang's members do not fit together
+VOLUME_UNBOUND = "VolumeUnbound"  # the pod's PersistentVolumeClaims (missing, lost, unbound immediate)
 
 
 def failure_label(failures: Iterable[NodeFailure], claim_error: str = "") -> str:
@@ -83,6 +84,12 @@ def failure_label(failures: Iterable[NodeFailure], claim_error: str = "") -> str
     order = {reason.value: i for i, reason in enumerate(FailureReason)}
     # a reason outside the enum (a newer shard's) still gets a place, after the known ones
     return min(counts, key=lambda r: (-counts[r], order.get(r, len(order)), r))
+
+
+def pre_filter_problem(total_nodes: int, message: str) -> str:
+    """kube-scheduler's message when a PreFilter plugin rejects the pod before any node is
+    looked at: `0/3 nodes are available: persistentvolumeclaim "data" not found.`"""
+    return f"0/{total_nodes} nodes are available: {message}."
 
 
 def claim_problem(message: str) -> str:

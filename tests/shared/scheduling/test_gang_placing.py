@@ -166,3 +166,28 @@ def test_a_gang_facing_more_victim_nodes_than_trials_is_refused_before_any_searc
                                            try_place=lambda gone: calls.append(1), trials=3)
     assert isinstance(plan, NoPreemption) and "lower-priority pods run on 3 nodes, more than the 3" in plan.reason
     assert calls == []
+
+
+# --- members' volumes ----------------------------------------------------------------------------------
+
+from draplane.api.meta import NodeSelector, NodeSelectorRequirement, NodeSelectorTerm  # noqa: E402
+from draplane.scheduling.volume_binding import BoundVolume, PodVolumes  # noqa: E402
+
+
+def pinned_to(node: str) -> PodVolumes:
+    """A bound claim whose volume lives on `node` alone."""
+    return PodVolumes(bound=(BoundVolume(claim="data", volume=f"pv-{node}", node_affinity=NodeSelector(
+        node_selector_terms=[NodeSelectorTerm(match_expressions=[NodeSelectorRequirement(
+            key="kubernetes.io/hostname", operator="In", values=[node])])])),))
+
+
+def test_each_gang_member_goes_where_its_volume_is_and_a_member_whose_volume_is_nowhere_fails_the_gang():
+    state = eight_gpu_state(4)
+    gang = members("v", 2, 1)  # alike but for their volumes: busy-first packing alone puts both on one node
+    volumes = {"v-p0": pinned_to("node-03"), "v-p1": pinned_to("node-01")}
+    placed = place_gang_members(state, GangSpec("ns/v", 2), gang, volumes=volumes)
+    assert isinstance(placed, GangPlaced)
+    assert {uid: p.node for uid, p in placed.members.items()} == {"v-p0": "node-03", "v-p1": "node-01"}
+    nowhere = place_gang_members(state, GangSpec("ns/v", 2), gang,
+                                 volumes={**volumes, "v-p1": pinned_to("node-99")})
+    assert isinstance(nowhere, GangUnplaceable)

@@ -457,3 +457,25 @@ def pod_named(name: str, uid: str, node: str):
 
     return msgspec.convert({"metadata": {"name": name, "namespace": "ns", "uid": uid, "labels": {"app": "web"}},
                             "spec": {"nodeName": node, "containers": [{"name": "c"}]}}, Pod)
+
+
+def test_volumes_filter_nodes_after_node_fit_with_kube_schedulers_reasons():
+    from draplane.api.meta import NodeSelector, NodeSelectorRequirement, NodeSelectorTerm
+    from draplane.scheduling.volume_binding import BoundVolume, PodVolumes
+
+    def pinned_to(node: str) -> PodVolumes:
+        return PodVolumes(bound=(BoundVolume(claim="data", volume="pv", node_affinity=NodeSelector(
+            node_selector_terms=[NodeSelectorTerm(match_expressions=[NodeSelectorRequirement(
+                key="kubernetes.io/hostname", operator="In", values=[node])])])),))
+
+    state = eight_gpu_nodes()
+    pod = with_uid(scenario.pod("ns", "p", claim_name="one"), "p1")
+    claim = with_uid(scenario.claim("ns", "one", "gpu.nvidia.com"), "c1")
+    placed = state.place_pod(pod, [claim], volumes=pinned_to("node-2"))
+    assert isinstance(placed, Placed) and placed.node == "node-2"
+    pod.spec.node_selector = {"pool": "small"}  # node fit rejects node-0 first, as kube-scheduler's order does
+    outcome = state.place_pod(pod, [claim], volumes=pinned_to("node-0"))
+    assert isinstance(outcome, NotPlaced)
+    assert outcome.message == ("0/4 nodes are available: 1 node(s) didn't match Pod's node affinity/selector, "
+                               "3 node(s) didn't match PersistentVolume's node affinity.")
+    assert {f.reason for f in outcome.failures} == {FailureReason.NODE_DOES_NOT_FIT.value}
