@@ -184,6 +184,9 @@ JOBS = {
         (R, "deviceclasses,devicetaintrules", READ),
         ("policy", "poddisruptionbudgets", READ),
         ("scheduling.k8s.io", "podgroups", READ),
+        # VolumeBinding: a volume's claimRef (static binding), a claim's selected-node (provisioning)
+        ("", "persistentvolumeclaims,persistentvolumes", "get,list,watch,patch"),
+        ("storage.k8s.io", "storageclasses", READ),
     ),
     "draplane-node-agent": set(),
     "draplane-audit": set(),  # NATS only
