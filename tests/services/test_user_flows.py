@@ -678,3 +678,34 @@ async def test_a_missing_claim_then_an_unbound_immediate_one_are_explained_until
     pod = await wait_bound(scheduling, kubectl, namespace, "trainer")
     assert pod["spec"]["nodeName"] == nodes[0]
     no_races_or_errors(scheduling)
+
+
+async def test_an_allocation_error_ends_the_attempt_with_scheduler_error_and_the_pod_binds_once_it_clears(
+        scheduling, kube, kubectl, namespace):
+    """A claim for all GPUs of the class on a node whose pool is being updated (one of its two
+    slices published): Kubernetes' allocator returns an error, and kube-scheduler's
+    DynamicResources Filter ends the attempt with it (PodScheduled=False, SchedulerError), even
+    though the other node fits. Once the pool is whole the pod binds."""
+    class_name, (whole,) = await gpu_cluster(scheduling, kube, nodes=1, gpus=2)
+    updating = f"user-updating-{uuid.uuid4().hex[:6]}"
+    half = scenario.gpu_slice(updating, 2, "80Gi")
+    half.spec.pool.resource_slice_count = 2
+    await scheduling.put_node(scenario.gpu_node(updating), [half])
+    await scheduling.start(shards=1)
+    await kubectl.apply(claim_yaml(namespace, "all", class_name).replace("count: 1", "allocationMode: All") + "---"
+                        + pod_yaml(namespace, "p", scheduling.scheduler_name, claim="all"))
+
+    async def errored():
+        got = await get_json(kubectl, "pod", "p", "-n", namespace)
+        assert not got["spec"].get("nodeName"), f"bound to {got['spec']['nodeName']}"
+        return next((c for c in got.get("status", {}).get("conditions", [])
+                     if c["type"] == "PodScheduled" and c.get("reason") == "SchedulerError"), None)
+
+    condition = await scheduling.wait_for(errored, 45, "PodScheduled=False with reason SchedulerError")
+    assert condition["message"].startswith('running "DynamicResources" filter plugin: '), condition
+    assert "is currently being updated" in condition["message"], condition
+    # the inventory publishes the pool whole (a new generation of one slice)
+    await scheduling.put_node(scenario.gpu_node(updating), [scenario.gpu_slice(updating, 2, "80Gi", generation=2)])
+    pod = await wait_bound(scheduling, kubectl, namespace, "p")
+    assert pod["spec"]["nodeName"] in (whole, updating)
+    no_races_or_errors(scheduling)

@@ -1024,7 +1024,7 @@ class Shard:
         elif isinstance(plan, preemption.NoPreemption):
             message = f"{message} {plan.reason}"
         return Unschedulable(pod=pending.pod, shard=self.index, message=message, failures=outcome.failures,
-                             claim_error=outcome.claim_error, preemption=preempt)
+                             claim_error=outcome.claim_error, preemption=preempt, error=outcome.scheduler_error)
 
     async def _hold_for_preemption(self, pending: PendingPod, pod: Pod, claims: list[ResourceClaim], node: str,
                                    allocations: dict, victims) -> bool:

@@ -617,9 +617,11 @@ class Binder:
                    for c in claims)
 
     async def _mark_unschedulable(self, pod: Pod, message: str, *, reason: str, shard: int | None = None,
-                                  answer: str = "") -> None:
+                                  answer: str = "", condition: str = CONDITION_REASON) -> None:
         """`reason` is why as a metric label (failure_label); `shard` and `answer` (its
-        results-stream sequence) name a shard's verdict, for the audit."""
+        results-stream sequence) name a shard's verdict, for the audit. `condition` is the
+        PodScheduled condition's reason: Unschedulable, or SchedulerError for an attempt that
+        ended on an error."""
         uid = pod.metadata.uid or ""
         self.failure_reason[uid] = reason
         self.in_flight.pop(uid, None)
@@ -640,7 +642,7 @@ class Binder:
         self.metrics.failures.labels(reason).inc()
         log.info("pod %s/%s: unschedulable, retry in %.1f s: %s", *_key(pod), backoff, message,
                  extra=fields(pod="/".join(_key(pod))))
-        await self._not_scheduled(pod, CONDITION_REASON, message, warn=not quiet)
+        await self._not_scheduled(pod, condition, message, warn=not quiet)
         if quiet:
             self.unwarned.add(uid)
         else:
@@ -837,10 +839,11 @@ class Binder:
                     message = result.message
                     if result.preemption is not None:
                         message = await self.preempt(pod, result.preemption, message, shard=result.shard)
-                    await self._mark_unschedulable(pod, message, shard=result.shard,
-                                                   answer=_stream_sequence(msg),
-                                                   reason=result.label or failure_label(result.failures,
-                                                                                        result.claim_error))
+                    await self._mark_unschedulable(
+                        pod, message, shard=result.shard, answer=_stream_sequence(msg),
+                        reason=ERROR_CONDITION_REASON if result.error else (
+                            result.label or failure_label(result.failures, result.claim_error)),
+                        condition=ERROR_CONDITION_REASON if result.error else CONDITION_REASON)
             else:
                 log.error("unexpected %s on the results subject", type(result).__name__)
         except Exception as exc:  # noqa: BLE001 - counted, logged, told to the pod, redelivered with backoff

@@ -177,6 +177,10 @@ class _ShapeIndex:
         self.entries: dict[str, _NodeEntry] = {}
         self.heap: list[tuple[float, int, str, tuple]] = []
         self.errors: dict[str, AllocationError] = {}
+        # Nodes where evaluating the claims raised an error that holds there only (an incomplete
+        # pool for `All`, a constraint an `All` request's device breaks): kube-scheduler's
+        # DynamicResources Filter returns it as an error, which ends the pod's attempt.
+        self.node_errors: dict[str, NodeFailure] = {}
         # Nodes alike in devices and use (see Cluster._likeness) share one search:
         # likeness -> (outcome, the positions of a placement's devices on the node searched).
         self.by_likeness: dict[tuple, tuple[object, tuple | None]] = {}
@@ -392,6 +396,11 @@ class Cluster:
         index = self._refresh(shape, claims, policy, plans)
         if index.errors:
             raise next(iter(index.errors.values()))
+        for name in sorted(index.node_errors):
+            # Only where the other filters let the pod be: kube-scheduler runs this one there alone.
+            if name in self.nodes and (node_filter is None or node_filter(self.nodes[name])):
+                failure = index.node_errors[name]
+                raise AllocationError(failure.reason, failure.message, node=name)
         with_resources = node_resources is not None and policy.reads_node_resources
         while True:
             if with_resources:
@@ -440,6 +449,7 @@ class Cluster:
             if name not in self.nodes:
                 index.entries.pop(name, None)
                 index.errors.pop(name, None)
+                index.node_errors.pop(name, None)
                 continue
             stamp = self._stamp(name)
             entry = index.entries.get(name)
@@ -470,6 +480,10 @@ class Cluster:
                 outcome, positions = shared
             if isinstance(outcome, AllocationError):
                 index.errors[name] = outcome
+            if isinstance(outcome, NodeFailure) and outcome.from_error:
+                index.node_errors[name] = outcome
+            else:
+                index.node_errors.pop(name, None)
             if entry is None:
                 index.entries[name] = _NodeEntry(stamp, frees, outcome, positions)
             else:  # updated in place: a busy cluster otherwise makes one object per node change

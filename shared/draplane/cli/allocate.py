@@ -95,10 +95,10 @@ def _run(args: argparse.Namespace) -> int:
         else:
             outcome = cluster.allocate(pending, explain=True)
     except AllocationError as exc:
-        if exc.fatal:
-            raise InputError(exc.message) from None
-        _error(f"cannot allocate: {exc.message}")
-        return EXIT_UNALLOCATABLE
+        # Kubernetes' Allocate returns an error for these too (an `All` request meeting a pool
+        # being updated, or a device that breaks a constraint): kube-scheduler ends the pod's
+        # attempt with it rather than call the claims unallocatable, so this is exit 2 as well.
+        raise InputError(exc.message) from None
 
     if not isinstance(outcome, NodePlacement):
         names = ", ".join(_name(c) for c in pending)

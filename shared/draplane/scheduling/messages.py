@@ -129,6 +129,9 @@ class Unschedulable(msgspec.Struct, tag="unschedulable", kw_only=True):
     # The metric label the shard chose (draplane.scheduling.unschedulable's GANG_* ones), where the
     # failures cannot say why: "" means the binder derives it from `failures` and `claim_error`.
     label: str = ""
+    # The attempt ended on an error (kube-scheduler's SchedulerError condition), not on a verdict
+    # that no node fits; the message is the error. False from an older shard.
+    error: bool = False
 
 
 class ClaimReleased(msgspec.Struct, tag="released", kw_only=True):

@@ -121,6 +121,10 @@ class NotPlaced:
     message: str
     failures: list[NodeFailure]
     claim_error: str = ""
+    # The attempt ended on an error, as kube-scheduler's does when a filter returns one (an
+    # allocation error that holds on one node): the pod says SchedulerError and is retried with
+    # backoff; no other node is tried and nobody is preempted.
+    scheduler_error: bool = False
 
 
 def _selects(evaluate, expressions: list[str], record) -> bool:
@@ -741,7 +745,10 @@ class ClusterState:
         try:
             outcome = self.cluster.allocate(pending, node_filter=node_filter, explain=True, node_resources=resources)
         except AllocationError as exc:
-            return NotPlaced(message=exc.message, failures=[], claim_error=exc.message)
+            if exc.fatal:
+                return NotPlaced(message=exc.message, failures=[], claim_error=exc.message)
+            message = f'running "DynamicResources" filter plugin: {exc.message}'
+            return NotPlaced(message=message, failures=[], claim_error=message, scheduler_error=True)
         if isinstance(outcome, Unallocatable):
             device_failures = {f.node: f for f in outcome.failures if f.reason is not Reason.NODE_FILTERED}
             return self._not_placed(device_failures, node_filter, fit_failures)

@@ -63,10 +63,15 @@ def kubernetes():
         yield oracle
 
 
-def check(case: dict, kubernetes) -> None:
+def check(case: dict, kubernetes, workdir=None) -> None:
     kube = kubernetes.allocate(case)
     ours = generate.draplane_outcome(case)
     category = generate.compare(case, kube, ours)
+    if category is None and workdir is not None:
+        paths = generate.draplane_path_outcomes(case, workdir)
+        wrong = {path: got for path, got in paths.items() if got != kube["outcome"]}
+        if wrong:
+            category = f"paths: Kubernetes says {kube['outcome']}, draplane's {wrong}"
     if category is None or known_divergence(case, category):
         return
     detail = json.dumps({"case": case, "kubernetes": kube, "draplane": ours}, sort_keys=True)
@@ -76,26 +81,27 @@ def check(case: dict, kubernetes) -> None:
 @settings(max_examples=150, derandomize=True, deadline=None, database=None,
           suppress_health_check=[HealthCheck.too_slow, HealthCheck.filter_too_much, HealthCheck.data_too_large])
 @given(data=st.data())
-def test_allocator_matches_kubernetes(kubernetes, data):
+def test_allocator_matches_kubernetes(kubernetes, data, tmp_path_factory):
     case = generate.case(generate.HypothesisSource(data))
     if not generate.valid(case):
         from hypothesis import assume
 
         assume(False)
-    check(case, kubernetes)
+    check(case, kubernetes, tmp_path_factory.mktemp("case"))
 
 
 @pytest.mark.parametrize("seed", range(4))
-def test_allocator_matches_kubernetes_random_sweep(kubernetes, seed):
+def test_allocator_matches_kubernetes_random_sweep(kubernetes, seed, tmp_path):
     """Hypothesis' draws lean towards small values (few features per case); a fixed sweep of the
-    generator's own distribution (the bench's) covers the rest, deterministically."""
+    generator's own distribution (the bench's) covers the rest, deterministically. Each case also
+    goes through the shard's path and `draplane allocate`, whose outcome class must be the same."""
     import random
 
     rng = random.Random(1000 + seed)
     for _ in range(250):
         case = generate.case(generate.RandomSource(rng))
         if generate.valid(case):
-            check(case, kubernetes)
+            check(case, kubernetes, tmp_path)
 
 
 def test_generator_covers_outcomes(kubernetes):

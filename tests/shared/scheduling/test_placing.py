@@ -211,24 +211,32 @@ def test_nodes_the_selector_excludes_are_reported_by_node_fit_not_by_devices():
     assert len(outcome.failures) == 5
 
 
-def test_an_error_that_holds_on_one_node_is_that_nodes_reason_in_its_own_words():
+def test_an_allocation_error_on_one_node_ends_the_attempt_as_kube_schedulers_filter_error_does():
     # An `All` request on a node whose pool is being updated: Kubernetes' allocator errors with
-    # the pool's name; the node is counted with that error, not with a generic phrase.
+    # the pool's name, and kube-scheduler's DynamicResources Filter returns that error, which
+    # ends the pod's attempt (SchedulerError, backoff) although another node would fit.
     state = ClusterState()
     state.set_class(scenario.device_class("gpu"))
     state.set_node(scenario.gpu_node("node-a"))
     half = scenario.gpu_slice("node-a", 2, "80Gi")
     half.spec.pool.resource_slice_count = 2
     state.set_feed_entry("node.node-a", [half])
+    state.set_node(scenario.gpu_node("node-b"))
+    state.set_feed_entry("node.node-b", [scenario.gpu_slice("node-b", 2, "80Gi")])
     claim = with_uid(scenario.claim("ns", "all-gpus", "gpu"), "c1")
     claim.spec.devices.requests[0].exactly.count = None
     claim.spec.devices.requests[0].exactly.allocation_mode = "All"
-    placed = state.place_pod(with_uid(scenario.pod("ns", "p", claim_name="all-gpus"), "p1"), [claim])
-    assert isinstance(placed, NotPlaced)
+    pod = with_uid(scenario.pod("ns", "p", claim_name="all-gpus"), "p1")
+    placed = state.place_pod(pod, [claim])
+    assert isinstance(placed, NotPlaced) and placed.scheduler_error and placed.claim_error
     assert placed.message == (
-        "0/1 nodes are available: 1 cannot allocate all claims: ResourceClaim ns/all-gpus: "
+        'running "DynamicResources" filter plugin: ResourceClaim ns/all-gpus: '
         "spec.devices.requests[0].exactly: asks for all devices, but resource pool gpu.nvidia.com/node-a "
-        "is currently being updated.")
+        "is currently being updated")
+    # a node the other filters rule out is never asked, so its error does not count
+    pod.spec.node_selector = {"kubernetes.io/hostname": "node-b"}
+    placed = state.place_pod(pod, [claim])
+    assert isinstance(placed, Placed) and placed.node == "node-b"
 
 
 def test_node_fit_answers_kept_per_pod_shape_go_stale_when_the_node_or_its_pods_change():

@@ -409,6 +409,38 @@ def draplane_outcome(c: dict) -> dict:
     return {"outcome": "unallocatable", "message": outcome.message, "reason": outcome.reason.value, "allocations": []}
 
 
+def draplane_path_outcomes(c: dict, workdir) -> dict[str, str]:
+    """The outcome class on draplane's two other paths for the same input: the shard's
+    (`Cluster.allocate` over every node, as `ClusterState.place_pod` calls it) and
+    `draplane allocate` (its exit code: 0 allocated, 1 unallocatable, 2 error). Both must agree
+    with `allocate_on_node`: an error ends kube-scheduler's attempt, it is not "unallocatable"."""
+    import contextlib
+    import io
+    import json
+    from pathlib import Path
+
+    from draplane.allocation import AllocationError, Cluster, NodePlacement
+    from draplane.api.codec import decode_object
+    from draplane.cli import main
+
+    cluster = Cluster(slices=[decode_object(s) for s in c["slices"]], classes=[decode_object(k) for k in c["classes"]],
+                      nodes=[decode_object(c["node"])], policy="first-fit")
+    for a in c["allocated"]:
+        cluster.add_allocated_claim(decode_object(a))
+    try:
+        placed = cluster.allocate([decode_object(k) for k in c["claims"]], explain=True)
+        shard = "allocated" if isinstance(placed, NodePlacement) else "unallocatable"
+    except AllocationError:
+        shard = "error"
+    path = Path(workdir) / "case.json"
+    items = [c["node"], *c["classes"], *c["slices"], *c["allocated"], *c["claims"]]
+    path.write_text(json.dumps({"apiVersion": "v1", "kind": "List", "items": items}))
+    with contextlib.redirect_stdout(io.StringIO()), contextlib.redirect_stderr(io.StringIO()):
+        code = main(["allocate", "--policy", "first-fit", "--node", NODE, str(path)])
+    cli = {0: "allocated", 1: "unallocatable", 2: "error"}.get(code, f"exit {code}")
+    return {"shard": shard, "cli": cli}
+
+
 def chosen_devices(answer: dict) -> list[list[tuple]]:
     """Per claim: (request, driver, pool, device, adminAccess) of each result, in order."""
     return [
