@@ -709,3 +709,94 @@ async def test_an_allocation_error_ends_the_attempt_with_scheduler_error_and_the
     pod = await wait_bound(scheduling, kubectl, namespace, "p")
     assert pod["spec"]["nodeName"] in (whole, updating)
     no_races_or_errors(scheduling)
+
+
+# --- binding conditions: devices that must be attached before the pod may bind ------------------------
+
+ATTACHED, ATTACH_FAILED = "dra.example.com/attached", "dra.example.com/attach-failed"
+
+
+async def attachable_gpus_node(scheduling, kube) -> tuple[str, str]:
+    """One node whose two GPUs must be attached first (bindingConditions), and their class."""
+    class_name, _ = await gpu_cluster(scheduling, kube, nodes=0)
+    name = f"user-attach-{uuid.uuid4().hex[:6]}"
+    gpus = scenario.gpu_slice(name, 2, "80Gi")
+    for device in gpus.spec.devices:
+        device.binding_conditions = [ATTACHED]
+        device.binding_failure_conditions = [ATTACH_FAILED]
+    await scheduling.put_node(scenario.gpu_node(name), [gpus])
+    return class_name, name
+
+
+async def set_device_condition(kubectl, namespace: str, claim: str, condition: str) -> None:
+    """What the device's driver does once it attached it: a condition in the claim's status.devices."""
+    got = await get_json(kubectl, "resourceclaim", claim, "-n", namespace)
+    (result,) = got["status"]["allocation"]["devices"]["results"]
+    status = {"devices": [{"driver": result["driver"], "pool": result["pool"], "device": result["device"],
+                           "conditions": [{"type": condition, "status": "True", "reason": "Attached",
+                                           "message": "attached by the test", "lastTransitionTime":
+                                           "2026-01-01T00:00:00Z"}]}]}
+    await kubectl("patch", "resourceclaim", claim, "-n", namespace, "--subresource=status", "--type=merge",
+                  "-p", json.dumps({"status": status}))
+
+
+async def test_a_device_with_a_binding_condition_keeps_the_pod_unbound_until_the_condition_holds(
+        scheduling, kube, kubectl, namespace):
+    class_name, node = await attachable_gpus_node(scheduling, kube)
+    await scheduling.start(shards=1)
+    await kubectl.apply(claim_yaml(namespace, "gpu", class_name) + "---"
+                        + pod_yaml(namespace, "p", scheduling.scheduler_name, claim="gpu"))
+
+    async def allocated():
+        got = await get_json(kubectl, "resourceclaim", "gpu", "-n", namespace)
+        return got if got.get("status", {}).get("allocation") else None
+
+    claim = await scheduling.wait_for(allocated, 45, "the claim allocated")
+    (result,) = claim["status"]["allocation"]["devices"]["results"]
+    assert result["bindingConditions"] == [ATTACHED] and claim["status"]["allocation"]["allocationTimestamp"]
+    await asyncio.sleep(3)
+    assert not (await get_json(kubectl, "pod", "p", "-n", namespace))["spec"].get("nodeName"), \
+        "bound before its device was attached"
+    events = await get_json(kubectl, "events", "-n", namespace, "--field-selector", "reason=BindingConditionsPending")
+    assert [e["message"] for e in events["items"]] == [f"waiting for binding conditions for device on node {node}"]
+    await set_device_condition(kubectl, namespace, "gpu", ATTACHED)
+    pod = await wait_bound(scheduling, kubectl, namespace, "p")
+    assert pod["spec"]["nodeName"] == node
+    no_races_or_errors(scheduling)
+
+
+async def test_a_device_whose_binding_condition_never_holds_is_given_back_after_the_timeout(
+        scheduling, kube, kubectl, namespace):
+    """With a 4 s binding timeout: the attempt fails with kube-scheduler's error, the claim is
+    deallocated (so the next attempt may pick other devices) and the pod tried again; a failure
+    condition ends the wait at once the same way."""
+    class_name, node = await attachable_gpus_node(scheduling, kube)
+    await scheduling.start(shards=1, binding_timeout_seconds=4.0)
+    await kubectl.apply(claim_yaml(namespace, "gpu", class_name) + "---"
+                        + pod_yaml(namespace, "p", scheduling.scheduler_name, claim="gpu"))
+    first = await wait_unschedulable(scheduling, kubectl, namespace, "p", "device binding timeout", timeout=30)
+    assert first == 'running PreBind plugin "DynamicResources": device binding timeout: claim=gpu', first
+    stamps = set()
+
+    async def allocated_again():
+        got = await get_json(kubectl, "resourceclaim", "gpu", "-n", namespace)
+        allocation = got.get("status", {}).get("allocation")
+        if allocation:
+            stamps.add(allocation["allocationTimestamp"])
+        return len(stamps) >= 2 or None
+
+    await scheduling.wait_for(allocated_again, 30, "the claim deallocated and allocated again by a new attempt")
+    assert not (await get_json(kubectl, "pod", "p", "-n", namespace))["spec"].get("nodeName")
+
+    async def attach_failed():
+        # the claim comes and goes with each attempt: report the failure while it is allocated
+        try:
+            await set_device_condition(kubectl, namespace, "gpu", ATTACH_FAILED)
+        except (AssertionError, KeyError, RuntimeError, TypeError):
+            return None
+        return True
+
+    await scheduling.wait_for(attach_failed, 30, "the attach failure reported on an allocated claim", interval=0.5)
+    await wait_unschedulable(scheduling, kubectl, namespace, "p", "device binding failed: claim=gpu, reason=Attached",
+                             timeout=30)
+    assert scheduling.binder.counters["pods_bound"] == 0

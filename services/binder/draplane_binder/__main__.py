@@ -60,6 +60,10 @@ def build_parser() -> argparse.ArgumentParser:
                         help="how long binding waits for a pod's PersistentVolumeClaims to be bound or provisioned "
                              "on its node before it tries the pod again (kube-scheduler's bindTimeoutSeconds; "
                              "default %(default)s)")
+    parser.add_argument("--binding-timeout-seconds", type=float, default=BinderSettings().binding_timeout_seconds,
+                        help="how long binding waits for a device's binding conditions after its claim is allocated, "
+                             "before the claim is deallocated and the pod tried again (kube-scheduler's "
+                             "DynamicResources bindingTimeout; default %(default)s)")
     add_kube_rate_arguments(parser, qps=BinderSettings().kube_api_qps, burst=BinderSettings().kube_api_burst)
     add_http_arguments(parser, default_port=8082)
     parser.add_argument("-v", "--verbose", action="count", default=0)
@@ -111,6 +115,7 @@ def settings_from(args: argparse.Namespace) -> BinderSettings:
         lease_seconds=args.lease_seconds,
         gang_wait_warning_seconds=args.gang_wait_warning_seconds,
         volume_bind_timeout_seconds=args.volume_bind_timeout_seconds,
+        binding_timeout_seconds=args.binding_timeout_seconds,
         stream_replicas=args.stream_replicas,
         kube_api_qps=args.kube_api_qps,
         kube_api_burst=args.kube_api_burst,

@@ -9,6 +9,7 @@ change; the asyncio shell applies it.
 
 from __future__ import annotations
 
+from datetime import datetime
 from collections.abc import Iterable, Mapping
 
 import msgspec
@@ -298,17 +299,22 @@ def same_allocation(a: AllocationResult | None, b: AllocationResult | None) -> b
     return msgspec.structs.replace(a, allocation_timestamp=None) == msgspec.structs.replace(b, allocation_timestamp=None)
 
 
-def plan_claim_write(claim: ResourceClaim, allocation: AllocationResult, pod: Pod) -> ClaimWrite:
+def plan_claim_write(claim: ResourceClaim, allocation: AllocationResult, pod: Pod, *,
+                     now: str | None = None) -> ClaimWrite:
     """What step 2 of the placement protocol writes for one claim, given its current state.
 
     Idempotent: the claim already carrying this allocation and this pod is done; carrying it without
-    the pod (a shared claim, or a crash mid-way) needs only the pod added.
+    the pod (a shared claim, or a crash mid-way) needs only the pod added. A new allocation gets
+    `now` (RFC 3339) as its allocationTimestamp, as kube-scheduler 1.37 writes it: the binding
+    conditions' timeout counts from it.
     """
     status = claim.status or ResourceClaimStatus()
     consumer = pod_consumer(pod)
     reserved = list(status.reserved_for or ())
     has_pod = any(r.uid == consumer.uid for r in reserved)
     if status.allocation is None:
+        if now is not None and allocation.allocation_timestamp is None:
+            allocation = msgspec.structs.replace(allocation, allocation_timestamp=now)
         return WriteStatus(
             msgspec.structs.replace(status, allocation=allocation, reserved_for=[*reserved, consumer])
         )
@@ -319,6 +325,61 @@ def plan_claim_write(claim: ResourceClaim, allocation: AllocationResult, pod: Po
     if has_pod:
         return AlreadyWritten()
     return WriteStatus(msgspec.structs.replace(status, reserved_for=[*reserved, consumer]))
+
+
+def has_binding_conditions(allocation: AllocationResult | None) -> bool:
+    return allocation is not None and any(r.binding_conditions for r in allocation.devices.results or ())
+
+
+class BindingWait(msgspec.Struct, frozen=True):
+    """Where a claim's devices stand against their binding conditions."""
+
+    ready: bool
+    error: str = ""  # the attempt fails with it: a failure condition, or the timeout
+
+
+def binding_readiness(claim: ResourceClaim, now: datetime, timeout_seconds: float) -> BindingWait:
+    """kube-scheduler's isClaimReadyForBinding and isClaimTimeout for one claim: ready once every
+    binding condition of every allocated device is True in `status.devices`; failed once a
+    binding failure condition is True, or when the conditions are still unmet `timeout_seconds`
+    after the allocation's timestamp."""
+    status = claim.status
+    allocation = status.allocation if status is not None else None
+    if allocation is None:
+        return BindingWait(ready=False)
+    name = claim.metadata.name
+    devices = {(d.driver, d.pool, d.device): d for d in (status.devices or ())}
+    ready = True
+    for result in allocation.devices.results or ():
+        if not result.binding_conditions:
+            continue
+        device = devices.get((result.driver, result.pool, result.device))
+        if device is None:
+            ready = False
+            continue
+        conditions = {c.type: c for c in device.conditions or ()}
+        for wanted in result.binding_failure_conditions or ():
+            failed = conditions.get(wanted)
+            if failed is not None and failed.status == "True":
+                return BindingWait(ready=False, error=f"device binding failed: claim={name}, reason={failed.reason or ''}, "
+                                                      f'message="{failed.message or ""}"')
+        if not all(conditions.get(c) is not None and conditions[c].status == "True" for c in result.binding_conditions):
+            ready = False
+    if ready:
+        return BindingWait(ready=True)
+    allocated_at = parse_rfc3339(allocation.allocation_timestamp)
+    if allocated_at is not None and (now - allocated_at).total_seconds() > timeout_seconds:
+        return BindingWait(ready=False, error=f"device binding timeout: claim={name}")
+    return BindingWait(ready=False)
+
+
+def parse_rfc3339(text: str | None) -> datetime | None:
+    if not text:
+        return None
+    try:
+        return datetime.fromisoformat(text.replace("Z", "+00:00"))
+    except ValueError:
+        return None
 
 
 def status_without_pod(claim: ResourceClaim, pod_uid: str) -> ResourceClaimStatus | None:

@@ -92,6 +92,10 @@ IN_FLIGHT_CHECK_SECONDS = 5.0
 # A claim's allocation is not written later than this before its reservation's lease ends
 # (see Binder._write_deadline): room for the request in flight and for clocks a little apart.
 WRITE_DEADLINE_MARGIN_SECONDS = 3.0
+# How often PreBind looks at claims whose devices' binding conditions it waits for (the watch
+# updates the cache; kube-scheduler polls every 5 s), and renews the placement's leases meanwhile.
+BINDING_POLL_SECONDS = 0.5
+BINDING_LEASE_RENEW_SECONDS = 5.0
 # How long a ClaimReleased publish is tried again (see _tell_released).
 RELEASE_PUBLISH_RETRY_SECONDS = 10.0
 
@@ -989,6 +993,19 @@ class Binder:
                 return False
             written.append(item.claim)
         if not pod.spec.node_name:
+            why = await self._wait_binding_conditions(placement, pod, written, in_progress)
+            if why is not None:
+                uid = placement.pod.uid
+                backoff = min(self.settings.retry_max_seconds,
+                              self.retry.get(uid, (0.0, self.settings.retry_initial_seconds / 2))[1] * 2)
+                # the claims are deallocated (no other pod shares them), so the next attempt may
+                # pick other devices, as kube-scheduler's PostFilter deallocates them
+                await self._undo(placement, pod, written, f"binding conditions: {why}")
+                if uid in self.retry:
+                    self.retry[uid] = (time.monotonic() + backoff, backoff)
+                await self._report_error(uid, f'running PreBind plugin "DynamicResources": {why}')
+                return False
+        if not pod.spec.node_name:
             try:
                 await self.kube.bind_pod(placement.pod.namespace, placement.pod.name, placement.node, placement.pod.uid)
                 self.metrics.pods_bound.inc()
@@ -1040,25 +1057,10 @@ class Binder:
         """VolumeBinding's PreBind: the pod's claims bound or provisioned on the node, waited for
         with the placement's leases (and its results message) kept alive. On failure the placement
         is abandoned, and the pod says why as kube-scheduler's SchedulerError does."""
-        expected = {c.claim.uid: rv.devices_of(c.allocation) for c in placement.claims}
-        renewals_failed = 0
-
-        async def keep_leases() -> None:
-            nonlocal renewals_failed
-            if in_progress is not None:
-                try:
-                    await in_progress()
-                except Exception:  # noqa: BLE001 - redelivery is the worst case, and writing is idempotent
-                    log.debug("pod %s: could not tell the results stream it is in progress", placement.pod.key())
-            try:
-                await self.store.hold(placement.node, expected, self.settings.lease_seconds, pods=[placement.pod.uid])
-            except Exception:  # noqa: BLE001 - checked again once the wait is over
-                renewals_failed += 1
-                log.warning("pod %s: could not renew its leases on node %s while its volumes are bound",
-                            placement.pod.key(), placement.node, exc_info=True)
-
-        why = await self.volumes.pre_bind(pod, placement.node, keep_leases)
-        if why is None and renewals_failed:
+        keeper = _LeaseKeeper(self, placement, in_progress, "its volumes are bound")
+        expected = keeper.expected
+        why = await self.volumes.pre_bind(pod, placement.node, keeper.keep)
+        if why is None and keeper.failures:
             # a lease may have lapsed meanwhile, and its devices gone to another pod
             held = await self.store.hold(placement.node, expected, self.settings.lease_seconds,
                                          pods=[placement.pod.uid])
@@ -1080,6 +1082,41 @@ class Binder:
             self.retry[uid] = (time.monotonic() + backoff, backoff)
         await self._report_error(placement.pod.uid, f"running PreBind plugin \"VolumeBinding\": {why}")
         return why
+
+    async def _wait_binding_conditions(self, placement: Placement, pod: Pod, written: list[ClaimRef],
+                                       in_progress: Callable[[], Awaitable] | None) -> str | None:
+        """DynamicResources' PreBind wait: a device allocated with binding conditions (a device
+        that must be attached first) keeps the pod unbound until every condition is True in the
+        claim's status.devices. None when they are (or there are none), else the error: a binding
+        failure condition, or none of it within `binding_timeout_seconds` of the allocation."""
+        waiting = [ref for ref in written if lc.has_binding_conditions(
+            next(c.allocation for c in placement.claims if c.claim.uid == ref.uid))]
+        if not waiting:
+            return None
+        self._queue_event(pod, "BindingConditionsPending",
+                          f"waiting for binding conditions for device on node {placement.node}", type_="Normal")
+        log.info("pod %s: waiting for the binding conditions of %s on node %s", placement.pod.key(),
+                 ", ".join(f"resourceclaim {r.name}" for r in waiting), placement.node,
+                 extra=fields(pod=placement.pod.key(), node=placement.node))
+        keeper = _LeaseKeeper(self, placement, in_progress, "its devices' binding conditions are awaited")
+        renewed = time.monotonic()
+        while True:
+            pending = []
+            for ref in waiting:
+                claim = self.claims.get((ref.namespace, ref.name))
+                if claim is None or claim.metadata.uid != ref.uid:
+                    return f"resourceclaim {ref.key()} is gone"
+                state = lc.binding_readiness(claim, datetime.now(timezone.utc), self.settings.binding_timeout_seconds)
+                if state.error:
+                    return state.error
+                if not state.ready:
+                    pending.append(ref)
+            if not pending:
+                return None
+            if time.monotonic() - renewed >= BINDING_LEASE_RENEW_SECONDS:
+                await keeper.keep()
+                renewed = time.monotonic()
+            await asyncio.sleep(BINDING_POLL_SECONDS)
 
     def _write_deadline(self, node: str, claim_uids: list[str]) -> float:
         """When (monotonic) the last attempt at writing these claims' allocation may start: the
@@ -1118,7 +1155,7 @@ class Binder:
                 if lc.DELETE_PROTECTION_FINALIZER not in finalizers:
                     claim.metadata.finalizers = [*finalizers, lc.DELETE_PROTECTION_FINALIZER]
                     claim = await self.kube.update(claim, deadline=deadline)
-                plan = lc.plan_claim_write(claim, allocation, pod)
+                plan = lc.plan_claim_write(claim, allocation, pod, now=_now_rfc3339())
                 if from_cache and not isinstance(plan, lc.WriteStatus):
                     continue  # "done" or "taken" is only believed from a fresh read
                 if isinstance(plan, lc.AllocatedElsewhere):
@@ -1446,3 +1483,30 @@ def _with_finalizers(claim: ResourceClaim, finalizers: list[str]) -> ResourceCla
 def _log_failure(task: asyncio.Task) -> None:
     if not task.cancelled() and task.exception() is not None:
         log.error("binder task %s failed", task.get_name(), exc_info=task.exception())
+
+
+class _LeaseKeeper:
+    """Keeps a placement alive while PreBind waits (volumes being bound, devices being
+    attached): its reservations' leases renewed in the bucket, its results message marked in
+    progress. `failures` counts renewals that did not land; the caller checks the leases again."""
+
+    def __init__(self, binder: Binder, placement: Placement, in_progress: Callable[[], Awaitable] | None,
+                 while_what: str) -> None:
+        self.binder, self.placement, self.in_progress, self.while_what = binder, placement, in_progress, while_what
+        self.expected = {c.claim.uid: rv.devices_of(c.allocation) for c in placement.claims}
+        self.failures = 0
+
+    async def keep(self) -> None:
+        placement = self.placement
+        if self.in_progress is not None:
+            try:
+                await self.in_progress()
+            except Exception:  # noqa: BLE001 - redelivery is the worst case, and writing is idempotent
+                log.debug("pod %s: could not tell the results stream it is in progress", placement.pod.key())
+        try:
+            await self.binder.store.hold(placement.node, self.expected, self.binder.settings.lease_seconds,
+                                         pods=[placement.pod.uid])
+        except Exception:  # noqa: BLE001 - checked again once the wait is over
+            self.failures += 1
+            log.warning("pod %s: could not renew its leases on node %s while %s", placement.pod.key(),
+                        placement.node, self.while_what, exc_info=True)

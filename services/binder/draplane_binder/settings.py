@@ -38,6 +38,10 @@ class BinderSettings:
     # PreBind waits this long for the pod's PersistentVolumeClaims to be bound or provisioned
     # (kube-scheduler's VolumeBinding bindTimeoutSeconds, 600 by default), then tries it again.
     volume_bind_timeout_seconds: float = 600.0
+    # PreBind waits this long after a claim's allocation for its devices' binding conditions
+    # (kube-scheduler's DynamicResources bindingTimeout, 600 by default); the claim is then
+    # deallocated and the pod tried again.
+    binding_timeout_seconds: float = 600.0
     stream_replicas: int = 1  # 3 on a 3-server NATS cluster
     # Client-side limit of apiserver requests (--kube-api-qps/--kube-api-burst). Above the most the
     # binder wrote in bench/e2e.py (138 pods/s at 6 writes a pod, about 830 a second), so it caps a

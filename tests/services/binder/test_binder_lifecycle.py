@@ -157,3 +157,62 @@ def test_template_claims_of_gone_pods_are_deleted():
     assert not lc.is_template_claim_of_gone_pod(claim, {"pod-uid": p})
     assert lc.is_template_claim_of_gone_pod(claim, {"pod-uid": pod(phase="Failed")})
     assert not lc.is_template_claim_of_gone_pod(ResourceClaim(metadata=ObjectMeta(name="plain")), {})
+
+
+# --- allocation timestamp and binding conditions ----------------------------------------------------
+
+from datetime import datetime, timedelta, timezone  # noqa: E402
+
+import msgspec  # noqa: E402
+
+from draplane.api.meta import Condition  # noqa: E402
+from draplane.api.resource import AllocatedDeviceStatus  # noqa: E402
+
+NOW = datetime(2026, 12, 5, 12, 0, 0, tzinfo=timezone.utc)
+
+
+def attached_allocation(stamp: str | None = "2026-12-05T12:00:00Z") -> AllocationResult:
+    base = allocation()
+    results = [msgspec.structs.replace(r, binding_conditions=["example.com/attached"],
+                                       binding_failure_conditions=["example.com/failed"])
+               for r in base.devices.results]
+    return msgspec.structs.replace(base, devices=msgspec.structs.replace(base.devices, results=results),
+                                   allocation_timestamp=stamp)
+
+
+def with_device_conditions(claim_allocation: AllocationResult, **conditions: str) -> ResourceClaim:
+    result = claim_allocation.devices.results[0]
+    devices = [AllocatedDeviceStatus(driver=result.driver, pool=result.pool, device=result.device, conditions=[
+        Condition(type=t.replace("_", "/"), status=s, reason="Test", message=f"{t} is {s}") for t, s in conditions.items()])]
+    return ResourceClaim(metadata=ObjectMeta(name="c", namespace="ns"),
+                         status=ResourceClaimStatus(allocation=claim_allocation, devices=devices if conditions else None))
+
+
+def test_a_new_allocation_gets_kube_schedulers_allocation_timestamp_and_an_old_one_keeps_its_own():
+    claim = ResourceClaim(metadata=ObjectMeta(name="c", namespace="ns"))
+    plan = lc.plan_claim_write(claim, allocation(), pod(), now="2026-12-05T12:00:00Z")
+    assert plan.status.allocation.allocation_timestamp == "2026-12-05T12:00:00Z"
+    assert lc.same_allocation(plan.status.allocation, allocation())
+    claim.status = plan.status
+    later = lc.plan_claim_write(claim, allocation(), pod(name="other", uid="other-uid"), now="2026-12-05T13:00:00Z")
+    assert later.status.allocation.allocation_timestamp == "2026-12-05T12:00:00Z"
+
+
+def test_binding_readiness_waits_for_every_condition_fails_on_a_failure_condition_and_times_out():
+    assert not lc.has_binding_conditions(allocation()) and lc.has_binding_conditions(attached_allocation())
+    plain = ResourceClaim(metadata=ObjectMeta(name="c"), status=ResourceClaimStatus(allocation=allocation()))
+    assert lc.binding_readiness(plain, NOW, 600) == lc.BindingWait(ready=True)
+    waiting = with_device_conditions(attached_allocation())
+    assert lc.binding_readiness(waiting, NOW + timedelta(seconds=599), 600) == lc.BindingWait(ready=False)
+    assert lc.binding_readiness(waiting, NOW + timedelta(seconds=601), 600) == lc.BindingWait(
+        ready=False, error="device binding timeout: claim=c")
+    not_yet = with_device_conditions(attached_allocation(), **{"example.com_attached": "False"})
+    assert not lc.binding_readiness(not_yet, NOW, 600).ready
+    done = with_device_conditions(attached_allocation(), **{"example.com_attached": "True"})
+    assert lc.binding_readiness(done, NOW + timedelta(days=1), 600) == lc.BindingWait(ready=True)
+    failed = with_device_conditions(attached_allocation(), **{"example.com_attached": "False", "example.com_failed": "True"})
+    assert lc.binding_readiness(failed, NOW, 600).error == (
+        'device binding failed: claim=c, reason=Test, message="example.com_failed is True"')
+    # no timestamp (written by an older scheduler): no timeout
+    assert lc.binding_readiness(with_device_conditions(attached_allocation(stamp=None)), NOW + timedelta(days=1),
+                                600) == lc.BindingWait(ready=False)
