@@ -193,7 +193,7 @@ class Binder:
         self.cluster = ClusterPublisher(instance=self.instance)
         # PersistentVolumeClaims, PersistentVolumes, StorageClasses: VolumeBinding's PreFilter and PreBind
         self.volumes = VolumeBinder(kube, bind_timeout=settings.volume_bind_timeout_seconds,
-                                    wake_pods=self._wake_pods, wake_all=self._flush_retries)
+                                    wake_pods=self._wake_pods, wake_all=self._flush_retries, pod_of=self.pods.get)
 
         self.pod_queue = WorkQueue()
         self.claim_queue = WorkQueue()
@@ -380,6 +380,9 @@ class Binder:
             for pc in old.spec.resource_claims or ():
                 if pc.resource_claim_name:
                     self.pods_by_claim.get((key[0], pc.resource_claim_name), set()).discard(key)
+        if (kind == "DELETED" or lc.pod_is_done(pod)) and pod.spec.volumes:
+            # a ReadWriteOncePod claim it used may be free for the pods that wait for it
+            self._wake_pods(self.volumes.pods_sharing_claims(key, pod))
         if kind == "DELETED" or pod.spec.node_name or lc.pod_is_done(pod):
             # bound, finished or gone: nothing left to schedule, so nothing to remember for it
             uid = pod.metadata.uid or ""

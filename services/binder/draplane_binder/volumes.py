@@ -41,13 +41,15 @@ WAIT_POLL_SECONDS = 1.0
 
 class VolumeBinder:
     def __init__(self, kube: KubeClient, *, bind_timeout: float,
-                 wake_pods: Callable[[list[Key]], None], wake_all: Callable[[], None]) -> None:
+                 wake_pods: Callable[[list[Key]], None], wake_all: Callable[[], None],
+                 pod_of: Callable[[Key], Pod | None] = lambda key: None) -> None:
         self.kube = kube
         self.bind_timeout = bind_timeout
         # pods to look at again when a claim they use changes, and every unschedulable pod when a
         # volume or class changes (a new volume may fit any of them)
         self._wake_pods = wake_pods
         self._wake_all = wake_all
+        self._pod_of = pod_of  # the binder's pod cache
         self.claims: dict[str, dict[str, PersistentVolumeClaim]] = {}  # namespace -> name -> claim
         self.volumes: dict[str, PersistentVolume] = {}
         self.classes: dict[str, StorageClass] = {}
@@ -135,7 +137,24 @@ class VolumeBinder:
 
     def pre_filter(self, pod: Pod) -> vb.PodVolumes | None:
         """What the shard's Filter needs of the pod's claims; raises vb.VolumeUnschedulable."""
-        return vb.pre_filter(pod, self.claims.get(pod.metadata.namespace or "", {}), self.volumes, self.classes)
+        namespace = pod.metadata.namespace or ""
+
+        def used_by_other_pod(claim: str) -> bool:
+            # kube-scheduler counts the pods on nodes: scheduled, not finished (terminating ones too)
+            for key in self.pods_by_claim.get((namespace, claim), ()):
+                other = self._pod_of(key)
+                if other is not None and other.metadata.uid != pod.metadata.uid and other.spec.node_name and \
+                        not (other.status is not None and other.status.phase in ("Succeeded", "Failed")):
+                    return True
+            return False
+
+        return vb.pre_filter(pod, self.claims.get(namespace, {}), self.volumes, self.classes, used_by_other_pod)
+
+    def pods_sharing_claims(self, key: Key, pod: Pod) -> list[Key]:
+        """The other pods that use a claim of this pod's (woken when it goes: a ReadWriteOncePod
+        claim it held is free again)."""
+        return sorted({other for claim, _ in vb.pod_claim_names(pod)
+                       for other in self.pods_by_claim.get((key[0], claim), ()) if other != key})
 
     # --- PreBind -----------------------------------------------------------------------------------
 

@@ -19,7 +19,7 @@ the equality check.
 
 from __future__ import annotations
 
-from typing import Iterable, Mapping
+from typing import Callable, Iterable, Mapping
 
 import msgspec
 
@@ -39,6 +39,10 @@ REASON_BIND_CONFLICT = "node(s) didn't find available persistent volumes to bind
 REASON_PV_NOT_EXIST = "node(s) unavailable due to one or more pvc(s) bound to non-existent pv(s)"
 REASON_ZONE_CONFLICT = "node(s) had no available volume zone"
 REASON_UNBOUND_IMMEDIATE = "pod has unbound immediate PersistentVolumeClaims"
+# VolumeRestrictions: a ReadWriteOncePod claim another pod uses already.
+REASON_RWOP_CONFLICT = ("node(s) unavailable due to PersistentVolumeClaim with ReadWriteOncePod access mode already "
+                        "in-use by another pod")
+READ_WRITE_ONCE_POD = "ReadWriteOncePod"
 
 WAIT_FOR_FIRST_CONSUMER = "WaitForFirstConsumer"
 
@@ -98,6 +102,8 @@ class UnboundClaim(msgspec.Struct, frozen=True, kw_only=True):
 class PodVolumes(msgspec.Struct, frozen=True, kw_only=True):
     bound: tuple[BoundVolume, ...] = ()
     unbound: tuple[UnboundClaim, ...] = ()
+    # VolumeRestrictions: the pod's ReadWriteOncePod claims that a scheduled pod uses already
+    in_use_elsewhere: tuple[str, ...] = ()
 
 
 class VolumePlan(msgspec.Struct, frozen=True, kw_only=True):
@@ -174,10 +180,12 @@ def _zones(volume: PersistentVolume) -> tuple[ZoneRequirement, ...]:
 
 
 def pre_filter(pod: Pod, claims: Mapping[str, PersistentVolumeClaim], volumes: Mapping[str, PersistentVolume],
-               classes: Mapping[str, StorageClass]) -> PodVolumes | None:
-    """VolumeBinding's PreFilter over the pod's namespace's claims (by name), every volume and
-    every class (by name). None when the pod uses no claim; raises VolumeUnschedulable when no
-    node can take it."""
+               classes: Mapping[str, StorageClass],
+               used_by_other_pod: Callable[[str], bool] | None = None) -> PodVolumes | None:
+    """VolumeRestrictions' and VolumeBinding's PreFilters over the pod's namespace's claims (by
+    name), every volume and every class (by name). None when the pod uses no claim; raises
+    VolumeUnschedulable when no node can take it. `used_by_other_pod(claim)`: whether a pod
+    scheduled already (not this one) uses the claim, for ReadWriteOncePod claims."""
     names = pod_claim_names(pod)
     if not names:
         return None
@@ -229,7 +237,9 @@ def pre_filter(pod: Pod, claims: Mapping[str, PersistentVolumeClaim], volumes: M
             provisioner=storage_class.provisioner, allowed_topologies=tuple(storage_class.allowed_topologies or ())))
     if immediate:
         raise VolumeUnschedulable(REASON_UNBOUND_IMMEDIATE)
-    return PodVolumes(bound=tuple(bound), unbound=tuple(unbound))
+    in_use = tuple(c.metadata.name or "" for c in found if used_by_other_pod is not None
+                   and READ_WRITE_ONCE_POD in (c.spec.access_modes or ()) and used_by_other_pod(c.metadata.name or ""))
+    return PodVolumes(bound=tuple(bound), unbound=tuple(unbound), in_use_elsewhere=in_use)
 
 
 def _candidates(claim: PersistentVolumeClaim, class_name: str,
@@ -389,9 +399,12 @@ def zone_conflict(volumes: PodVolumes, labels: Mapping[str, str]) -> str | None:
 
 
 def node_reasons(volumes: PodVolumes | None, node: str, labels: Mapping[str, str]) -> list[str]:
-    """VolumeBinding, then VolumeZone, as kube-scheduler runs them: the first to reject the node names it."""
+    """VolumeRestrictions, VolumeBinding, then VolumeZone, as kube-scheduler runs them: the first
+    to reject the node names it."""
     if volumes is None:
         return []
+    if volumes.in_use_elsewhere:
+        return [REASON_RWOP_CONFLICT]
     found, _ = filter_node(volumes, node, labels)
     if found:
         return found

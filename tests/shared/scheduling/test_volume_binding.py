@@ -242,3 +242,16 @@ def test_pod_volumes_travel_in_the_pending_pod():
     assert decoded.volumes == got
     assert msgspec.json.decode(msgspec.json.encode(pod("data")), type=Pod).spec.volumes[0].persistent_volume_claim \
         .claim_name == "data"
+
+
+def test_a_read_write_once_pod_claim_another_scheduled_pod_uses_fails_every_node_first():
+    data = claim("data", volume="pv", bound=True, access=("ReadWriteOncePod",))
+    pv = volume("pv", nodes=("n9",), access=("ReadWriteOncePod",))
+    got = vb.pre_filter(pod("data"), {"data": data}, {"pv": pv}, classes(), lambda name: name == "data")
+    assert got.in_use_elsewhere == ("data",)
+    assert vb.node_reasons(got, "n1", labels("n1")) == [vb.REASON_RWOP_CONFLICT]  # before the volume's affinity
+    free = vb.pre_filter(pod("data"), {"data": data}, {"pv": pv}, classes(), lambda name: False)
+    assert vb.node_reasons(free, "n9", labels("n9")) == []
+    # a ReadWriteOnce claim may be shared by pods on one node: not this plugin's business
+    shared = claim("data", volume="pv", bound=True)
+    assert vb.pre_filter(pod("data"), {"data": shared}, {"pv": pv}, classes(), lambda name: True).in_use_elsewhere == ()
