@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import json
 import os
+import signal
 import subprocess
 import sys
 import urllib.request
@@ -66,10 +67,13 @@ async def test_inventory_and_simulated_agents_as_processes(kube, control_plane, 
     finally:
         for process in (agents, inventory):
             if process is not None:
-                process.terminate()
+                # Ctrl-C, as `draplane up` and a user at a terminal stop it
+                process.send_signal(signal.SIGINT) if process is inventory else process.terminate()
                 process.wait(15)
     log = (tmp_path / "inventory.log").read_text()
     assert inventory.returncode == 0, log[-2000:]
+    # a clean shutdown: nothing left unretrieved, no traceback
+    assert "Traceback" not in log and "never retrieved" not in log, log[-3000:]
     # --log-format json: every line one JSON object
     lines = [json.loads(line) for line in log.splitlines()]
     assert lines and all({"time", "level", "logger", "message"} <= line.keys() for line in lines)
