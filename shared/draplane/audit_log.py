@@ -8,6 +8,11 @@ was never acknowledged, so JetStream delivers it again).
 
 The pure parts (encoding lines, finding where a log ends, filtering) are functions here; `LogFile`
 is the file itself (append + fsync, truncate a torn tail), used by the subscriber in a thread.
+
+Rotation, as logrotate's numbering: once the log would pass `max_bytes`, audit.jsonl becomes
+audit.jsonl.1 (and .1 becomes .2, up to `backups`; the oldest goes) and a new audit.jsonl
+begins. Each step is one rename, so a crash between them loses no line; a new, still empty log
+resumes from the end of audit.jsonl.1. `draplane audit` reads the rotated files, oldest first.
 """
 
 from __future__ import annotations
@@ -28,6 +33,23 @@ LOG_NAME = "audit.jsonl"
 TAIL_BYTES = 8 * 1024 * 1024
 # Event ids remembered to drop a publisher's repeat that JetStream's duplicate window let through.
 RECENT_IDS = 20_000
+# Rotation defaults (draplane-audit's --max-bytes and --backups): 100 MiB a file, 5 kept.
+DEFAULT_MAX_BYTES = 100 * 1024 * 1024
+DEFAULT_BACKUPS = 5
+
+
+def rotated_path(path: Path, number: int) -> Path:
+    return path.with_name(f"{path.name}.{number}")
+
+
+def log_files(path: Path) -> list[Path]:
+    """The log and its rotated files that exist, oldest first (audit.jsonl.N ... .1, audit.jsonl)."""
+    rotated = []
+    number = 1
+    while rotated_path(path, number).exists():
+        rotated.append(rotated_path(path, number))
+        number += 1
+    return [*reversed(rotated), *([path] if path.exists() else [])]
 
 
 class AuditLine(AuditEvent, kw_only=True, omit_defaults=True):
@@ -102,10 +124,17 @@ def read_tail(chunk: bytes, chunk_offset: int) -> Tail:
 class LogFile:
     """The log on disk. Blocking calls: the subscriber runs them in a thread."""
 
-    def __init__(self, path: Path):
+    def __init__(self, path: Path, *, max_bytes: int | None = None, backups: int = DEFAULT_BACKUPS):
+        if max_bytes is not None and max_bytes <= 0:
+            raise ValueError(f"audit log {path}: max_bytes must be positive, got {max_bytes}")
+        if backups < 1:
+            raise ValueError(f"audit log {path}: backups must be at least 1, got {backups}")
         self.path = path
+        self.max_bytes = max_bytes
+        self.backups = backups
         self._fd: int | None = None
         self.size = 0
+        self.rotations = 0
 
     def open(self) -> Tail:
         self.path.parent.mkdir(parents=True, exist_ok=True)
@@ -121,12 +150,38 @@ class LogFile:
             os.ftruncate(self._fd, tail.valid_size)
             os.fsync(self._fd)
         self.size = tail.valid_size
+        previous = rotated_path(self.path, 1)
+        if tail.last_seq == 0 and previous.exists():
+            # rotated just before a stop: where to resume, and the recent ids, are in the last file
+            with previous.open("rb") as handle:
+                end = handle.seek(0, os.SEEK_END)
+                start = max(0, end - TAIL_BYTES)
+                handle.seek(start)
+                before = read_tail(handle.read(), start)
+            tail = dataclasses.replace(tail, last_seq=before.last_seq, recent_ids=before.recent_ids)
         return tail
+
+    def _rotate(self) -> None:
+        """audit.jsonl -> .1 -> .2 ... -> .`backups` (the oldest dropped), then a new audit.jsonl."""
+        assert self._fd is not None
+        os.close(self._fd)
+        self._fd = None
+        for number in range(self.backups, 0, -1):
+            source = rotated_path(self.path, number - 1) if number > 1 else self.path
+            if source.exists():
+                os.replace(source, rotated_path(self.path, number))
+        self._fd = os.open(self.path, os.O_RDWR | os.O_CREAT | os.O_APPEND, 0o640)
+        _fsync_dir(self.path.parent)
+        self.size = 0
+        self.rotations += 1
 
     def append(self, data: bytes) -> None:
         """Write and fsync, or leave the file as it was: a failed write (a full disk) is cut off
-        again, so the next attempt does not append after half a line."""
+        again, so the next attempt does not append after half a line. Rotates first when the
+        data would take the log past `max_bytes` (a batch is never split between two files)."""
         assert self._fd is not None
+        if self.max_bytes is not None and self.size > 0 and self.size + len(data) > self.max_bytes:
+            self._rotate()
         start = self.size
         try:
             view = memoryview(data)

@@ -72,3 +72,14 @@ def test_a_reader_that_closes_the_pipe_gets_no_traceback(tmp_path):
     assert done.stdout.count("\n") == 1 and "placed" in done.stdout
     assert done.stderr == "", done.stderr
     assert done.returncode == 141  # as a shell reports a command ended by SIGPIPE
+
+
+def test_rotated_files_are_read_oldest_first_before_the_current_log(tmp_path, capsys):
+    log = tmp_path / "audit.jsonl"
+    write_log(log)
+    lines = log.read_bytes().splitlines(keepends=True)
+    (tmp_path / "audit.jsonl.2").write_bytes(lines[0])
+    (tmp_path / "audit.jsonl.1").write_bytes(lines[1])
+    log.write_bytes(lines[2])
+    assert main(["audit", "--log", str(log), "-o", "json"]) == 0
+    assert [json.loads(line)["seq"] for line in capsys.readouterr().out.splitlines()] == [1, 2, 3]

@@ -95,3 +95,33 @@ def test_since_takes_a_duration_or_a_time():
     assert parse_since("2026-01-01T00:00:00Z") == 1767225600.0
     with pytest.raises(ValueError, match="give a duration"):
         parse_since("yesterday")
+
+
+def test_the_log_rotates_past_max_bytes_keeps_its_backups_and_resumes_after_a_rotation(tmp_path):
+    path = tmp_path / "audit.jsonl"
+    line = len(encode_line(12, event(12), recorded_at=5.0))  # the longest: three lines fit a file, four do not
+    log = LogFile(path, max_bytes=3 * line, backups=2)
+    assert log.open().last_seq == 0
+    for seq in range(1, 13):  # 12 lines, 3 a file: 4 files written, the oldest dropped
+        log.append(encode_line(seq, event(seq), recorded_at=5.0))
+    log.close()
+    files = audit_log.log_files(path)
+    assert [f.name for f in files] == ["audit.jsonl.2", "audit.jsonl.1", "audit.jsonl"]
+    seqs = [line.seq for f in files for line in read_lines(f.read_bytes().splitlines())]
+    assert seqs == list(range(4, 13)) and log.rotations == 3
+    assert all(f.stat().st_size <= 3 * line + 50 for f in files)
+    # a stop right after a rotation: the new log is empty, the resume point is the last file's end
+    log = LogFile(path, max_bytes=3 * line, backups=2)
+    log.open()
+    log.append(encode_line(13, event(13), recorded_at=5.0))  # the full file rotates first
+    log.close()
+    path.write_bytes(b"")
+    tail = LogFile(path, max_bytes=3 * line, backups=2).open()
+    assert tail.last_seq == 12 and tail.recent_ids[-1] == "placed/pod-12"
+
+
+def test_rotation_limits_are_checked():
+    with pytest.raises(ValueError, match="max_bytes must be positive"):
+        LogFile(audit_log.Path("x"), max_bytes=0)
+    with pytest.raises(ValueError, match="backups must be at least 1"):
+        LogFile(audit_log.Path("x"), backups=0)

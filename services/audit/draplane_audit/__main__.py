@@ -24,6 +24,7 @@ from aiohttp import web
 from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, generate_latest
 
 from draplane.allocation.free_capacity import free_capacity
+from draplane.audit_log import DEFAULT_BACKUPS, DEFAULT_MAX_BYTES
 from draplane.cluster_view import ClusterView, follow_cluster
 from draplane.entrypoints import (
     add_http_arguments, add_nats_arguments, add_stream_replicas_argument, require_nats_credentials,
@@ -44,6 +45,16 @@ CLUSTER_SYNCED = web.AppKey("cluster synced", asyncio.Event)
 TASKS = web.AppKey("tasks", list)
 
 
+def _positive_int(text: str) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"not a whole number: {text!r}") from None
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"must be at least 1, got {value}")
+    return value
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="draplane-audit", description="draplane audit log and cluster metrics")
     add_nats_arguments(parser)
@@ -51,6 +62,10 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--prefix", default=DEFAULT_PREFIX, help="NATS subject prefix (default %(default)s)")
     parser.add_argument("--log-dir", type=Path, default=Path(os.environ.get("DRAPLANE_AUDIT_DIR", "audit")),
                         help="folder of the audit log, audit.jsonl (default %(default)s)")
+    parser.add_argument("--max-bytes", type=_positive_int, default=DEFAULT_MAX_BYTES,
+                        help="rotate audit.jsonl once it would pass this size, in bytes (default %(default)s)")
+    parser.add_argument("--backups", type=_positive_int, default=DEFAULT_BACKUPS,
+                        help="rotated files kept, audit.jsonl.1 (newest) to .N (default %(default)s)")
     parser.add_argument("--metrics-interval", type=float, default=5.0,
                         help="seconds between recomputations of the cluster metrics while NATS changes")
     add_http_arguments(parser, default_port=8083)
@@ -71,7 +86,7 @@ async def subscribers(app: web.Application):
     js = app[NATS].jetstream()
     cluster = ClusterMetrics(app[REGISTRY])
     subscriber = AuditSubscriber(js, args.log_dir, prefix=args.prefix, metrics=AuditMetrics(app[REGISTRY]),
-                                 stream_replicas=args.stream_replicas,
+                                 stream_replicas=args.stream_replicas, max_bytes=args.max_bytes, backups=args.backups,
                                  on_batch=lambda batch: cluster.count(batch.events))
     await subscriber.start()
     app[SUBSCRIBER] = subscriber

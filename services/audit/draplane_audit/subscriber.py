@@ -18,7 +18,7 @@ import nats.js.errors
 from nats.js import JetStreamContext
 from nats.js.api import AckPolicy, ConsumerConfig, DeliverPolicy
 
-from draplane.audit_log import LOG_NAME, RECENT_IDS, LogFile
+from draplane.audit_log import DEFAULT_BACKUPS, DEFAULT_MAX_BYTES, LOG_NAME, RECENT_IDS, LogFile
 from draplane.audit_publisher import ensure_audit_stream
 from draplane.messages.audit import AuditNames
 from draplane_audit.metrics import AuditMetrics
@@ -33,10 +33,11 @@ MAX_BACKOFF_SECONDS = 30.0
 
 class AuditSubscriber:
     def __init__(self, js: JetStreamContext, log_dir: Path, *, prefix: str, metrics: AuditMetrics,
-                 stream_replicas: int = 1, on_batch=None):
+                 stream_replicas: int = 1, on_batch=None, max_bytes: int | None = DEFAULT_MAX_BYTES,
+                 backups: int = DEFAULT_BACKUPS):
         self.js = js
         self.names = AuditNames(prefix=prefix)
-        self.file = LogFile(log_dir / LOG_NAME)
+        self.file = LogFile(log_dir / LOG_NAME, max_bytes=max_bytes, backups=backups)
         self.metrics = metrics
         self.stream_replicas = stream_replicas
         self.last_seq = 0

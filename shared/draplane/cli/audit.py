@@ -8,12 +8,13 @@ of any size is filtered in constant memory.
 from __future__ import annotations
 
 import argparse
+import itertools
 import os
 import sys
 import time
 from pathlib import Path
 
-from draplane.audit_log import LOG_NAME, AuditLine, Filter, line_json, parse_since, read_lines
+from draplane.audit_log import LOG_NAME, AuditLine, Filter, line_json, log_files, parse_since, read_lines
 from draplane.messages.audit import KINDS
 
 
@@ -58,6 +59,7 @@ def run(args: argparse.Namespace) -> int:
                    kinds=frozenset(args.kind or ()))
     path = log_path(args)
     try:
+        files = [f.open("rb") for f in log_files(path) if f != path]  # rotated ones, oldest first
         handle = path.open("rb")
     except OSError as exc:
         hint = ("; if `draplane up` was started with --workdir DIR, give the same --workdir DIR here"
@@ -65,12 +67,16 @@ def run(args: argparse.Namespace) -> int:
         print(f"draplane audit: cannot read the audit log {path}: {exc.strerror}; is draplane-audit running "
               f"(it is part of `draplane up`), or give --log{hint}", file=sys.stderr)
         return 1
-    with handle:
-        for line in read_lines(handle, where):
+    files.append(handle)
+    try:
+        for line in read_lines(itertools.chain.from_iterable(files), where):
             if args.output == "json":
                 sys.stdout.write(line_json(line).decode() + "\n")
             else:
                 print(describe(line))
+    finally:
+        for f in files:
+            f.close()
     return 0
 
 
