@@ -826,3 +826,65 @@ async def test_a_read_write_once_pod_claim_in_use_keeps_a_second_pod_waiting_unt
     await kubectl("delete", "pod", "first", "-n", namespace, "--grace-period=0", "--force")
     await wait_bound(scheduling, kubectl, namespace, "second")
     no_races_or_errors(scheduling)
+
+
+# --- extended resources backed by DRA (KEP-5004) ----------------------------------------------------
+
+
+def device_plugin_style_pod_yaml(namespace: str, name: str, scheduler: str, resources: dict[str, int]) -> str:
+    """A pod that asks for devices the device-plugin way: extended resources in requests and limits."""
+    amounts = json.dumps({r: str(n) for r, n in resources.items()})
+    return f"""
+apiVersion: v1
+kind: Pod
+metadata: {{name: {name}, namespace: {namespace}}}
+spec:
+  schedulerName: {scheduler}
+  initContainers:
+    - name: warm-up
+      image: registry.k8s.io/pause:3.10
+      resources: {{requests: {amounts}, limits: {amounts}}}
+  containers:
+    - name: server
+      image: registry.k8s.io/pause:3.10
+      resources: {{requests: {amounts}, limits: {amounts}}}
+"""
+
+
+async def test_a_device_plugin_style_gpu_request_binds_on_dra_devices_through_a_claim_made_for_the_pod(
+        scheduling, kube, kubectl, namespace):
+    """`example.com/gpu-<tag>: 2` in a pod's requests and limits, a DeviceClass whose
+    extendedResourceName names it, and no node with it in allocatable: the pod gets a claim of its
+    own for 2 devices, the mapping in status.extendedResourceClaimStatus, and binds; the init
+    container reuses the server's request. The implicit name deviceclass.resource.kubernetes.io/
+    <class> works the same. Deleting the pod frees the devices."""
+    class_name, (node,) = await gpu_cluster(scheduling, kube, nodes=1, gpus=3)
+    resource = f"example.com/gpu-{namespace[-8:]}"
+    await kubectl("patch", "deviceclass", class_name, "--type=merge", "-p",
+                  json.dumps({"spec": {"extendedResourceName": resource}}))
+    await scheduling.start(shards=1)
+    await kubectl.apply(device_plugin_style_pod_yaml(namespace, "trainer", scheduling.scheduler_name, {resource: 2}))
+    pod = await wait_bound(scheduling, kubectl, namespace, "trainer")
+    assert pod["spec"]["nodeName"] == node
+    status = pod["status"]["extendedResourceClaimStatus"]
+    claim_name = status["resourceClaimName"]
+    assert claim_name.startswith("trainer-extended-resources-")
+    assert sorted(status["requestMappings"], key=lambda m: m["containerName"]) == [
+        {"containerName": "server", "resourceName": resource, "requestName": "container-1-request-0"},
+        {"containerName": "warm-up", "resourceName": resource, "requestName": "container-1-request-0"},
+    ]
+    claim = await get_json(kubectl, "resourceclaim", claim_name, "-n", namespace)
+    assert claim["metadata"]["annotations"]["resource.kubernetes.io/extended-resource-claim"] == "true"
+    assert claim["metadata"]["ownerReferences"][0]["uid"] == pod["metadata"]["uid"]
+    results = claim["status"]["allocation"]["devices"]["results"]
+    assert len(results) == 2 and {r["request"] for r in results} == {"container-1-request-0"}
+    # the implicit name, for the third GPU: the first pod's two are taken
+    implicit = f"deviceclass.resource.kubernetes.io/{class_name}"
+    await kubectl.apply(device_plugin_style_pod_yaml(namespace, "notebook", scheduling.scheduler_name, {implicit: 1}))
+    assert (await wait_bound(scheduling, kubectl, namespace, "notebook"))["spec"]["nodeName"] == node
+    await kubectl.apply(device_plugin_style_pod_yaml(namespace, "late", scheduling.scheduler_name, {resource: 1}))
+    await wait_unschedulable(scheduling, kubectl, namespace, "late", "cannot allocate all claims")
+    # the devices come back with the pod's deletion: its claim goes with it
+    await kubectl("delete", "pod", "trainer", "-n", namespace, "--grace-period=0", "--force")
+    assert (await wait_bound(scheduling, kubectl, namespace, "late"))["spec"]["nodeName"] == node
+    no_races_or_errors(scheduling)

@@ -638,7 +638,8 @@ class Shard:
         for item in todo:
             pending, pod, claims = item
             try:
-                outcome = self.state.place_pod(pod, claims, volumes=pending.volumes)
+                outcome = self.state.place_pod(pod, claims, volumes=pending.volumes,
+                                               dra_extended_resources=pending.dra_extended_resources or ())
             except Exception as exc:  # noqa: BLE001 - a bug met by one pod must not hold up the batch
                 self.m.errors.inc()
                 self.log.exception("shard %d: pod %s: placing it failed", self.index, pending.pod.key(),

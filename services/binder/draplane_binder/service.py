@@ -43,6 +43,7 @@ from draplane.jetstream_setup import until_answered
 from draplane.kube import KubeApiError, KubeClient, watch_objects
 from draplane.messages import audit
 from draplane.scheduling import cluster_feed
+from draplane.scheduling import extended_resources as er
 from draplane.scheduling import reservation_protocol as protocol
 from draplane.scheduling import reservations as rv
 from draplane.scheduling import streams
@@ -188,6 +189,11 @@ class Binder:
         self.pods_by_claim: dict[Key, set[Key]] = {}
         # pod uid -> claims that reserve it or are owned by it (to clean them up when it goes)
         self.claims_by_pod: dict[str, set[Key]] = {}
+        # DeviceClasses (also offered to the shards): which extended resources DRA backs (KEP-5004)
+        self.device_classes: dict[str, DeviceClass] = {}
+        self._class_resolver: er.ClassResolver | None = None  # built from device_classes when first needed
+        # extended resource -> nodes offering it in allocatable (a device plugin): those keep that path
+        self.extended_offered: dict[str, set[str]] = {}
         self.synced: dict[str, asyncio.Event] = {k: asyncio.Event() for k in (
             "pods", "claims", "templates", "nodes", "classes", "taint rules", "pod groups", "budgets")}
         self.cluster = ClusterPublisher(instance=self.instance)
@@ -269,7 +275,7 @@ class Binder:
         for name, loop in self.volumes.watches():
             self._spawn(loop, name)
         # for the shards alone: the binder keeps no cache of these
-        self._spawn(lambda: self._watch(DeviceClass, "classes", self._offer), "classes watch")
+        self._spawn(lambda: self._watch(DeviceClass, "classes", self._on_class), "classes watch")
         self._spawn(lambda: self._watch(PodDisruptionBudget, "budgets", self._offer), "disruption budgets watch")
         self._spawn(lambda: self._watch_if_served(DeviceTaintRule, "taint rules",
                                                   "devicetaintrules (gate DRADeviceTaintRules)"),
@@ -452,9 +458,23 @@ class Binder:
             ):
                 self.pod_queue.put(key)
 
+    def _on_class(self, kind: str, device_class: DeviceClass) -> None:
+        self._offer(kind, device_class)
+        self._class_resolver = None
+        if kind == "DELETED":
+            self.device_classes.pop(device_class.metadata.name or "", None)
+        else:
+            self.device_classes[device_class.metadata.name or ""] = device_class
+
     def _on_node(self, kind: str, node: Node) -> None:
         self.cluster.offer(node, kind == "DELETED")
         name = node.metadata.name or ""
+        for nodes in self.extended_offered.values():
+            nodes.discard(name)
+        if kind != "DELETED":
+            for resource, amount in ((node.status.allocatable or {}) if node.status else {}).items():
+                if er.is_dra_extended_resource_name(resource) and amount not in ("0", ""):
+                    self.extended_offered.setdefault(resource, set()).add(name)
         self.volumes.set_node(name, None if kind == "DELETED" else (node.metadata.labels or {}))
         if kind == "DELETED":
             changed = self.nodes.pop(name, None) is not None
@@ -549,6 +569,13 @@ class Binder:
                       [g.name for g in pod.spec.scheduling_gates or ()])
             return
         self.first_seen.setdefault(uid, time.time())
+        try:
+            extended = await self._extended_resource_claim(pod)
+        except er.ExtendedResourceError as exc:
+            await self._mark_unschedulable(pod, claim_problem(f"extended resources: {exc}"), reason=CLAIM_ERROR)
+            return
+        if extended is False:
+            return  # the claim was made or the pod's status written: the update queues the pod again
         if resolved.problems and all(p.waiting for p in resolved.problems):
             # The claim's creation or its watch event is on the way and requeues the pod: writing
             # a condition and an Event now would cost two writes per template pod, for nothing.
@@ -572,6 +599,10 @@ class Binder:
                                                reason=VOLUME_UNBOUND)
                 return
         claims = [self.claims_by_namespace[namespace][name] for name in resolved.names.values()]
+        dra_extended: list[str] | None = None
+        if extended is not None:
+            special, dra_extended = extended
+            claims.append(special)
         # the shard reads the claims from the cluster bucket: from this revision on, it has them
         keys = [cluster_feed.key_of(c) for c in claims]
         if cluster_feed.published_pod(pod):
@@ -598,6 +629,7 @@ class Binder:
             labels=pod.metadata.labels,
             cluster_revision=revision,
             volumes=volumes,
+            dra_extended_resources=dra_extended,
         )
         shard = shard_for(partition_key(pending), self.settings.shards)
         self.in_flight[uid] = sent = inf.InFlight(since=time.monotonic(), shard=shard)
@@ -617,6 +649,42 @@ class Binder:
                         namespace, key[1], shard, exc, self.settings.retry_initial_seconds)
             return
         self.metrics.pending_published.inc()
+
+    async def _extended_resource_claim(self, pod: Pod) -> tuple[ResourceClaim, list[str]] | None | bool:
+        """KEP-5004: the claim that serves the pod's extended resources through DRA, and which
+        resources those are; None when it asks for none that DRA backs. False when this made the
+        claim or recorded it in the pod's status.extendedResourceClaimStatus (the pod comes back).
+        Raises ExtendedResourceError for a request that cannot be made into one."""
+        if not any(c.resources and c.resources.requests for c in [*(pod.spec.init_containers or ()),
+                                                                     *pod.spec.containers]):
+            return None
+        await asyncio.gather(self.synced["classes"].wait(), self.synced["nodes"].wait())
+        if self._class_resolver is None:
+            self._class_resolver = er.ClassResolver(self.device_classes.values())
+        resources = er.dra_backed_resources(pod, self._class_resolver,
+                                            lambda resource: bool(self.extended_offered.get(resource)))
+        if not resources:
+            return None
+        namespace, name = _key(pod)
+        claim = er.find_special_claim(pod, self.claims_by_namespace.get(namespace, {}).values())
+        requests, mappings = er.claim_requests(pod, resources)
+        if claim is None:
+            claim = await self.kube.create(er.special_claim(pod, requests))
+            self.metrics.claims_created.inc()
+            self._on_claim("ADDED", claim)
+            log.info("pod %s/%s: created resourceclaim %s for its extended resources %s (backed by DeviceClasses %s)",
+                     namespace, name, claim.metadata.name, ", ".join(sorted(resources)),
+                     ", ".join(sorted(set(resources.values()))),
+                     extra=fields(pod=f"{namespace}/{name}", claim=f"{namespace}/{claim.metadata.name}"))
+        recorded = pod.status.extended_resource_claim_status if pod.status else None
+        if recorded is None or recorded.resource_claim_name != claim.metadata.name:
+            patch = {"metadata": {"resourceVersion": pod.metadata.resource_version},
+                     "status": {"extendedResourceClaimStatus": {"requestMappings": mappings,
+                                                                "resourceClaimName": claim.metadata.name}}}
+            updated = await self.kube.patch(Pod, name, patch, namespace, subresource="status")
+            self._on_pod("MODIFIED", updated)
+            return False
+        return claim, sorted(resources)
 
     def _claims_still_cached(self, namespace: str, claims: list[ResourceClaim]) -> bool:
         cached = self.claims_by_namespace.get(namespace, {})

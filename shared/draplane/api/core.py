@@ -198,12 +198,27 @@ class PodResourceClaimStatus(Base, kw_only=True):
     resource_claim_name: str | None = None
 
 
+class ContainerExtendedResourceRequest(Base, kw_only=True):
+    container_name: str
+    resource_name: str
+    request_name: str
+
+
+class PodExtendedResourceClaimStatus(Base, kw_only=True):
+    """Which request of the claim made for the pod's DRA-backed extended resources serves which
+    container (KEP-5004); the kubelet reads it."""
+
+    request_mappings: list[ContainerExtendedResourceRequest] = msgspec.field(default_factory=list)
+    resource_claim_name: str = ""
+
+
 class PodStatus(Base, kw_only=True):
     phase: str | None = None
     conditions: list[Condition] | None = None
     resource_claim_statuses: list[PodResourceClaimStatus] | None = None
     nominated_node_name: str | None = None
     start_time: str | None = None
+    extended_resource_claim_status: PodExtendedResourceClaimStatus | None = None
 
 
 class Pod(Base, kw_only=True):

@@ -72,6 +72,9 @@ class PendingPod(msgspec.Struct, tag="pending", kw_only=True):
     # shard's Filter reads it per node (draplane.scheduling.volume_binding). None: no claims, or
     # an older binder.
     volumes: PodVolumes | None = None
+    # The pod's extended resources that DRA serves through the claim made for it (KEP-5004, its
+    # ClaimRef is among `claims`): node fit does not count them against allocatable.
+    dra_extended_resources: list[str] | None = None
 
 
 class ClaimPlacement(msgspec.Struct, kw_only=True):

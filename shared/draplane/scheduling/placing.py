@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import dataclasses
 import time
-from collections.abc import Iterable, Sequence
+from collections.abc import Collection, Iterable, Sequence
 
 import msgspec
 
@@ -659,13 +659,18 @@ class ClusterState:
         return None
 
     def place_pod(self, pod: Pod, claims: Sequence[ResourceClaim], *,
-                  volumes: volume_binding.PodVolumes | None = None) -> Placed | NotPlaced:
+                  volumes: volume_binding.PodVolumes | None = None,
+                  dra_extended_resources: Collection[str] = ()) -> Placed | NotPlaced:
         """Where `pod` and its claims can go: node fit first, then the devices, best score wins.
-        `volumes` is what the binder's VolumeBinding PreFilter found of the pod's PVCs."""
+        `volumes` is what the binder's VolumeBinding PreFilter found of the pod's PVCs;
+        `dra_extended_resources`, the extended resources a claim made for the pod serves, which
+        NodeResourcesFit leaves to DRA (kube-scheduler's shouldDelegateResourceToDRA)."""
         try:
             requests = pod_requests(pod)
         except NodeFitError as exc:
             return NotPlaced(message=str(exc), failures=[], claim_error=str(exc))
+        if dra_extended_resources:
+            requests = {r: v for r, v in requests.items() if r not in dra_extended_resources}
 
         done: dict[str, AllocationResult] = {}
         pending: list[ResourceClaim] = []
