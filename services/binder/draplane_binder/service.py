@@ -783,6 +783,18 @@ class Binder:
 
     # --- retries -----------------------------------------------------------------------------------
 
+    def _next_backoff(self, uid: str) -> float:
+        """The pod's backoff after one more failed attempt: doubling, up to retry_max_seconds."""
+        return min(self.settings.retry_max_seconds,
+                   self.retry.get(uid, (0.0, self.settings.retry_initial_seconds / 2))[1] * 2)
+
+    def _back_off(self, uid: str, backoff: float) -> None:
+        """Retry a pod whose PreBind failed after `backoff` (kube-scheduler's backoff queue), not
+        _abandon's quick retry, which is for a lapsed lease: a volume or a device that keeps
+        failing would otherwise be tried three times a second."""
+        if uid in self.retry:
+            self.retry[uid] = (time.monotonic() + backoff, backoff)
+
     def _wake_pods(self, keys: list[Key]) -> None:
         """Pods something they wait for changed (a PersistentVolumeClaim): tried again soon, backoff or not."""
         soon = time.monotonic() + self.settings.retry_flush_seconds
@@ -1067,13 +1079,11 @@ class Binder:
             why = await self._wait_binding_conditions(placement, pod, written, in_progress)
             if why is not None:
                 uid = placement.pod.uid
-                backoff = min(self.settings.retry_max_seconds,
-                              self.retry.get(uid, (0.0, self.settings.retry_initial_seconds / 2))[1] * 2)
+                backoff = self._next_backoff(uid)
                 # the claims are deallocated (no other pod shares them), so the next attempt may
                 # pick other devices, as kube-scheduler's PostFilter deallocates them
                 await self._undo(placement, pod, written, f"binding conditions: {why}")
-                if uid in self.retry:
-                    self.retry[uid] = (time.monotonic() + backoff, backoff)
+                self._back_off(uid, backoff)
                 await self._report_error(uid, f'running PreBind plugin "DynamicResources": {why}')
                 return False
         if not pod.spec.node_name:
@@ -1143,14 +1153,10 @@ class Binder:
                 why = f"the reservation of {len(plan.verify)} claim(s) lapsed while the volumes were bound"
         if why is None:
             return None
-        # kube-scheduler's backoff, doubling per failed attempt: not _abandon's quick retry, which
-        # is for a lapsed lease (a volume that keeps failing would otherwise be tried 3 times a second)
         uid = placement.pod.uid
-        backoff = min(self.settings.retry_max_seconds,
-                      self.retry.get(uid, (0.0, self.settings.retry_initial_seconds / 2))[1] * 2)
+        backoff = self._next_backoff(uid)
         await self._abandon(placement, pod, f"binding volumes: {why}")
-        if uid in self.retry:
-            self.retry[uid] = (time.monotonic() + backoff, backoff)
+        self._back_off(uid, backoff)
         await self._report_error(placement.pod.uid, f"running PreBind plugin \"VolumeBinding\": {why}")
         return why
 

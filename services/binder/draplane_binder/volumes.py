@@ -177,46 +177,70 @@ class VolumeBinder:
         return await self.wait_bound(pod, node, keep_leases)
 
     async def bind_volumes(self, pod: Pod, node: str, plan: vb.VolumePlan) -> str | None:
+        """The plan's writes, in kube-scheduler's order (static bindings, then provisioning); the
+        first that fails says why. No undo through the API (see the module's docstring)."""
         namespace = pod.metadata.namespace or ""
         claims = self.claims.get(namespace, {})
         for claim_name, volume_name in plan.bindings:
             claim, volume = claims.get(claim_name), self.volumes.get(volume_name)
             if claim is None or volume is None:
                 return f"persistentvolumeclaim {namespace}/{claim_name} or persistentvolume {volume_name} is gone"
-            patch = {
-                "metadata": {"resourceVersion": volume.metadata.resource_version,
-                             "annotations": {ANNOTATION_BOUND_BY_CONTROLLER: "yes"}},
-                "spec": {"claimRef": {"kind": "PersistentVolumeClaim", "apiVersion": "v1", "namespace": namespace,
-                                      "name": claim_name, "uid": claim.metadata.uid,
-                                      "resourceVersion": claim.metadata.resource_version}},
-            }
             if vb.volume_is_bound_to(volume, claim):
                 continue  # pre-bound by the user: the PV controller binds it without us
-            try:
-                updated = await self.kube.patch(PersistentVolume, volume_name, patch)
-            except KubeApiError as exc:
-                if exc.is_conflict or exc.is_not_found:
-                    return f"persistentvolume {volume_name} changed while it was bound to claim {claim_name}: {exc.message}"
-                raise
-            self._on_volume("MODIFIED", updated)
+            why = await self._bind_volume_to_claim(volume, claim)
+            if why is not None:
+                return why
             log.info("pod %s/%s: persistentvolume %s bound to persistentvolumeclaim %s for node %s",
                      namespace, pod.metadata.name, volume_name, claim_name, node)
         for claim_name in plan.provisions:
             claim = claims.get(claim_name)
             if claim is None:
                 return f"persistentvolumeclaim {namespace}/{claim_name} is gone"
-            patch = {"metadata": {"resourceVersion": claim.metadata.resource_version,
-                                  "annotations": {ANNOTATION_SELECTED_NODE: node}}}
-            try:
-                updated = await self.kube.patch(PersistentVolumeClaim, claim_name, patch, namespace)
-            except KubeApiError as exc:
-                if exc.is_conflict or exc.is_not_found:
-                    return f"persistentvolumeclaim {namespace}/{claim_name} changed before provisioning was asked: {exc.message}"
-                raise
-            self._on_claim("MODIFIED", updated)
+            why = await self._ask_provisioning(claim, node)
+            if why is not None:
+                return why
             log.info("pod %s/%s: persistentvolumeclaim %s to be provisioned on node %s (%s)",
                      namespace, pod.metadata.name, claim_name, node, ANNOTATION_SELECTED_NODE)
         return None
+
+    async def _bind_volume_to_claim(self, volume: PersistentVolume, claim: PersistentVolumeClaim) -> str | None:
+        """The volume's claimRef names the claim (and bound-by-controller, as the PV controller
+        marks what it binds); the PV controller completes the binding on the claim's side."""
+        patch = {
+            "metadata": {"resourceVersion": volume.metadata.resource_version,
+                         "annotations": {ANNOTATION_BOUND_BY_CONTROLLER: "yes"}},
+            "spec": {"claimRef": {"kind": "PersistentVolumeClaim", "apiVersion": "v1",
+                                  "namespace": claim.metadata.namespace, "name": claim.metadata.name,
+                                  "uid": claim.metadata.uid, "resourceVersion": claim.metadata.resource_version}},
+        }
+        updated = await self._patch_guarded(PersistentVolume, volume.metadata.name or "", patch, None,
+                                            f"persistentvolume {volume.metadata.name}")
+        if isinstance(updated, str):
+            return updated
+        self._on_volume("MODIFIED", updated)
+        return None
+
+    async def _ask_provisioning(self, claim: PersistentVolumeClaim, node: str) -> str | None:
+        """The claim's selected-node annotation: its provisioner makes a volume reachable from the node."""
+        patch = {"metadata": {"resourceVersion": claim.metadata.resource_version,
+                              "annotations": {ANNOTATION_SELECTED_NODE: node}}}
+        updated = await self._patch_guarded(PersistentVolumeClaim, claim.metadata.name or "", patch,
+                                            claim.metadata.namespace,
+                                            f"persistentvolumeclaim {claim.metadata.namespace}/{claim.metadata.name}")
+        if isinstance(updated, str):
+            return updated
+        self._on_claim("MODIFIED", updated)
+        return None
+
+    async def _patch_guarded(self, model, name: str, patch: dict, namespace: str | None, what: str):
+        """The patch (its resourceVersion makes it a compare-and-set), or why it was refused: the
+        object changed or went since the cache saw it (another scheduler took the volume, say)."""
+        try:
+            return await self.kube.patch(model, name, patch, namespace)
+        except KubeApiError as exc:
+            if exc.is_conflict or exc.is_not_found:
+                return f"{what} changed since it was read: {exc.message}"
+            raise
 
     async def wait_bound(self, pod: Pod, node: str, keep_leases: Callable[[], Awaitable[None]]) -> str | None:
         namespace = pod.metadata.namespace or ""
