@@ -269,3 +269,50 @@ async def test_pods_beyond_min_count_do_not_keep_the_gang_from_running(schedulin
     await asyncio.sleep(2)
     assert sum(1 for n in (await nodes_of(kubectl, namespace, "job-")).values() if n) == 2
     no_races_or_errors(scheduling)
+
+
+def claim_sharing_group_yaml(namespace: str, name: str, min_count: int) -> str:
+    """A PodGroup whose members share one claim made from the template `one-gpu`
+    (DRAWorkloadResourceClaims): reserved for the group, not for each pod."""
+    return pod_group_yaml(namespace, name, min_count) + "  resourceClaims: [{name: gpu, resourceClaimTemplateName: one-gpu}]\n"
+
+
+def claim_sharing_member_yaml(namespace: str, name: str, scheduler: str, group: str) -> str:
+    return pod_yaml(namespace, name, scheduler, template="one-gpu").replace(
+        f"  schedulerName: {scheduler}", f"  schedulerName: {scheduler}\n  schedulingGroup: {{podGroupName: {group}}}"
+    ).replace("claims: [{name: devices}]", "claims: [{name: gpu}]").replace("- name: devices", "- name: gpu")
+
+
+@pytest.mark.parametrize("members", [4, 300])
+async def test_a_pod_groups_claim_template_gives_one_claim_its_members_share(scheduling, kube, kubectl, namespace,
+                                                                             members):
+    """A PodGroup with a claim template (DRAWorkloadResourceClaims): kube-controller-manager makes
+    one claim, owned by the group; every member binds on it, and the claim is reserved for the
+    group, once, so 300 members pass the 256-entry reservedFor limit a claim per pod would hit."""
+    from draplane.scheduling import scenario
+    from test_user_flows import one_gpu_template_yaml
+
+    class_name, nodes = await gpu_cluster(scheduling, kube, nodes=1)
+    await kube.patch(type(scenario.gpu_node("x")), nodes[0], {"status": {"allocatable": {
+        "cpu": "64", "memory": "512Gi", "pods": "400"}, "capacity": {"cpu": "64", "memory": "512Gi", "pods": "400"}}},
+        subresource="status")
+    await scheduling.start(shards=2)
+    pods = [claim_sharing_member_yaml(namespace, f"worker-{i}", scheduling.scheduler_name, "group-1")
+            for i in range(members)]
+    await kubectl.apply("---".join([one_gpu_template_yaml(namespace, class_name),
+                                    claim_sharing_group_yaml(namespace, "group-1", members), *pods]))
+
+    async def all_bound():
+        got = await nodes_of(kubectl, namespace, "worker-")
+        return got if len(got) == members and all(got.values()) else None
+
+    bound = await scheduling.wait_for(all_bound, 120, f"the {members} members bound", interval=1.0)
+    claims = (await get_json(kubectl, "resourceclaims", "-n", namespace))["items"]
+    assert len(claims) == 1, [c["metadata"]["name"] for c in claims]
+    (claim,) = claims
+    assert claim["metadata"]["ownerReferences"][0]["kind"] == "PodGroup"
+    reserved = claim["status"]["reservedFor"]
+    assert reserved == [{"apiGroup": "scheduling.k8s.io", "resource": "podgroups", "name": "group-1",
+                         "uid": reserved[0]["uid"]}], reserved
+    assert len(set(bound.values())) == 1  # one device, one node
+    no_races_or_errors(scheduling)

@@ -73,6 +73,26 @@ def owned_by_pod(claim: ResourceClaim, pod_uid: str) -> bool:
     )
 
 
+def pod_group_owner(claim: ResourceClaim, pod: Pod) -> OwnerReference | None:
+    """The PodGroup that owns the claim, where it is the pod's own (DRAWorkloadResourceClaims: a
+    PodGroup's claim template gives one claim its members share, owned by the group)."""
+    group = pod.spec.scheduling_group.pod_group_name if pod.spec.scheduling_group else None
+    if not group:
+        return None
+    return next((ref for ref in claim.metadata.owner_references or ()
+                 if ref.controller and ref.kind == "PodGroup" and ref.name == group), None)
+
+
+def consumer_for(claim: ResourceClaim, pod: Pod) -> ResourceClaimConsumerReference:
+    """Who the claim is reserved for when the pod uses it: its PodGroup for a claim the group owns
+    (one entry for all its members, so no 256-entry limit), else the pod."""
+    group = pod_group_owner(claim, pod)
+    if group is not None:
+        return ResourceClaimConsumerReference(api_group="scheduling.k8s.io", resource="podgroups", name=group.name,
+                                              uid=group.uid)
+    return pod_consumer(pod)
+
+
 def claim_from_template(pod: Pod, pod_claim_name: str, template: ResourceClaimTemplate) -> ResourceClaim:
     """The claim the resourceclaim controller would create, plus the delete-protection finalizer.
 
@@ -150,7 +170,7 @@ def resolve_pod_claims(
             if name is None:
                 continue  # kube-controller-manager's way of saying "no claim needed"
             claim = claims.get(name)
-            if claim is not None and owned_by_pod(claim, pod_uid):
+            if claim is not None and (owned_by_pod(claim, pod_uid) or pod_group_owner(claim, pod) is not None):
                 names[pod_claim.name] = name
             else:
                 problems.append(
@@ -309,7 +329,7 @@ def plan_claim_write(claim: ResourceClaim, allocation: AllocationResult, pod: Po
     conditions' timeout counts from it.
     """
     status = claim.status or ResourceClaimStatus()
-    consumer = pod_consumer(pod)
+    consumer = consumer_for(claim, pod)
     reserved = list(status.reserved_for or ())
     has_pod = any(r.uid == consumer.uid for r in reserved)
     if status.allocation is None:

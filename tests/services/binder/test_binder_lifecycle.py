@@ -216,3 +216,28 @@ def test_binding_readiness_waits_for_every_condition_fails_on_a_failure_conditio
     # no timestamp (written by an older scheduler): no timeout
     assert lc.binding_readiness(with_device_conditions(attached_allocation(stamp=None)), NOW + timedelta(days=1),
                                 600) == lc.BindingWait(ready=False)
+
+
+def test_a_claim_its_pods_group_owns_is_used_and_reserved_for_the_group():
+    from draplane.api.core import PodSchedulingGroup
+    from draplane.api.meta import OwnerReference
+
+    member = pod(claims=[PodResourceClaim(name="gpu", resource_claim_template_name="one-gpu")],
+                 statuses=[PodResourceClaimStatus(name="gpu", resource_claim_name="group-1-gpu-x")])
+    member.spec.scheduling_group = PodSchedulingGroup(pod_group_name="group-1")
+    shared = ResourceClaim(metadata=ObjectMeta(name="group-1-gpu-x", namespace="ns", owner_references=[
+        OwnerReference(api_version="scheduling.k8s.io/v1beta1", kind="PodGroup", name="group-1", uid="g-uid",
+                       controller=True)]))
+    resolved = lc.resolve_pod_claims(member, {"group-1-gpu-x": shared}, {}, manage_templates=False)
+    assert resolved.names == {"gpu": "group-1-gpu-x"} and not resolved.problems
+    plan = lc.plan_claim_write(shared, allocation(), member)
+    (consumer,) = plan.status.reserved_for
+    assert (consumer.api_group, consumer.resource, consumer.name, consumer.uid) == (
+        "scheduling.k8s.io", "podgroups", "group-1", "g-uid")
+    shared.status = plan.status
+    other = pod(name="other", uid="other-uid")
+    other.spec.scheduling_group = PodSchedulingGroup(pod_group_name="group-1")
+    assert isinstance(lc.plan_claim_write(shared, allocation(), other), lc.AlreadyWritten)
+    # a pod outside the group does not get the group's claim
+    stranger = pod(claims=member.spec.resource_claims, statuses=member.status.resource_claim_statuses)
+    assert lc.resolve_pod_claims(stranger, {"group-1-gpu-x": shared}, {}, manage_templates=False).problems
