@@ -13,7 +13,8 @@ pinned to the case's node by node affinity. Then:
 - a case the core cannot allocate must end PodScheduled=False, the node counted with the core's
   reason in kube-scheduler's words;
 - a case whose claim the core rejects must end PodScheduled=False with the core's error: as the
-  whole answer where the error holds on every node, as the node's reason where it holds there only;
+  whole answer where the error holds on every node, as kube-scheduler's DynamicResources filter
+  error (SchedulerError) where it holds on the node only;
 - a case whose objects the apiserver refuses is only a pass if the core rejects it too.
 
 Each case has its own drivers, classes, node and namespaces (`ConformanceCase.renamed`), so all
@@ -105,7 +106,8 @@ def expected_message(expected) -> str:
         return f"1 {device_reason(expected)}"
     if expected.fatal:
         return expected.message
-    return f"1 {CANNOT_ALLOCATE}: {expected.message}"
+    # an error on the node ends the attempt, as kube-scheduler's DynamicResources Filter does
+    return f'running "DynamicResources" filter plugin: {expected.message}'
 
 
 def reaches_other_nodes(case: ConformanceCase) -> bool:
