@@ -46,11 +46,12 @@ class Scheduling:
 
     async def start(self, *, shards: int = 1, manage_claims: bool = False, lease_seconds: float = 30.0,
                     scheduler_names=None, policy: str | None = None, gang_scheduling: bool = True,
-                    gang_wait_warning_seconds: float = 30.0, binding_timeout_seconds: float = 600.0) -> "Scheduling":
+                    gang_wait_warning_seconds: float = 30.0, binding_timeout_seconds: float = 600.0,
+                    concurrency: int = 32) -> "Scheduling":
         settings = BinderSettings(prefix=self.prefix, shards=shards, manage_claims=manage_claims,
                                   scheduler_names=tuple(scheduler_names or (self.scheduler_name,)),
                                   lease_seconds=lease_seconds, gang_wait_warning_seconds=gang_wait_warning_seconds,
-                                  binding_timeout_seconds=binding_timeout_seconds)
+                                  binding_timeout_seconds=binding_timeout_seconds, concurrency=concurrency)
         self.binder = Binder(settings, self.kube, self.nats)
         self.shards = [Shard(self.nats, index=i, prefix=self.prefix, lease_seconds=lease_seconds, policy=policy,
                              gang_scheduling=gang_scheduling)

@@ -744,8 +744,10 @@ async def set_device_condition(kubectl, namespace: str, claim: str, condition: s
 
 async def test_a_device_with_a_binding_condition_keeps_the_pod_unbound_until_the_condition_holds(
         scheduling, kube, kubectl, namespace):
+    """The wait gives up its placement slot: with one slot, a pod that needs no device binds
+    meanwhile."""
     class_name, node = await attachable_gpus_node(scheduling, kube)
-    await scheduling.start(shards=1)
+    await scheduling.start(shards=1, concurrency=1)
     await kubectl.apply(claim_yaml(namespace, "gpu", class_name) + "---"
                         + pod_yaml(namespace, "p", scheduling.scheduler_name, claim="gpu"))
 
@@ -761,6 +763,17 @@ async def test_a_device_with_a_binding_condition_keeps_the_pod_unbound_until_the
         "bound before its device was attached"
     events = await get_json(kubectl, "events", "-n", namespace, "--field-selector", "reason=BindingConditionsPending")
     assert [e["message"] for e in events["items"]] == [f"waiting for binding conditions for device on node {node}"]
+    await kubectl.apply(f"""
+apiVersion: v1
+kind: Pod
+metadata: {{name: plain, namespace: {namespace}}}
+spec:
+  schedulerName: {scheduling.scheduler_name}
+  nodeSelector: {{kubernetes.io/hostname: {node}}}
+  containers: [{{name: main, image: registry.k8s.io/pause:3.10}}]
+""")
+    await wait_bound(scheduling, kubectl, namespace, "plain", timeout=20)
+    assert not (await get_json(kubectl, "pod", "p", "-n", namespace))["spec"].get("nodeName")
     await set_device_condition(kubectl, namespace, "gpu", ATTACHED)
     pod = await wait_bound(scheduling, kubectl, namespace, "p")
     assert pod["spec"]["nodeName"] == node

@@ -20,6 +20,7 @@ and bookkeeping only.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 import time
 import uuid
@@ -886,9 +887,10 @@ class Binder:
                         await msg.term()
                 await self._extend_received([result for _, result in results])
                 for msg, result in results:
-                    await self.placement_slots.acquire()
-                    task = asyncio.create_task(self._handle_result(msg, result))
-                    task.add_done_callback(lambda t: (self.placement_slots.release(), _log_failure(t)))
+                    slot = _PlacementSlot(self.placement_slots)
+                    await slot.take()
+                    task = asyncio.create_task(self._handle_result(msg, result, slot))
+                    task.add_done_callback(lambda t, slot=slot: (slot.give_up(), _log_failure(t)))
         finally:
             await _unsubscribe(sub)
 
@@ -913,10 +915,10 @@ class Binder:
         # one write per node, all nodes at once: a batch spread over 64 nodes waited for 64 round trips
         await asyncio.gather(*(renew(node, expected) for node, expected in by_node.items()))
 
-    async def _handle_result(self, msg, result) -> None:
+    async def _handle_result(self, msg, result, slot: "_PlacementSlot | None" = None) -> None:
         try:
             if isinstance(result, Placement):
-                if await self.write_placement(result, in_progress=msg.in_progress):
+                if await self.write_placement(result, in_progress=msg.in_progress, slot=slot):
                     # Before the acknowledgement: a crash in between redelivers the placement,
                     # which finds the pod bound and publishes this again (one event by its id).
                     await self.audit.publish_and_wait(self._placed_event(result))
@@ -1015,7 +1017,8 @@ class Binder:
             log.warning("pod %s/%s: could not record the error on the pod", *_key(pod), exc_info=True)
 
     async def write_placement(self, placement: Placement, *,
-                              in_progress: Callable[[], Awaitable] | None = None) -> bool:
+                              in_progress: Callable[[], Awaitable] | None = None,
+                              slot: "_PlacementSlot | None" = None) -> bool:
         """PreBind (volumes, then the claims' finalizer and status), then the binding; idempotent.
         On failure, undo and release. True when bound. `in_progress` tells the results stream
         that the placement is still being worked on (PreBind may wait for volumes for minutes)."""
@@ -1064,7 +1067,7 @@ class Binder:
                 return False
 
         if not pod.spec.node_name:
-            why = await self._bind_pod_volumes(placement, pod, in_progress)
+            why = await self._bind_pod_volumes(placement, pod, in_progress, slot)
             if why is not None:
                 return False
         written: list[ClaimRef] = []
@@ -1076,7 +1079,7 @@ class Binder:
                 return False
             written.append(item.claim)
         if not pod.spec.node_name:
-            why = await self._wait_binding_conditions(placement, pod, written, in_progress)
+            why = await self._wait_binding_conditions(placement, pod, written, in_progress, slot)
             if why is not None:
                 uid = placement.pod.uid
                 backoff = self._next_backoff(uid)
@@ -1133,14 +1136,18 @@ class Binder:
             table.pop(uid, None)
         return True
 
-    async def _bind_pod_volumes(self, placement: Placement, pod: Pod,
-                                in_progress: Callable[[], Awaitable] | None) -> str | None:
+    async def _bind_pod_volumes(self, placement: Placement, pod: Pod, in_progress: Callable[[], Awaitable] | None,
+                                slot: "_PlacementSlot | None" = None) -> str | None:
         """VolumeBinding's PreBind: the pod's claims bound or provisioned on the node, waited for
         with the placement's leases (and its results message) kept alive. On failure the placement
         is abandoned, and the pod says why as kube-scheduler's SchedulerError does."""
         keeper = _LeaseKeeper(self, placement, in_progress, "its volumes are bound")
         expected = keeper.expected
-        why = await self.volumes.pre_bind(pod, placement.node, keeper.keep)
+        if pod_claim_names(pod):
+            async with _aside(slot):  # binding or provisioning can take minutes
+                why = await self.volumes.pre_bind(pod, placement.node, keeper.keep)
+        else:
+            why = None
         if why is None and keeper.failures:
             # a lease may have lapsed meanwhile, and its devices gone to another pod
             held = await self.store.hold(placement.node, expected, self.settings.lease_seconds,
@@ -1161,7 +1168,8 @@ class Binder:
         return why
 
     async def _wait_binding_conditions(self, placement: Placement, pod: Pod, written: list[ClaimRef],
-                                       in_progress: Callable[[], Awaitable] | None) -> str | None:
+                                       in_progress: Callable[[], Awaitable] | None,
+                                       slot: "_PlacementSlot | None" = None) -> str | None:
         """DynamicResources' PreBind wait: a device allocated with binding conditions (a device
         that must be attached first) keeps the pod unbound until every condition is True in the
         claim's status.devices. None when they are (or there are none), else the error: a binding
@@ -1176,6 +1184,10 @@ class Binder:
                  ", ".join(f"resourceclaim {r.name}" for r in waiting), placement.node,
                  extra=fields(pod=placement.pod.key(), node=placement.node))
         keeper = _LeaseKeeper(self, placement, in_progress, "its devices' binding conditions are awaited")
+        async with _aside(slot):  # attaching a device can take minutes
+            return await self._poll_binding_conditions(waiting, keeper)
+
+    async def _poll_binding_conditions(self, waiting: list[ClaimRef], keeper: "_LeaseKeeper") -> str | None:
         renewed = time.monotonic()
         while True:
             pending = []
@@ -1587,3 +1599,36 @@ class _LeaseKeeper:
             self.failures += 1
             log.warning("pod %s: could not renew its leases on node %s while %s", placement.pod.key(),
                         placement.node, self.while_what, exc_info=True)
+
+
+class _PlacementSlot:
+    """One of the binder's `concurrency` placement slots, held by a placement being written,
+    and given up while PreBind waits for volumes to be bound or devices to be attached: a wait
+    of minutes must not keep the other placements from being written."""
+
+    def __init__(self, semaphore: asyncio.Semaphore) -> None:
+        self.semaphore = semaphore
+        self.held = False
+
+    async def take(self) -> None:
+        await self.semaphore.acquire()
+        self.held = True
+
+    def give_up(self) -> None:
+        if self.held:
+            self.held = False
+            self.semaphore.release()
+
+
+@contextlib.asynccontextmanager
+async def _aside(slot: _PlacementSlot | None):
+    """The slot given up for the block, taken again after it (a placement called without one,
+    from a test, waits holding nothing)."""
+    if slot is None:
+        yield
+        return
+    slot.give_up()
+    try:
+        yield
+    finally:
+        await slot.take()
