@@ -865,7 +865,7 @@ spec:
 
 
 async def test_a_device_plugin_style_gpu_request_binds_on_dra_devices_through_a_claim_made_for_the_pod(
-        scheduling, kube, kubectl, namespace):
+        scheduling, kube, kubectl, namespace, control_plane):
     """`example.com/gpu-<tag>: 2` in a pod's requests and limits, a DeviceClass whose
     extendedResourceName names it, and no node with it in allocatable: the pod gets a claim of its
     own for 2 devices, the mapping in status.extendedResourceClaimStatus, and binds; the init
@@ -897,6 +897,9 @@ async def test_a_device_plugin_style_gpu_request_binds_on_dra_devices_through_a_
     assert (await wait_bound(scheduling, kubectl, namespace, "notebook"))["spec"]["nodeName"] == node
     await kubectl.apply(device_plugin_style_pod_yaml(namespace, "late", scheduling.scheduler_name, {resource: 1}))
     await wait_unschedulable(scheduling, kubectl, namespace, "late", "cannot allocate all claims")
+    lines = await explained(control_plane, namespace, "late")
+    assert not any("Insufficient" in line for line in lines) and any("not enough" in line or "too few" in line
+                                                                    for line in lines), lines
     # the devices come back with the pod's deletion: its claim goes with it
     await kubectl("delete", "pod", "trainer", "-n", namespace, "--grace-period=0", "--force")
     assert (await wait_bound(scheduling, kubectl, namespace, "late"))["spec"]["nodeName"] == node

@@ -24,7 +24,7 @@ from draplane.scheduling import preemption
 from draplane.scheduling.gangs import GangSpecError, gang_spec, pod_group_key
 from draplane.scheduling.placing import ClusterState, NotPlaced, Placed, allocation_node
 from draplane.scheduling.unschedulable import FailureReason
-from draplane.scheduling import volume_binding
+from draplane.scheduling import extended_resources, volume_binding
 
 # How many node names to list per failure class before "and N more".
 NODES_SHOWN = 5
@@ -141,7 +141,21 @@ def _pod_claims(snapshot: Snapshot, pod: Pod) -> tuple[list[ResourceClaim], list
             missing.append(f"pod claim {pc.name}: no claim created yet from template {pc.resource_claim_template_name}")
         else:
             missing.append(f"pod claim {pc.name}: resourceclaim {name!r} not found")
+    special = extended_resources.find_special_claim(pod, by_name.values())
+    if special is not None:
+        claims.append(special)
     return claims, missing
+
+
+def _dra_extended_resources(snapshot: Snapshot, pod: Pod) -> list[str]:
+    """The pod's extended resources that DRA serves (KEP-5004), as the binder decides it."""
+    offered = {r for n in snapshot.nodes for r, amount in ((n.status.allocatable or {}) if n.status else {}).items()
+               if amount not in ("0", "")}
+    try:
+        return sorted(extended_resources.dra_backed_resources(
+            pod, extended_resources.ClassResolver(snapshot.classes), lambda resource: resource in offered))
+    except extended_resources.ExtendedResourceError:
+        return []  # node fit says what is wrong with the request
 
 
 def _pod_status_lines(pod: Pod) -> list[str]:
@@ -203,9 +217,8 @@ def explain_pod(snapshot: Snapshot, pod: Pod) -> list[str]:
     gang_wait = _gang_wait(snapshot, pod)
     if gang_wait:
         lines.append(gang_wait)
-    outcome = snapshot.state(without={c.metadata.uid for c in claims
-                                      if not (c.status and c.status.allocation)}).place_pod(pod, claims,
-                                                                                             volumes=volumes)
+    outcome = snapshot.state(without={c.metadata.uid for c in claims if not (c.status and c.status.allocation)}) \
+        .place_pod(pod, claims, volumes=volumes, dra_extended_resources=_dra_extended_resources(snapshot, pod))
     if isinstance(outcome, Placed) and gates:
         lines.append(f"Once the gates are removed it fits now: node {outcome.node}.")
     elif isinstance(outcome, Placed) and gang_wait:
