@@ -765,7 +765,7 @@ class Shard:
             return arrivals
         inputs: dict[str, tuple[PendingPod, tuple[Pod, list[ResourceClaim]]]] = {}
         for pending, pod, claims in arrivals:
-            self.waiting.join(key, pending.pod.uid, pending)
+            self.waiting.join(key, pending.pod.uid, pending, spec.min_count)
             inputs[pending.pod.uid] = (pending, (pod, claims))
         while True:
             bound = len(self.gang_bound.get(key, ()))

@@ -88,7 +88,9 @@ def gang_spec(group: PodGroup) -> GangSpec | None:
 class GangWaitingRoom:
     """Pending members per gang, until a gang has its minimum count. Bounded: at most `max_gangs`
     gangs (the one least recently joined is forgotten first; its members come again with the
-    binder's next retry) and `max_members` each."""
+    binder's next retry) and `max_members` each, or the gang's minimum count where that is
+    larger (a bound below it would keep the gang waiting for ever; each member kept is a pod that
+    exists, so memory stays bounded by the cluster's pods)."""
 
     def __init__(self, max_gangs: int = 10_000, max_members: int = 4_096) -> None:
         self.max_gangs = max_gangs
@@ -96,8 +98,9 @@ class GangWaitingRoom:
         self._gangs: OrderedDict[str, OrderedDict[str, object]] = OrderedDict()
         self._gang_of: dict[str, str] = {}
 
-    def join(self, gang: str, member: str, pending: object) -> None:
-        """The member is pending (again): its latest message replaces the one kept."""
+    def join(self, gang: str, member: str, pending: object, min_count: int = 0) -> None:
+        """The member is pending (again): its latest message replaces the one kept. `min_count`:
+        the gang's minimum count, which the room always has space for."""
         previous = self._gang_of.get(member)
         if previous is not None and previous != gang:
             self.leave(member)
@@ -109,7 +112,7 @@ class GangWaitingRoom:
                     self._gang_of.pop(m, None)
             members = self._gangs[gang] = OrderedDict()
         self._gangs.move_to_end(gang)
-        if member not in members and len(members) >= self.max_members:
+        if member not in members and len(members) >= max(self.max_members, min_count):
             oldest, _ = members.popitem(last=False)
             self._gang_of.pop(oldest, None)
         members[member] = pending

@@ -82,3 +82,13 @@ def test_the_room_is_bounded():
     assert len(room) == 2
     assert room.members("ns/g0") == [] and room.members("ns/g4") == [1, 2]
     room.leave("ns/g0-0")  # forgotten already: nothing to do
+
+
+def test_a_gang_larger_than_the_member_bound_gets_room_for_its_minimum_count():
+    room = GangWaitingRoom(max_members=4)
+    spec = GangSpec("ns/big", 6)
+    for m in range(6):
+        room.join("ns/big", f"ns/big-{m}", m, spec.min_count)
+    assert room.ready(spec) == list(range(6))  # with the bound alone it waited for ever
+    room.join("ns/big", "ns/big-6", 6, spec.min_count)
+    assert len(room.members("ns/big")) == 6  # bounded still: minCount at the most
