@@ -18,6 +18,7 @@ resumes from the end of audit.jsonl.1. `draplane audit` reads the rotated files,
 from __future__ import annotations
 
 import dataclasses
+import glob
 import os
 import re
 import time
@@ -44,12 +45,14 @@ def rotated_path(path: Path, number: int) -> Path:
 
 def log_files(path: Path) -> list[Path]:
     """The log and its rotated files that exist, oldest first (audit.jsonl.N ... .1, audit.jsonl)."""
-    rotated = []
-    number = 1
-    while rotated_path(path, number).exists():
-        rotated.append(rotated_path(path, number))
-        number += 1
-    return [*reversed(rotated), *([path] if path.exists() else [])]
+    # every number there, not only up to a gap: a rotation cut short leaves one
+    numbered = []
+    if path.parent.is_dir():
+        for candidate in path.parent.glob(f"{glob.escape(path.name)}.*"):
+            suffix = candidate.name[len(path.name) + 1:]
+            if suffix.isdigit():
+                numbered.append((int(suffix), candidate))
+    return [p for _, p in sorted(numbered, reverse=True)] + ([path] if path.exists() else [])
 
 
 class AuditLine(AuditEvent, kw_only=True, omit_defaults=True):
@@ -164,13 +167,16 @@ class LogFile:
     def _rotate(self) -> None:
         """audit.jsonl -> .1 -> .2 ... -> .`backups` (the oldest dropped), then a new audit.jsonl."""
         assert self._fd is not None
-        os.close(self._fd)
-        self._fd = None
+        # The old descriptor stays open (and in use) until the new file is: a failure here (a
+        # full disk, too many files) raises OSError with the log still writable, and the next
+        # append tries the rotation again.
         for number in range(self.backups, 0, -1):
             source = rotated_path(self.path, number - 1) if number > 1 else self.path
             if source.exists():
                 os.replace(source, rotated_path(self.path, number))
-        self._fd = os.open(self.path, os.O_RDWR | os.O_CREAT | os.O_APPEND, 0o640)
+        fd = os.open(self.path, os.O_RDWR | os.O_CREAT | os.O_APPEND, 0o640)
+        old, self._fd = self._fd, fd
+        os.close(old)
         _fsync_dir(self.path.parent)
         self.size = 0
         self.rotations += 1

@@ -125,3 +125,24 @@ def test_rotation_limits_are_checked():
         LogFile(audit_log.Path("x"), max_bytes=0)
     with pytest.raises(ValueError, match="backups must be at least 1"):
         LogFile(audit_log.Path("x"), backups=0)
+
+
+def test_a_rotation_that_fails_leaves_the_log_writable_and_is_tried_again(tmp_path, monkeypatch):
+    path = tmp_path / "audit.jsonl"
+    line = len(encode_line(12, event(12), recorded_at=5.0))
+    log = LogFile(path, max_bytes=line, backups=2)
+    log.open()
+    log.append(encode_line(1, event(1), recorded_at=5.0))
+    real_open = os.open
+
+    def full_disk(*args, **kwargs):
+        raise OSError(28, "No space left on device")
+
+    monkeypatch.setattr(audit_log.os, "open", full_disk)
+    with pytest.raises(OSError):
+        log.append(encode_line(2, event(2), recorded_at=5.0))
+    monkeypatch.setattr(audit_log.os, "open", real_open)
+    log.append(encode_line(2, event(2), recorded_at=5.0))  # the rotation again, now it works
+    log.close()
+    seqs = [line.seq for f in audit_log.log_files(path) for line in read_lines(f.read_bytes().splitlines())]
+    assert seqs == [1, 2]

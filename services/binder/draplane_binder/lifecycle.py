@@ -347,6 +347,9 @@ def plan_claim_write(claim: ResourceClaim, allocation: AllocationResult, pod: Po
     return WriteStatus(msgspec.structs.replace(status, reserved_for=[*reserved, consumer]))
 
 
+BINDING_TIMEOUT = "device binding timeout"
+
+
 def has_binding_conditions(allocation: AllocationResult | None) -> bool:
     return allocation is not None and any(r.binding_conditions for r in allocation.devices.results or ())
 
@@ -389,7 +392,7 @@ def binding_readiness(claim: ResourceClaim, now: datetime, timeout_seconds: floa
         return BindingWait(ready=True)
     allocated_at = parse_rfc3339(allocation.allocation_timestamp)
     if allocated_at is not None and (now - allocated_at).total_seconds() > timeout_seconds:
-        return BindingWait(ready=False, error=f"device binding timeout: claim={name}")
+        return BindingWait(ready=False, error=f"{BINDING_TIMEOUT}: claim={name}")
     return BindingWait(ready=False)
 
 

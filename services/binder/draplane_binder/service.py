@@ -438,8 +438,11 @@ class Binder:
             if had and not has and old.metadata.uid == claim.metadata.uid:
                 self._spawn_once(self._release(old), f"release {key}")
             self.claim_queue.put(key)
-        # wake the pods that use it
-        for pod_key in self.pods_by_claim.get(key, ()):
+        # wake the pods that use it, backoff or not: a claim that appears or changes is what a
+        # pod told "not found" waits for
+        waiting = list(self.pods_by_claim.get(key, ()))
+        self._wake_pods(waiting)
+        for pod_key in waiting:
             self.pod_queue.put(pod_key)
         for ref in claim.metadata.owner_references or ():
             if ref.kind == "Pod" and ref.controller:
@@ -1143,13 +1146,13 @@ class Binder:
         is abandoned, and the pod says why as kube-scheduler's SchedulerError does."""
         keeper = _LeaseKeeper(self, placement, in_progress, "its volumes are bound")
         expected = keeper.expected
-        if pod_claim_names(pod):
-            async with _aside(slot):  # binding or provisioning can take minutes
-                why = await self.volumes.pre_bind(pod, placement.node, keeper.keep)
-        else:
-            why = None
-        if why is None and keeper.failures:
-            # a lease may have lapsed meanwhile, and its devices gone to another pod
+        if not pod_claim_names(pod):
+            return None
+        async with _aside(slot):  # binding or provisioning can take minutes
+            why = await self.volumes.pre_bind(pod, placement.node, keeper.keep)
+        if why is None:
+            # a lease may have lapsed meanwhile (a renewal failed, or taking the slot back was
+            # slow), and its devices gone to another pod: checked once more before writing
             held = await self.store.hold(placement.node, expected, self.settings.lease_seconds,
                                          pods=[placement.pod.uid])
             plan = protocol.plan_write(list(expected), placement.pod.uid, held, node=placement.node,
@@ -1162,7 +1165,7 @@ class Binder:
             return None
         uid = placement.pod.uid
         backoff = self._next_backoff(uid)
-        await self._abandon(placement, pod, f"binding volumes: {why}")
+        await self._abandon(placement, pod, why if why.startswith("binding volumes") else f"binding volumes: {why}")
         self._back_off(uid, backoff)
         await self._report_error(placement.pod.uid, f"running PreBind plugin \"VolumeBinding\": {why}")
         return why
@@ -1183,18 +1186,35 @@ class Binder:
         log.info("pod %s: waiting for the binding conditions of %s on node %s", placement.pod.key(),
                  ", ".join(f"resourceclaim {r.name}" for r in waiting), placement.node,
                  extra=fields(pod=placement.pod.key(), node=placement.node))
-        keeper = _LeaseKeeper(self, placement, in_progress, "its devices' binding conditions are awaited")
+        keeper = _LeaseKeeper(self, placement, in_progress, "its devices' binding conditions are awaited",
+                              claims_written=True)
         async with _aside(slot):  # attaching a device can take minutes
-            return await self._poll_binding_conditions(waiting, keeper)
+            why = await self._poll_binding_conditions(placement, waiting, keeper)
+        if why is None and keeper.failures:
+            why = f"the reservation of pod {placement.pod.key()} on node {placement.node} lapsed while its devices " \
+                  f"were attached"
+        return why
 
-    async def _poll_binding_conditions(self, waiting: list[ClaimRef], keeper: "_LeaseKeeper") -> str | None:
+    async def _poll_binding_conditions(self, placement: Placement, waiting: list[ClaimRef],
+                                       keeper: "_LeaseKeeper") -> str | None:
         renewed = time.monotonic()
+        # As kube-scheduler's poll, the wait itself is bounded too: a claim whose allocation
+        # went, or that has no timestamp, must not hold the placement (and its message) for ever.
+        deadline = renewed + self.settings.binding_timeout_seconds
+        allocations = {c.claim.uid: c.allocation for c in placement.claims}
         while True:
+            if time.monotonic() >= deadline:
+                return f"{lc.BINDING_TIMEOUT}: claim={', '.join(r.name for r in waiting)}"
+            pod = self.pods_by_uid.get(placement.pod.uid)
+            if pod is None or lc.pod_is_done(pod) or pod.metadata.deletion_timestamp:
+                return "the pod is gone"
             pending = []
             for ref in waiting:
                 claim = self.claims.get((ref.namespace, ref.name))
                 if claim is None or claim.metadata.uid != ref.uid:
                     return f"resourceclaim {ref.key()} is gone"
+                if claim.status is None or not lc.same_allocation(claim.status.allocation, allocations[ref.uid]):
+                    return f"resourceclaim {ref.key()} was deallocated while its devices were attached"
                 state = lc.binding_readiness(claim, datetime.now(timezone.utc), self.settings.binding_timeout_seconds)
                 if state.error:
                     return state.error
@@ -1580,7 +1600,8 @@ class _LeaseKeeper:
     progress. `failures` counts renewals that did not land; the caller checks the leases again."""
 
     def __init__(self, binder: Binder, placement: Placement, in_progress: Callable[[], Awaitable] | None,
-                 while_what: str) -> None:
+                 while_what: str, *, claims_written: bool = False) -> None:
+        self.claims_written = claims_written
         self.binder, self.placement, self.in_progress, self.while_what = binder, placement, in_progress, while_what
         self.expected = {c.claim.uid: rv.devices_of(c.allocation) for c in placement.claims}
         self.failures = 0
@@ -1593,12 +1614,20 @@ class _LeaseKeeper:
             except Exception:  # noqa: BLE001 - redelivery is the worst case, and writing is idempotent
                 log.debug("pod %s: could not tell the results stream it is in progress", placement.pod.key())
         try:
-            await self.binder.store.hold(placement.node, self.expected, self.binder.settings.lease_seconds,
-                                         pods=[placement.pod.uid])
+            held = await self.binder.store.hold(placement.node, self.expected, self.binder.settings.lease_seconds,
+                                                pods=[placement.pod.uid])
         except Exception:  # noqa: BLE001 - checked again once the wait is over
             self.failures += 1
             log.warning("pod %s: could not renew its leases on node %s while %s", placement.pod.key(),
                         placement.node, self.while_what, exc_info=True)
+            return
+        claims_lost = not self.claims_written and any(uid not in held for uid in self.expected)
+        if placement.pod.uid not in held or claims_lost:
+            # a lease lapsed and was pruned: its devices (or the pod's CPU and memory) may be
+            # another's by now. Once the claims are written, Kubernetes holds their devices.
+            self.failures += 1
+            log.warning("pod %s: its reservation on node %s lapsed while %s", placement.pod.key(), placement.node,
+                        self.while_what)
 
 
 class _PlacementSlot:
