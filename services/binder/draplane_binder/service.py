@@ -671,6 +671,9 @@ class Binder:
             return None
         namespace, name = _key(pod)
         claim = er.find_special_claim(pod, self.claims_by_namespace.get(namespace, {}).values())
+        recorded = pod.status.extended_resource_claim_status if pod.status else None
+        if claim is not None and recorded is not None and recorded.resource_claim_name == claim.metadata.name:
+            return claim, sorted(resources)  # made and recorded by an earlier attempt
         requests, mappings = er.claim_requests(pod, resources)
         if claim is None:
             claim = await self.kube.create(er.special_claim(pod, requests))
@@ -680,15 +683,12 @@ class Binder:
                      namespace, name, claim.metadata.name, ", ".join(sorted(resources)),
                      ", ".join(sorted(set(resources.values()))),
                      extra=fields(pod=f"{namespace}/{name}", claim=f"{namespace}/{claim.metadata.name}"))
-        recorded = pod.status.extended_resource_claim_status if pod.status else None
-        if recorded is None or recorded.resource_claim_name != claim.metadata.name:
-            patch = {"metadata": {"resourceVersion": pod.metadata.resource_version},
-                     "status": {"extendedResourceClaimStatus": {"requestMappings": mappings,
-                                                                "resourceClaimName": claim.metadata.name}}}
-            updated = await self.kube.patch(Pod, name, patch, namespace, subresource="status")
-            self._on_pod("MODIFIED", updated)
-            return False
-        return claim, sorted(resources)
+        patch = {"metadata": {"resourceVersion": pod.metadata.resource_version},
+                 "status": {"extendedResourceClaimStatus": {"requestMappings": mappings,
+                                                            "resourceClaimName": claim.metadata.name}}}
+        updated = await self.kube.patch(Pod, name, patch, namespace, subresource="status")
+        self._on_pod("MODIFIED", updated)
+        return False
 
     def _claims_still_cached(self, namespace: str, claims: list[ResourceClaim]) -> bool:
         cached = self.claims_by_namespace.get(namespace, {})

@@ -229,10 +229,10 @@ def pre_filter(pod: Pod, claims: Mapping[str, PersistentVolumeClaim], volumes: M
             immediate = True  # a pre-bound claim counts as immediate, as in kube-scheduler
             continue
         annotations = claim.metadata.annotations or {}
+        request = _bytes((claim.spec.resources.requests or {}).get("storage") if claim.spec.resources else None,
+                         round_up=True)
         unbound.append(UnboundClaim(
-            claim=name, request=_bytes((claim.spec.resources.requests or {}).get("storage")
-                                       if claim.spec.resources else None, round_up=True),
-            candidates=_candidates(claim, class_name, volumes.values()),
+            claim=name, request=request, candidates=_candidates(claim, class_name, request, volumes.values()),
             selected_node=annotations.get(ANNOTATION_SELECTED_NODE),
             provisioner=storage_class.provisioner, allowed_topologies=tuple(storage_class.allowed_topologies or ())))
     if immediate:
@@ -242,12 +242,10 @@ def pre_filter(pod: Pod, claims: Mapping[str, PersistentVolumeClaim], volumes: M
     return PodVolumes(bound=tuple(bound), unbound=tuple(unbound), in_use_elsewhere=in_use)
 
 
-def _candidates(claim: PersistentVolumeClaim, class_name: str,
+def _candidates(claim: PersistentVolumeClaim, class_name: str, request: int,
                 volumes: Iterable[PersistentVolume]) -> tuple[CandidateVolume, ...]:
     """FindMatchingVolume's checks that do not depend on the node, in a stable order (smallest
-    first, then by name), so that every shard and the binder pick alike."""
-    request = _bytes((claim.spec.resources.requests or {}).get("storage") if claim.spec.resources else None,
-                     round_up=True)
+    first, then by name), so that every shard and the binder pick alike. `request`: bytes."""
     wanted_mode = claim.spec.volume_mode or "Filesystem"
     wanted_access = set(claim.spec.access_modes or ())
     out = []
