@@ -1,6 +1,7 @@
 # The two commands a user needs: `make demo` and `make test`. Both set everything up first:
-# a virtualenv at .venv/ with draplane installed, and the real servers built from Go modules
-# into ~/.cache/draplane/bin (once; later runs reuse them).
+# a virtualenv at .venv/ with draplane installed, the real servers built from Go modules
+# into ~/.cache/draplane/bin, and the kubelet's gRPC stubs generated into
+# ~/.cache/draplane/kubelet-api (once; later runs reuse them).
 
 PYTHON ?= python3
 VENV := .venv
@@ -19,6 +20,7 @@ setup: $(STAMP) servers
 
 servers: $(STAMP)
 	$(VENV)/bin/python -m draplane.localenv.binaries
+	$(VENV)/bin/python -m draplane_node_agent.kubelet_api
 
 # Headless Chromium for the dashboard's browser test: Debian's package, installed when missing
 # where we are root with apt (a CI machine); elsewhere install it, or set DRAPLANE_CHROMIUM. The
