@@ -43,6 +43,10 @@ def parse_args(argv: list[str] | None, *, check_credentials: bool = False) -> ar
     args = parser.parse_args(argv)
     if not 0 < args.taint_after < args.remove_after:
         parser.error("--taint-after must be positive and smaller than --remove-after")
+    host, _, port = args.listen.rpartition(":")
+    if not port.isdigit() or int(port) > 65535:
+        # The service runs inside its HTTP server: it cannot be turned off, as the node agent's can.
+        parser.error(f"--listen {args.listen!r}: expected host:port, e.g. 127.0.0.1:8081")
     if check_credentials:
         require_nats_credentials(parser, args)
     return args

@@ -177,3 +177,85 @@ def discover(nvml: ModuleType | None = None, sysfs: Path = Path("/sys")) -> Node
         return NodeHardware(gpus=tuple(gpus))
     finally:
         nvml.nvmlShutdown()
+
+
+# XIDs that an application causes (a bad kernel, a page fault of its own), not the GPU: the NVIDIA
+# DRA driver and device plugin leave a GPU healthy on these, and so do we.
+APPLICATION_XIDS = frozenset({13, 31, 43, 45, 68, 109})
+
+
+def watch_xid_events(report, *, stopped, nvml: ModuleType | None = None, wait_ms: int = 1000) -> None:
+    """Block, calling `report(gpu_index, message)` for each critical XID on a GPU, until `stopped()`.
+
+    Run in a thread: NVML's event wait blocks. A GPU that cannot register for events (an old
+    driver, a vGPU) is left out with its reason reported once as a log line by the caller.
+    """
+    nvml = nvml or _pynvml()
+    nvml.nvmlInit()
+    try:
+        events = nvml.nvmlEventSetCreate()
+        index_of = {}
+        for index in range(nvml.nvmlDeviceGetCount()):
+            handle = nvml.nvmlDeviceGetHandleByIndex(index)
+            try:
+                nvml.nvmlDeviceRegisterEvents(handle, nvml.nvmlEventTypeXidCriticalError, events)
+            except nvml.NVMLError as exc:
+                report(None, f"GPU {index}: cannot watch XID events: {exc}")
+                continue
+            index_of[_handle_key(handle)] = index
+        while not stopped():
+            try:
+                event = nvml.nvmlEventSetWait_v2(events, wait_ms)
+            except nvml.NVMLError as exc:
+                if "Timeout" in type(exc).__name__ or "imeout" in str(exc):
+                    continue
+                raise
+            xid = int(event.eventData)
+            if xid in APPLICATION_XIDS:
+                continue
+            index = index_of.get(_handle_key(event.device))
+            if index is not None:
+                report(index, f"XID {xid}")
+        nvml.nvmlEventSetFree(events)
+    finally:
+        nvml.nvmlShutdown()
+
+
+def _handle_key(handle):
+    # pynvml's handles are ctypes pointers: equal devices, distinct objects; compare addresses.
+    value = getattr(handle, "value", None)
+    if value is None and hasattr(handle, "contents"):
+        import ctypes
+
+        value = ctypes.addressof(handle.contents)
+    return handle if value is None else value
+
+
+def _pynvml() -> ModuleType:
+    import pynvml
+
+    return pynvml
+
+
+def start_xid_watch(report, *, stop_flag, nvml: ModuleType | None = None):
+    """`watch_xid_events` in a daemon thread; it ends once `stop_flag` (an asyncio.Event) is set."""
+    import logging
+    import threading
+
+    log = logging.getLogger(__name__)
+
+    def run() -> None:
+        def forward(index, message):
+            if index is None:
+                log.warning("%s", message)
+            else:
+                report(index, message)
+
+        try:
+            watch_xid_events(forward, stopped=stop_flag.is_set, nvml=nvml)
+        except Exception:
+            log.exception("watching NVML's XID events failed; GPU health is no longer reported")
+
+    thread = threading.Thread(target=run, name="nvml-xid-events", daemon=True)
+    thread.start()
+    return thread

@@ -87,6 +87,9 @@ def test_inventory_arguments_are_checked():
     with pytest.raises(SystemExit):
         parse_args(["--taint-after", "60", "--remove-after", "30"])
     assert parse_args(["--taint-after", "5", "--remove-after", "9"]).remove_after == 9
+    for listen in ("", "127.0.0.1", "host:http", "0.0.0.0:99999"):
+        with pytest.raises(SystemExit):
+            parse_args(["--listen", listen])
 
 
 async def test_entry_points_authenticate_with_nkey_seeds_as_deployed(kube, control_plane, tmp_path):
