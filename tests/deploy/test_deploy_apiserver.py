@@ -18,6 +18,7 @@ from pathlib import Path
 import msgspec
 import pytest
 
+from draplane.api.resource import ResourceClaim
 from draplane.kube import KubeClient
 from draplane.kube.client import KubeApiError, raw_collection_path
 from draplane.localenv import kustomize
@@ -188,7 +189,8 @@ JOBS = {
         ("", "persistentvolumeclaims,persistentvolumes", "get,list,watch,patch"),
         ("storage.k8s.io", "storageclasses", READ),
     ),
-    "draplane-node-agent": set(),
+    # The kubelet plugin GETs the one claim it prepares, by namespace and name; nothing else.
+    "draplane-node-agent": _expand((R, "resourceclaims", "get")),
     "draplane-audit": set(),  # NATS only
 }
 
@@ -220,7 +222,10 @@ async def test_each_service_account_holds_exactly_its_job(kube, namespace, rbac)
     inventory = await _rules(kube, namespace, "draplane-inventory")
     assert ("", "pods/binding", "create") not in inventory
     node_agent = await _rules(kube, namespace, "draplane-node-agent")
-    assert node_agent == baseline
+    assert node_agent - baseline == {(R, "resourceclaims", "get")}
+    assert not {(R, "resourceslices", v) for v in {"list", *WRITE_VERBS}} & node_agent
+    assert not {(R, "resourceclaims", v) for v in {"list", "watch", *WRITE_VERBS}} & node_agent
+    assert ("", "nodes", "patch") not in node_agent
 
 
 def _node(name: str) -> dict:
@@ -315,7 +320,16 @@ async def test_services_do_their_jobs_and_are_refused_the_rest(kube, control_pla
         await _forbidden(allocator.apply_raw(_claim(namespace, "by-allocator")))
         await _forbidden(allocator.request("PUT", f"{claims}/gpu-claim/status", body=allocated))
 
-        # node-agent: no Kubernetes access at all, not even reads.
+        # node-agent: the kubelet plugin's one read, a claim by namespace and name, as the agent
+        # makes it (KubeClient.get); nothing else, not even listing or watching claims.
+        read = await node_agent.get(ResourceClaim, "gpu-claim", namespace)
+        assert read.metadata.uid == allocated["metadata"]["uid"]
+        assert read.status.reserved_for[0].uid == pod["metadata"]["uid"]
+        await _forbidden(node_agent.request("GET", claims))
+        await _forbidden(node_agent.request("GET", f"/apis/{R}/v1/resourceclaims"))
+        await _forbidden(node_agent.request("GET", claims, query={"watch": "true"}))
+        await _forbidden(node_agent.apply_raw(_claim(namespace, "by-agent")))
+        await _forbidden(node_agent.request("PUT", f"{claims}/gpu-claim/status", body=allocated))
         await _forbidden(node_agent.request("GET", f"{slices}"))
         await _forbidden(node_agent.apply_raw(_slice(f"by-agent-{suffix}", node)))
         await _forbidden(node_agent.request("PATCH", f"/api/v1/nodes/{node['metadata']['name']}",

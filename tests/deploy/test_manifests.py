@@ -6,6 +6,7 @@ the checks on its objects are pure. The apiserver's own verdict is in test_deplo
 
 from __future__ import annotations
 
+import inspect
 import re
 import tomllib
 from pathlib import Path
@@ -108,13 +109,32 @@ def test_draplane_services_probe_healthz_and_readyz_and_request_resources(object
                 assert args["listen"].startswith("0.0.0.0:"), object_id(obj)
 
 
+# The one container that runs as root, and why: as the kubelet's DRA plugin it creates sockets,
+# its checkpoint, device files and CDI specs in host folders that belong to root
+# (deploy/services/node-agent.yaml). It runs with no capabilities all the same.
+ROOT_CONTAINERS = {("draplane-node-agent", "node-agent")}
+
+
 def test_containers_run_unprivileged(objects):
+    as_root = set()
     for obj in workloads(objects):
         spec = pod_spec(obj)
         assert spec["securityContext"]["runAsNonRoot"] is True, object_id(obj)
-        for container in spec["containers"]:
-            assert container["securityContext"]["allowPrivilegeEscalation"] is False, object_id(obj)
-            assert container["securityContext"]["capabilities"]["drop"] == ["ALL"], object_id(obj)
+        assert spec["securityContext"].get("runAsUser", 0) != 0, object_id(obj)
+        for container in containers(obj):
+            context = container["securityContext"]
+            where = f"{object_id(obj)} container {container['name']}"
+            assert context["allowPrivilegeEscalation"] is False, where
+            assert context["capabilities"] == {"drop": ["ALL"]}, where
+            assert context["readOnlyRootFilesystem"] is True, where
+            assert not context.get("privileged"), where
+            if (obj["metadata"]["name"], container["name"]) in ROOT_CONTAINERS:
+                assert (context["runAsUser"], context["runAsGroup"], context["runAsNonRoot"]) == (0, 0, False), where
+                as_root.add((obj["metadata"]["name"], container["name"]))
+            else:
+                # Everything else keeps the pod's non-root user: no container-level override.
+                assert not {"runAsUser", "runAsGroup", "runAsNonRoot"} & set(context), where
+    assert as_root == ROOT_CONTAINERS
 
 
 def test_every_disruption_budget_selects_exactly_one_workload(objects):
@@ -150,22 +170,71 @@ def test_service_accounts_roles_and_bindings_refer_to_each_other(objects):
             assert subject["kind"] == "ServiceAccount" and subject["name"] in accounts, object_id(binding)
             assert subject["namespace"] == accounts[subject["name"]]["metadata"]["namespace"]
             bound.add(subject["name"])
-    # The node agent, the allocator shards and the audit subscriber hold no Kubernetes role at
-    # all, and have no token to use one with: they talk to NATS only.
-    assert bound == {"draplane-inventory", "draplane-binder"}
+    # The allocator shards and the audit subscriber hold no Kubernetes role at all, and have no
+    # token to use one with: they talk to NATS only.
+    assert bound == {"draplane-inventory", "draplane-binder", "draplane-node-agent"}
     for account in ("draplane-node-agent", "draplane-allocator", "draplane-audit"):
         assert accounts[account]["automountServiceAccountToken"] is False
     assert pod_spec(by_kind(objects, "StatefulSet")["draplane-allocator"])["automountServiceAccountToken"] is False
-    assert pod_spec(by_kind(objects, "DaemonSet")["draplane-node-agent"])["automountServiceAccountToken"] is False
     assert pod_spec(by_kind(objects, "Deployment")["draplane-audit"])["automountServiceAccountToken"] is False
+    # The node agent's account mounts no token by default; its DaemonSet's pod asks for one,
+    # because the kubelet plugin reads the claims it prepares.
+    assert pod_spec(by_kind(objects, "DaemonSet")["draplane-node-agent"])["automountServiceAccountToken"] is True
+
+
+def granted_rules(role) -> set[tuple[str, str, str]]:
+    """(apiGroup, resource, verb) a ClusterRole grants; a name-scoped rule is not expected."""
+    assert not any(rule.get("resourceNames") or rule.get("nonResourceURLs") for rule in role["rules"]), object_id(role)
+    return {
+        (group, resource, verb)
+        for rule in role["rules"] for group in rule["apiGroups"] for resource in rule["resources"] for verb in rule["verbs"]
+    }
+
+
+def test_node_agent_role_is_get_on_resourceclaims_only(objects):
+    # The kubelet plugin GETs the one claim it prepares, by namespace and name: no list, no
+    # watch, no write, no other resource.
+    role = by_kind(objects, "ClusterRole")["draplane-node-agent"]
+    assert granted_rules(role) == {("resource.k8s.io", "resourceclaims", "get")}
+    binding = by_kind(objects, "ClusterRoleBinding")["draplane-node-agent"]
+    assert binding["roleRef"] == {"apiGroup": "rbac.authorization.k8s.io", "kind": "ClusterRole", "name": "draplane-node-agent"}
+    assert [(s["kind"], s["name"]) for s in binding["subjects"]] == [("ServiceAccount", "draplane-node-agent")]
+
+
+def test_node_agent_is_the_kubelet_plugin_with_the_host_paths_at_the_same_paths(objects):
+    from draplane_node_agent.__main__ import parse_args
+
+    agent = by_kind(objects, "DaemonSet")["draplane-node-agent"]
+    (container,) = pod_spec(agent)["containers"]
+    assert "--kubelet-plugin" in container["args"]
+    # Where the agent puts its sockets, checkpoint, device files and CDI specs, as its own parser
+    # reads the DaemonSet's args (the defaults unless deploy/ names others).
+    args = parse_args([a.replace("$(NODE_NAME)", "gpu-node-1") for a in container["args"]])
+    assert args.kubelet_plugin is True
+    kubelet_dir = Path(args.kubelet_dir)
+    wanted = {kubelet_dir / "plugins_registry", kubelet_dir / "plugins", Path(args.cdi_dir)}
+    assert wanted == {Path("/var/lib/kubelet/plugins_registry"), Path("/var/lib/kubelet/plugins"), Path("/var/run/cdi")}
+    volumes = {v["name"]: v for v in pod_spec(agent)["volumes"]}
+    mounted = {}
+    for mount in container["volumeMounts"]:
+        host = volumes[mount["name"]].get("hostPath")
+        if host is not None and Path(mount["mountPath"]) in wanted:
+            # The same path inside as on the host: the kubelet and the container runtime (CDI
+            # mounts of the claims' device files) resolve what the agent writes on the host.
+            assert host["path"] == mount["mountPath"], mount
+            assert host["type"] == "DirectoryOrCreate", mount
+            assert not mount.get("readOnly"), mount
+            assert "subPath" not in mount, mount
+            mounted[Path(mount["mountPath"])] = mount["name"]
+    assert set(mounted) == wanted
+    # Its token (the claims' reads) is mounted; the root filesystem stays read-only and the
+    # container holds no capabilities (test_containers_run_unprivileged checks every container).
+    assert container["securityContext"]["readOnlyRootFilesystem"] is True
+    assert container["securityContext"]["capabilities"] == {"drop": ["ALL"]}
 
 
 def test_binder_role_has_the_binding_subresource_kubernetes_1_36_requires(objects):
-    rules = by_kind(objects, "ClusterRole")["draplane-binder"]["rules"]
-    granted = {
-        (group, resource, verb)
-        for rule in rules for group in rule["apiGroups"] for resource in rule["resources"] for verb in rule["verbs"]
-    }
+    granted = granted_rules(by_kind(objects, "ClusterRole")["draplane-binder"])
     for verb in ("update", "patch"):
         assert ("resource.k8s.io", "resourceclaims/status", verb) in granted
         assert ("resource.k8s.io", "resourceclaims/binding", verb) in granted
@@ -272,9 +341,64 @@ def test_dockerfile_copies_every_package_root_and_checks_every_entry_point(objec
         assert any(root == c.rstrip("/") or root.startswith(c) for c in copied), f"Dockerfile does not copy {root}"
     checked = re.search(r"for command in ([^;]+);", dockerfile).group(1).split()
     assert set(checked) == set(pyproject["project"]["scripts"])
-    # The image's user is the one the workloads run as.
+    # The image's user is the one the workloads run as (the node agent's container alone
+    # overrides it with root, see test_containers_run_unprivileged).
     user = re.search(r"^USER (\d+):(\d+)$", dockerfile, re.M)
     for obj in workloads(objects):
         if obj["metadata"]["name"] != "draplane-nats":
             context = pod_spec(obj)["securityContext"]
             assert (str(context["runAsUser"]), str(context["runAsGroup"])) == user.groups(), object_id(obj)
+
+
+def dockerfile_stages() -> list[tuple[str, list[str]]]:
+    """(FROM instruction, the stage's other instructions), in order; continued lines joined."""
+    stages: list[tuple[str, list[str]]] = []
+    pending: list[str] = []
+    for line in (DEPLOY / "Dockerfile").read_text().splitlines():
+        stripped = line.strip()
+        if not stripped or stripped.startswith("#"):
+            continue  # blank lines and comments, inside a continued instruction too
+        pending.append(stripped.removesuffix("\\").strip())
+        if stripped.endswith("\\"):
+            continue
+        instruction, pending = " ".join(pending), []
+        if instruction.startswith("FROM "):
+            stages.append((instruction, []))
+        elif stages:  # ARGs before the first FROM are global, not a stage's
+            stages[-1][1].append(instruction)
+    return stages
+
+
+def test_dockerfile_builds_the_kubelet_stubs_into_the_image_without_go():
+    from draplane_node_agent import kubelet_api
+
+    stages = dockerfile_stages()
+    *earlier, (final_from, final) = stages
+    (build,) = [body for line, body in earlier if line.split()[-1] == "build"]
+    go_stages = [line.split()[-1] for line, _ in earlier if line.split()[1].startswith("golang:")]
+    env_name = kubelet_api.ENV_OVERRIDE
+
+    def env(body) -> dict[str, str]:
+        return dict(re.findall(rf"\b({env_name})=(\S+)", " ".join(i for i in body if i.startswith("ENV "))))
+
+    # The build stage copies a Go toolchain in, and generates the stubs with it into the folder
+    # that DRAPLANE_KUBELET_API names there.
+    assert go_stages, "no golang stage to copy the toolchain from"
+    assert any(i.startswith("COPY --from=") and i.split()[1].removeprefix("--from=") in go_stages
+               and "/usr/local/go" in i for i in build)
+    generated = env(build)[env_name]
+    assert any("-m draplane_node_agent.kubelet_api" in i for i in build if i.startswith("RUN "))
+    # The final stage: the venv (which holds that folder) from the build stage, the same
+    # DRAPLANE_KUBELET_API, and nothing from a Go stage.
+    assert env(final)[env_name] == generated
+    copies = [i for i in final if i.startswith("COPY ")]
+    assert copies == ["COPY --from=build /opt/draplane /opt/draplane"]
+    assert generated.startswith("/opt/draplane/")
+    assert "golang" not in final_from
+    # The toolchain is as new as the go.mod that kubelet_api fetches the protos through asks
+    # (it runs go with GOTOOLCHAIN=local, so an older one fails the build).
+    required = re.search(r"\\ngo (\d+)\.(\d+)", inspect.getsource(kubelet_api._proto_sources))
+    pinned = re.search(r"^ARG GO_VERSION=(\d+)\.(\d+)", (DEPLOY / "Dockerfile").read_text(), re.M)
+    assert required and pinned, "the go directive or ARG GO_VERSION moved"
+    assert any(line == "FROM golang:${GO_VERSION} AS go" for line, _ in earlier)
+    assert tuple(map(int, pinned.groups())) >= tuple(map(int, required.groups()))
