@@ -8,7 +8,7 @@ VENV := .venv
 STAMP := $(VENV)/.installed-stamp
 PYTEST_ARGS ?=
 
-.PHONY: setup servers chromium test test-unit demo bench clean
+.PHONY: node-packages setup servers chromium test test-unit demo bench clean
 
 $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -25,6 +25,17 @@ servers: $(STAMP)
 # Headless Chromium for the dashboard's browser test: Debian's package, installed when missing
 # where we are root with apt (a CI machine); elsewhere install it, or set DRAPLANE_CHROMIUM. The
 # test runs this target itself too, and fails (under CI) or skips with its output when it fails.
+# The real node's runtime parts that come from Debian (draplane.localenv.realnode): runc, the CNI
+# plugins, and busybox-static for its images. Installed the same way as Chromium.
+NODE_PACKAGES := runc containernetworking-plugins busybox-static
+node-packages:
+	@if [ -x /usr/sbin/runc ] && [ -x /usr/lib/cni/bridge ] && [ -x /usr/bin/busybox ]; then exit 0; fi; \
+	if [ "$$(id -u)" != 0 ] || ! command -v apt-get >/dev/null 2>&1; then \
+	  echo "the real node needs Debian's $(NODE_PACKAGES): install them as root" >&2; exit 1; fi; \
+	export DEBIAN_FRONTEND=noninteractive; \
+	apt-get install -y --no-install-recommends $(NODE_PACKAGES) \
+	  || { apt-get update && apt-get install -y --no-install-recommends $(NODE_PACKAGES); }
+
 CHROMIUM_PACKAGES := chromium fonts-dejavu-core
 chromium:
 	@if [ -n "$$DRAPLANE_CHROMIUM" ] || command -v chromium >/dev/null 2>&1; then exit 0; fi; \
@@ -36,6 +47,7 @@ chromium:
 
 test: setup
 	-@$(MAKE) --no-print-directory chromium
+	-@$(MAKE) --no-print-directory node-packages
 	$(VENV)/bin/pytest $(PYTEST_ARGS)
 
 # Pure-core tests only: no servers, a few seconds.

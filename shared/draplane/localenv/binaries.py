@@ -20,6 +20,7 @@ KUBERNETES_VERSION = "v1.37.2"
 ETCD_VERSION = "v3.7.3"
 NATS_SERVER_VERSION = "v2.15.3"
 KWOK_VERSION = "v0.8.0"
+CONTAINERD_VERSION = "v2.4.2"
 
 
 class BinaryError(RuntimeError):
@@ -113,16 +114,56 @@ KWOK = ServerBinary(
     package="sigs.k8s.io/kwok/cmd/kwok",
     ldflags="-s -w",
 )
-ALL_BINARIES = (ETCD, NATS_SERVER, KUBE_APISERVER, KUBECTL, KUBE_CONTROLLER_MANAGER, KUBE_SCHEDULER, KWOK)
+# The real node of the local cluster (draplane.localenv.realnode): a kubelet, and containerd with
+# CDI. runc and the CNI plugins come from Debian's packages (the real node's README section).
+KUBELET = ServerBinary(
+    name="kubelet",
+    version=KUBERNETES_VERSION,
+    env_override="DRAPLANE_KUBELET",
+    module="k8s.io/kubernetes",
+    package="k8s.io/kubernetes/cmd/kubelet",
+    ldflags=_kube_ldflags(KUBERNETES_VERSION),
+)
+_CONTAINERD_LDFLAGS = f"-s -w -X github.com/containerd/containerd/v2/version.Version={CONTAINERD_VERSION}"
+CONTAINERD = ServerBinary(
+    name="containerd",
+    version=CONTAINERD_VERSION,
+    env_override="DRAPLANE_CONTAINERD",
+    module="github.com/containerd/containerd/v2",
+    package="github.com/containerd/containerd/v2/cmd/containerd",
+    ldflags=_CONTAINERD_LDFLAGS,
+)
+CONTAINERD_SHIM = ServerBinary(
+    name="containerd-shim-runc-v2",
+    version=CONTAINERD_VERSION,
+    env_override="DRAPLANE_CONTAINERD_SHIM",
+    module="github.com/containerd/containerd/v2",
+    package="github.com/containerd/containerd/v2/cmd/containerd-shim-runc-v2",
+    ldflags=_CONTAINERD_LDFLAGS,
+)
+CTR = ServerBinary(
+    name="ctr",
+    version=CONTAINERD_VERSION,
+    env_override="DRAPLANE_CTR",
+    module="github.com/containerd/containerd/v2",
+    package="github.com/containerd/containerd/v2/cmd/ctr",
+    ldflags=_CONTAINERD_LDFLAGS,
+)
+ALL_BINARIES = (ETCD, NATS_SERVER, KUBE_APISERVER, KUBECTL, KUBE_CONTROLLER_MANAGER, KUBE_SCHEDULER, KUBELET, KWOK,
+                CONTAINERD, CONTAINERD_SHIM, CTR)
 # The Kubernetes binaries share most of their packages: one wrapper module and one `go build`
 # compiles those once for all of them. Only the missing ones are built; the Go build cache keys
 # packages by their inputs, not by the wrapper, so adding one to a warm cache compiles only the
 # packages that the others do not share and links it.
-KUBERNETES_BINARIES = (KUBE_APISERVER, KUBECTL, KUBE_CONTROLLER_MANAGER, KUBE_SCHEDULER)
+KUBERNETES_BINARIES = (KUBE_APISERVER, KUBECTL, KUBE_CONTROLLER_MANAGER, KUBE_SCHEDULER, KUBELET)
+CONTAINERD_BINARIES = (CONTAINERD, CONTAINERD_SHIM, CTR)
 
 
 def _build_group(binary: ServerBinary) -> tuple[ServerBinary, ...]:
-    return KUBERNETES_BINARIES if binary in KUBERNETES_BINARIES else (binary,)
+    for group in (KUBERNETES_BINARIES, CONTAINERD_BINARIES):
+        if binary in group:
+            return group
+    return (binary,)
 
 
 def cache_dir() -> Path:

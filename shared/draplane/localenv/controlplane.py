@@ -269,6 +269,11 @@ def _start_apiserver(
         f"--runtime-config={runtime_config}",
         f"--cert-dir={workdir / 'pki'}",
         "--endpoint-reconciler-type=none",
+        # `kubectl logs` and `exec` on the real node (realnode.py): the API server reaches its
+        # kubelet by IP, as the admin, and the kubelet trusts only this cluster's CA.
+        f"--kubelet-client-certificate={certs.admin_cert}",
+        f"--kubelet-client-key={certs.admin_key}",
+        "--kubelet-preferred-address-types=InternalIP,ExternalIP,Hostname",
         "--profiling=false",
         "--v=1",
     ]

@@ -88,7 +88,8 @@ esac
     assert binaries.require(binaries.KUBECTL).read_text() == "built\n"
     build = [line for line in calls.read_text().splitlines() if line.startswith("build ")]
     assert len(build) == 1
-    assert build[0].endswith(" k8s.io/kubernetes/cmd/kubectl k8s.io/kubernetes/cmd/kube-scheduler")
+    assert build[0].endswith(" k8s.io/kubernetes/cmd/kubectl k8s.io/kubernetes/cmd/kube-scheduler k8s.io/kubernetes/cmd/kubelet")
+    assert binaries.require(binaries.KUBELET).read_text() == "built\n"
     assert "gitVersion=v1.37.2" in build[0]
     for present in cached:
         assert present.cache_path.read_text() == "cached"
