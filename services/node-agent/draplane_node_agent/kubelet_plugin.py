@@ -17,6 +17,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import os
+import socket
 import time
 from pathlib import Path
 from typing import Awaitable, Callable
@@ -203,10 +204,30 @@ def _listen_unix(server: grpc.aio.Server, path: Path) -> None:
         raise OSError(f"unix socket path {path} is {len(os.fsencode(path))} bytes, over the {UNIX_SOCKET_PATH_MAX} "
                       "a socket address holds; use a shorter --kubelet-dir")
     path.parent.mkdir(parents=True, exist_ok=True)
+    if _someone_listens(path):
+        # Never take over a live socket: another plugin of this driver (NVIDIA's DRA driver also
+        # registers gpu.nvidia.com) would lose its registration, and two drivers would prepare
+        # one device.
+        raise OSError(f"unix socket {path} is in use: another process serves it (another kubelet plugin of this "
+                      "driver on this node?); stop it, or run the node agent without --kubelet-plugin")
     # A socket left by a killed agent: nothing listens on it, and bind would fail.
     path.unlink(missing_ok=True)
     if server.add_insecure_port(f"unix://{path}") == 0:
         raise OSError(f"cannot listen on unix socket {path}")
+
+
+def _someone_listens(path: Path) -> bool:
+    if not path.exists():
+        return False
+    probe = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    probe.settimeout(1.0)
+    try:
+        probe.connect(str(path))
+    except OSError:  # refused (a stale socket), or not a socket at all
+        return False
+    finally:
+        probe.close()
+    return True
 
 
 class DriverPlugin:
@@ -218,6 +239,7 @@ class DriverPlugin:
         self.registration_socket = Path(registry_dir) / f"{preparer.driver}-reg.sock"
         self.dra_socket = Path(plugin_dir) / "dra.sock"
         self._servers: list[grpc.aio.Server] = []
+        self._bound: list[Path] = []  # only sockets we bound are ours to remove
         self.registration = None
 
     async def start(self) -> None:
@@ -244,6 +266,7 @@ class DriverPlugin:
             _health_servicer(api, driver=driver, node=node, board=self.board, published=self.preparer.published), dra)
         self._servers.append(dra)
         _listen_unix(dra, self.dra_socket)
+        self._bound.append(self.dra_socket)
         await dra.start()
         # Registration last: the kubelet may connect to the DRA socket as soon as it learns of it.
         registration = grpc.aio.server()
@@ -253,6 +276,7 @@ class DriverPlugin:
         api.registration_grpc.add_RegistrationServicer_to_server(self.registration, registration)
         self._servers.append(registration)
         _listen_unix(registration, self.registration_socket)
+        self._bound.append(self.registration_socket)
         await registration.start()
 
     def _restore(self) -> tuple[int, int]:
@@ -264,8 +288,9 @@ class DriverPlugin:
         for server in reversed(self._servers):
             await server.stop(grace=2)
         self._servers = []
-        for path in (self.registration_socket, self.dra_socket):
+        for path in reversed(self._bound):
             try:
                 os.unlink(path)
             except FileNotFoundError:
                 pass
+        self._bound = []

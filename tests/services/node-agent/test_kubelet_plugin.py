@@ -258,3 +258,30 @@ async def test_a_socket_path_too_long_is_refused_naming_it(control_plane, subjec
     assert agent.process.wait(60) == 1
     assert "over the 107 a socket address holds; use a shorter --kubelet-dir" in agent.log()
     assert "Traceback" not in agent.log()
+
+
+async def test_a_live_socket_of_another_plugin_is_never_taken_over(control_plane, subject_prefix, short_tmp):
+    """NVIDIA's DRA driver registers gpu.nvidia.com at the same path: the agent refuses to start
+    rather than unlink its socket; a stale socket (nothing listening) is replaced."""
+    import socket as sockets
+
+    agent = Agent(control_plane=control_plane, prefix=subject_prefix, node="n-busy", root=short_tmp)
+    agent.registration_socket.parent.mkdir(parents=True)
+    other = sockets.socket(sockets.AF_UNIX, sockets.SOCK_STREAM)
+    other.bind(str(agent.registration_socket))
+    other.listen()
+    try:
+        agent.start()
+        assert agent.process.wait(60) == 1
+        assert f"unix socket {agent.registration_socket} is in use: another process serves it" in agent.log()
+        assert agent.registration_socket.exists() and "Traceback" not in agent.log()
+    finally:
+        other.close()
+    # Closed, the socket file stays behind, as a killed plugin's does: now it is replaced.
+    agent.start()
+    try:
+        assert (await wait_serving(load(), agent)).name == GPU
+    finally:
+        agent.process.send_signal(signal.SIGTERM)
+        agent.process.wait(15)
+    assert agent.process.returncode == 0, agent.log()[-2000:]
