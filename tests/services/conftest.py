@@ -127,6 +127,18 @@ class Scheduling:
         return await self.wait_for(bound, timeout, f"pod {namespace}/{name} to be bound")
 
 
+async def eventually(check, timeout: float = 30.0, interval: float = 0.2, what: str = "condition"):
+    """Await `check()` until it returns something truthy (returned), or fail after `timeout`."""
+    deadline = time.monotonic() + timeout
+    while True:
+        result = await check()
+        if result:
+            return result
+        if time.monotonic() > deadline:
+            raise AssertionError(f"{what}: not met within {timeout}s")
+        await asyncio.sleep(interval)
+
+
 def lapsed_reservation(node: str, namespace: str, claim_uid: str) -> rv.NodeReservations:
     """What a shard that died right after its commit leaves: gpu-0 of `node` reserved for a claim
     whose placement never reached Kubernetes, under a lease that has just run out."""

@@ -104,6 +104,13 @@ def _prepare_answer(messages, prepared: PreparedClaim):
     return messages.NodePrepareResourceResponse(devices=devices)
 
 
+async def _answer_each_claim(request, one, response):
+    """The kubelet's claims at once, each answered (or refused) on its own, keyed by claim UID."""
+    for uid, answer in await asyncio.gather(*(one(claim) for claim in request.claims)):
+        response.claims[uid].CopyFrom(answer)
+    return response
+
+
 def _dra_servicer(messages, services, preparer: DriverPreparer):
     """The DRAPlugin service of one API version (v1 and v1beta1 carry the same messages)."""
 
@@ -122,11 +129,7 @@ def _dra_servicer(messages, services, preparer: DriverPreparer):
                     return claim.uid, messages.NodePrepareResourceResponse(
                         error=f"ResourceClaim {ref}: preparing failed: {error_text(exc)}")
 
-            answers = await asyncio.gather(*(one(c) for c in request.claims))
-            response = messages.NodePrepareResourcesResponse()
-            for uid, answer in answers:
-                response.claims[uid].CopyFrom(answer)
-            return response
+            return await _answer_each_claim(request, one, messages.NodePrepareResourcesResponse())
 
         async def NodeUnprepareResources(self, request, context):
             async def one(claim):
@@ -139,11 +142,7 @@ def _dra_servicer(messages, services, preparer: DriverPreparer):
                     return claim.uid, messages.NodeUnprepareResourceResponse(
                         error=f"ResourceClaim {ref}: unpreparing failed: {error_text(exc)}")
 
-            answers = await asyncio.gather(*(one(c) for c in request.claims))
-            response = messages.NodeUnprepareResourcesResponse()
-            for uid, answer in answers:
-                response.claims[uid].CopyFrom(answer)
-            return response
+            return await _answer_each_claim(request, one, messages.NodeUnprepareResourcesResponse())
 
     return DRAPlugin()
 

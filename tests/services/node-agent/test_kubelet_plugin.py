@@ -29,27 +29,18 @@ from draplane.localenv.processes import free_port
 from draplane_node_agent.kubelet_api import load
 from draplane_node_agent.preparation import cdi_spec_file_name
 
+from conftest import eventually  # noqa: E402  (tests/services/conftest.py)
+
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(240)]
 
 GPU = "gpu.nvidia.com"
 
 
-async def eventually(check, timeout: float = 30.0, interval: float = 0.2):
-    deadline = time.monotonic() + timeout
-    while True:
-        result = await check()
-        if result:
-            return result
-        if time.monotonic() > deadline:
-            raise AssertionError(f"condition not met within {timeout}s")
-        await asyncio.sleep(interval)
-
-
 class Agent:
     """draplane-node-agent --kubelet-plugin for one simulated node, restartable on the same folders."""
 
-    def __init__(self, *, control_plane, prefix: str, node: str, root: Path):
-        self.node, self.root = node, root
+    def __init__(self, *, control_plane, prefix: str, node: str, root: Path, logs: Path | None = None):
+        self.node, self.root, self.logs = node, root, logs or root
         self.kubelet_dir, self.cdi_dir = root / "kubelet", root / "cdi"
         self.port = free_port()
         self.argv = [sys.executable, "-m", "draplane_node_agent", "--nats", control_plane.nats_url, "--insecure-dev",
@@ -71,10 +62,10 @@ class Agent:
     def start(self) -> None:
         self.starts += 1
         self.process = subprocess.Popen(self.argv, stdout=subprocess.DEVNULL,
-                                        stderr=open(self.root / f"agent-{self.starts}.log", "wb"))
+                                        stderr=open(self.logs / f"agent-{self.starts}.log", "wb"))
 
     def log(self) -> str:
-        return "".join((self.root / f"agent-{i}.log").read_text() for i in range(1, self.starts + 1))
+        return "".join((self.logs / f"agent-{i}.log").read_text() for i in range(1, self.starts + 1))
 
     def put_health(self, device: str, body: dict) -> int:
         request = urllib.request.Request(f"http://127.0.0.1:{self.port}/devices/{GPU}/{device}/health",

@@ -13,8 +13,6 @@ import signal
 import subprocess
 import sys
 import tempfile
-import time
-import urllib.request
 import uuid
 from pathlib import Path
 
@@ -27,21 +25,13 @@ from draplane.localenv.environment import standard_device_classes
 from draplane.localenv.processes import free_port
 from draplane.localenv.realnode import RealNode, missing_prerequisites
 
+from conftest import eventually  # noqa: E402  (tests/services/conftest.py)
+from test_kubelet_plugin import Agent  # noqa: E402  (the agent as a process, on this node's folders)
+
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(600)]
 
 GPU = "gpu.nvidia.com"
 DEVICES = "/var/run/draplane/devices"
-
-
-async def eventually(check, timeout: float = 60.0, interval: float = 0.5, what: str = "condition"):
-    deadline = time.monotonic() + timeout
-    while True:
-        result = await check()
-        if result:
-            return result
-        if time.monotonic() > deadline:
-            raise AssertionError(f"{what}: not met within {timeout}s")
-        await asyncio.sleep(interval)
 
 
 @pytest.fixture
@@ -65,7 +55,7 @@ async def real_node(kube, control_plane, tmp_path):
                 return False
             return any(c.type == "Ready" and c.status == "True" for c in (found.status.conditions or []))
 
-        await eventually(ready, what=f"node {name} Ready")
+        await eventually(ready, timeout=60, interval=0.5, what=f"node {name} Ready")
         # kube-controller-manager's node lifecycle controller lifts the not-ready taint once the
         # kubelet reports Ready; the session's cluster runs none, so the test does it.
         await kube.patch(Node, name, {"spec": {"taints": None}})
@@ -74,33 +64,6 @@ async def real_node(kube, control_plane, tmp_path):
         await asyncio.to_thread(node.stop)
         await kube.delete(Node, name)
         shutil.rmtree(workdir, ignore_errors=True)
-
-
-class NodeAgent:
-    def __init__(self, control_plane, prefix: str, node: RealNode, logs: Path):
-        self.port = free_port()
-        self.logs = logs
-        self.argv = [sys.executable, "-m", "draplane_node_agent", "--nats", control_plane.nats_url, "--insecure-dev",
-                     "--prefix", prefix, "--profile", "l4", "--node", node.name, "--heartbeat-interval", "1",
-                     "--kubelet-plugin", "--kubelet-dir", str(node.kubelet_dir), "--cdi-dir", str(node.cdi_dir),
-                     "--kubeconfig", str(control_plane.kubeconfig), "--health-switch",
-                     "--listen", f"127.0.0.1:{self.port}"]
-        self.process = None
-        self.starts = 0
-
-    def start(self):
-        self.starts += 1
-        self.process = subprocess.Popen(self.argv, stdout=subprocess.DEVNULL,
-                                        stderr=open(self.logs / f"agent-{self.starts}.log", "wb"))
-
-    def log(self) -> str:
-        return "".join((self.logs / f"agent-{i}.log").read_text() for i in range(1, self.starts + 1))
-
-    def put_health(self, device: str, healthy: bool, message: str = "") -> None:
-        request = urllib.request.Request(f"http://127.0.0.1:{self.port}/devices/{GPU}/{device}/health", method="PUT",
-                                         data=json.dumps({"healthy": healthy, "message": message}).encode())
-        with urllib.request.urlopen(request, timeout=5) as response:
-            assert response.status == 200
 
 
 def claim(name: str, count: int = 1, *, admin: bool = False) -> dict:
@@ -132,7 +95,9 @@ async def test_pods_run_on_a_real_node_with_exactly_their_devices(kube, kubectl,
          "--prefix", subject_prefix, "--listen", f"127.0.0.1:{free_port()}"],
         env={**os.environ, "KUBECONFIG": str(control_plane.kubeconfig)}, stdout=subprocess.DEVNULL,
         stderr=open(tmp_path / "inventory.log", "wb"))
-    agent = NodeAgent(control_plane, subject_prefix, real_node, tmp_path)
+    # RealNode's kubelet/ and cdi/ folders are the ones Agent derives from its root.
+    agent = Agent(control_plane=control_plane, prefix=subject_prefix, node=real_node.name, root=real_node.workdir,
+                  logs=tmp_path)
     agent.start()
     await scheduling.start(manage_claims=True)
     scheduler = scheduling.scheduler_name
@@ -150,7 +115,7 @@ async def test_pods_run_on_a_real_node_with_exactly_their_devices(kube, kubectl,
             return None
 
         try:
-            return await eventually(check, timeout, what=f"pod {name} Running")
+            return await eventually(check, timeout, 0.5, what=f"pod {name} Running")
         except AssertionError:
             described = await kubectl(*ns, "describe", "pod", name, check=False)
             raise AssertionError(f"pod {name} is not Running:\n{described[-2500:]}\nagent:\n{agent.log()[-2000:]}")
@@ -164,7 +129,7 @@ async def test_pods_run_on_a_real_node_with_exactly_their_devices(kube, kubectl,
         return {line.split(": ", 1)[1] for line in logs.splitlines() if line.startswith("device: ")}
 
     try:
-        published = await eventually(lambda: uuids(), what="the real node's slices")
+        published = await eventually(lambda: uuids(), timeout=60, what="the real node's slices")
         assert len(published) == 4
 
         # A pod with a 2-GPU claim runs and sees exactly its 2 devices, by uuid.
@@ -200,7 +165,7 @@ async def test_pods_run_on_a_real_node_with_exactly_their_devices(kube, kubectl,
         spec_file = real_node.cdi_dir / f"k8s.draplane.io-claim_{two_uid}_{GPU}.json"
         assert spec_file.exists()
         await kubectl(*ns, "delete", "pod", "two-gpus", "--wait=true")
-        await eventually(lambda: asyncio.sleep(0, not spec_file.exists()), what="the CDI spec of two removed")
+        await eventually(lambda: asyncio.sleep(0, not spec_file.exists()), timeout=60, what="the CDI spec of two removed")
         assert devices_in(await running("next")) & two
 
         # kill -9 of the node agent: a pod created meanwhile starts once it is back, with its
@@ -218,11 +183,11 @@ async def test_pods_run_on_a_real_node_with_exactly_their_devices(kube, kubectl,
         registrations = agent.log().count("the kubelet registered the plugin of driver gpu.nvidia.com")
         await asyncio.to_thread(real_node.restart_kubelet)
         await eventually(lambda: asyncio.sleep(0, agent.log().count(
-            "the kubelet registered the plugin of driver gpu.nvidia.com") > registrations), what="registered again")
+            "the kubelet registered the plugin of driver gpu.nvidia.com") > registrations), timeout=60, what="registered again")
 
         # A device marked unhealthy shows in the pod's status, and its slice taints it NoSchedule.
         (sick,) = shared_a
-        agent.put_health(sick, False, "XID 79 (simulated)")
+        assert agent.put_health(sick, {"healthy": False, "message": "XID 79 (simulated)"}) == 200
 
         async def unhealthy_in_status():
             found = json.loads(await kubectl(*ns, "get", "pod", "after-crash", "-o", "json"))
@@ -240,7 +205,7 @@ async def test_pods_run_on_a_real_node_with_exactly_their_devices(kube, kubectl,
             items, _ = await kube.list(ResourceSlice, field_selector=f"spec.nodeName={real_node.name}")
             return [t.key for s in items for d in s.spec.devices or [] if d.name == sick for t in d.taints or []]
 
-        assert await eventually(tainted, what="taint") == ["draplane.io/device-unhealthy"]
+        assert await eventually(tainted, timeout=60, what="taint") == ["draplane.io/device-unhealthy"]
     finally:
         await kubectl(*ns, "delete", "pods", "--all", "--wait=false", check=False)
         for process, stop in ((agent.process, signal.SIGTERM), (inventory, signal.SIGINT)):
