@@ -54,7 +54,9 @@ test: setup
 test-unit: $(STAMP)
 	$(VENV)/bin/pytest -m "not integration" $(PYTEST_ARGS)
 
+# The demo's last step runs its pod on the real node, which needs the node packages.
 demo: setup
+	-@$(MAKE) --no-print-directory node-packages
 	$(VENV)/bin/draplane demo
 
 bench: $(STAMP)

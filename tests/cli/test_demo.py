@@ -89,6 +89,17 @@ def test_demo_with_its_own_environment_tells_the_whole_story_and_stops_it(tmp_pa
     assert "Traceback" not in result.stderr
     _check_story(result.stdout)
     assert "No `draplane up` is running: starting the demo's own environment" in result.stdout
+    # The pod runs: on the real node (where this machine can run one; CI installs what it needs),
+    # the busybox stand-in prints the one GPU it was given, by name and uuid.
+    from draplane.localenv.realnode import missing_prerequisites
+
+    if not missing_prerequisites():
+        step = result.stdout.split("4. The pod runs, on the real node", 1)[1]
+        assert "bound to real-0000" in step and "Running" in step, step
+        devices = [line.split("device: ", 1)[1] for line in step.splitlines() if line.strip().startswith("device: ")]
+        uuids = [line for line in step.splitlines() if line.strip().startswith("uuid: GPU-")]
+        assert len(devices) == 1 and len(uuids) == 1, step
+        assert "DRAPLANE_DEVICE_GPU_NVIDIA_COM_" in step
     assert "Stopping the demo's environment (--keep leaves it up until Ctrl-C)" in result.stdout
     assert not (tmp_path / "demo" / "up.json").exists()
     print(f"demo with its own environment: {elapsed:.1f}s")
@@ -103,7 +114,8 @@ async def test_demo_on_a_running_environment_leaves_objects_and_runs_twice(tmp_p
     from draplane.localenv import environment
 
     started = time.monotonic()
-    env = await environment.start(node_count=4, workdir=tmp_path / "up", progress=lambda m: None)
+    # No real node: the last step counts the GPUs over 40Gi of the simulated nodes.
+    env = await environment.start(node_count=4, workdir=tmp_path / "up", progress=lambda m: None, real_node=False)
     print(f"environment up in {time.monotonic() - started:.1f}s")
     try:
         extra = {"DRAPLANE_STATE": str(tmp_path / "elsewhere")}
@@ -111,6 +123,7 @@ async def test_demo_on_a_running_environment_leaves_objects_and_runs_twice(tmp_p
         assert first.returncode == 0, first.stdout + first.stderr
         story = _check_story(first.stdout)
         assert "Stopping" not in first.stdout
+        assert "This environment has no real node" in first.stdout
         async with await KubeClient.from_kubeconfig(env.kubeconfig) as kube:
             pod = await kube.get(core.Pod, "vllm-inference", "default")
             claim = await kube.get(resource.ResourceClaim, "vllm-gpu-claim", "default")
@@ -175,3 +188,19 @@ def test_nodes_whose_pools_are_missing_or_incomplete_are_unsettled():
     slices = [slice_("a-0", "a", 1), slice_("b-0", "b", 2)]
     assert unsettled_nodes(slices, nodes) == ["b", "c"]
     assert unsettled_nodes([*slices, slice_("b-1", "b", 2), slice_("c-0", "c", 1)], nodes) == []
+
+
+def test_the_real_node_copies_keep_the_request_and_stand_in_busybox():
+    from draplane.cli.demo import fixed_dir, load_objects, real_node_copies
+
+    fixed = load_objects(fixed_dir())
+    claim, pod = fixed["ResourceClaim"], fixed["Pod"]
+    real_claim, real_pod = real_node_copies(claim, pod)
+    assert real_claim["spec"] == claim["spec"]
+    assert real_claim["metadata"]["name"] == claim["metadata"]["name"] + "-on-real-node"
+    assert real_pod["spec"]["resourceClaims"][0]["resourceClaimName"] == real_claim["metadata"]["name"]
+    assert real_pod["spec"]["nodeSelector"] == {"draplane.dev/real-node": "true"}
+    (container,) = real_pod["spec"]["containers"]
+    assert container["image"] == "busybox" and container["resources"] == pod["spec"]["containers"][0]["resources"]
+    assert "/var/run/draplane/devices" in container["command"][-1]
+    assert pod["spec"]["containers"][0]["image"].startswith("vllm/")  # the originals are untouched

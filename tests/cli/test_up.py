@@ -7,6 +7,7 @@ import signal
 import subprocess
 import sys
 import time
+from pathlib import Path
 
 import pytest
 
@@ -104,6 +105,25 @@ async def test_up_binds_a_users_pod_and_ctrl_c_leaves_no_orphans(tmp_path, contr
             assert len(claims) == 1 and claims[0].status.allocation is not None
             assert claims[0].status.reserved_for[0].name == "trainer"
 
+        # The real node, where this machine can run one: the pod `up` suggests, applied with the
+        # kubectl line as printed, runs there and its log shows its 2 GPUs by uuid.
+        from draplane.localenv.realnode import missing_prerequisites
+
+        real = not missing_prerequisites()
+        if real:
+            node_dir = (workdir / "real-node").resolve()
+            apply_argv = next(line for line in lines if line.strip().startswith("run a pod:")).split("run a pod:", 1)[1].split()
+            logs_argv = next(line for line in lines if line.strip().startswith("then:")).split("then:", 1)[1].split()
+            applied = await asyncio.to_thread(subprocess.run, apply_argv, capture_output=True, text=True, timeout=60)
+            assert applied.returncode == 0, applied.stderr
+            deadline, logs = time.monotonic() + 90, ""
+            while time.monotonic() < deadline and logs.count("uuid: GPU-") < 2:
+                await asyncio.sleep(1)
+                logs = (await asyncio.to_thread(subprocess.run, logs_argv, capture_output=True, text=True, timeout=30)).stdout
+            assert logs.count("uuid: GPU-") == 2 and "pool: real-0000" in logs, logs
+        else:
+            assert "real node:  none (this machine cannot run one; missing: " in output
+
         # NATS as deploy/ runs it: a client without TLS and a key is refused; `draplane free`
         # reads with the reader key up.json names; every service did its job within its role's
         # permissions (the server logs each refusal as a "Violation").
@@ -132,6 +152,14 @@ async def test_up_binds_a_users_pod_and_ctrl_c_leaves_no_orphans(tmp_path, contr
     time.sleep(0.5)
     alive = [pid for pid in children if os.path.exists(f"/proc/{pid}") and open(f"/proc/{pid}/stat").read().split()[2] != "Z"]
     assert not alive, f"processes left behind after Ctrl-C: {alive}"
+    if real:
+        # The containers, their shims, mounts and cgroups, and the node's folder are gone too.
+        from draplane.localenv.realnode import _mounts_under, _shim_pids
+
+        assert not _shim_pids(node_dir / "containerd.sock")
+        assert not _mounts_under(node_dir)
+        assert not node_dir.exists() and not (workdir / "real-node").exists()
+        assert not list(Path("/sys/fs/cgroup").glob("*/draplane-real-0000"))
 
 
 def _child_running(parent: int, module: str) -> int:
@@ -149,7 +177,7 @@ async def test_up_restarts_a_killed_service_keeps_each_runs_logs_and_stops_only_
     from draplane.kube import KubeClient
 
     workdir = tmp_path / "up"
-    argv = [sys.executable, "-m", "draplane.cli", "up", "--nodes=1", "--shards=1", f"--workdir={workdir}"]
+    argv = [sys.executable, "-m", "draplane.cli", "up", "--nodes=1", "--shards=1", f"--workdir={workdir}", "--no-real-node"]
     process = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, start_new_session=True)
     try:
         await asyncio.to_thread(_wait_for_line, process, "Ctrl-C stops everything", 180)
@@ -207,7 +235,7 @@ async def test_kwok_plays_the_kubelets_pods_run_a_plain_delete_frees_the_device_
 
     workdir = tmp_path / "up"
     process = subprocess.Popen(
-        [sys.executable, "-m", "draplane.cli", "up", "--nodes=2", "--shards=1", f"--workdir={workdir}"],
+        [sys.executable, "-m", "draplane.cli", "up", "--nodes=2", "--shards=1", f"--workdir={workdir}", "--no-real-node"],
         stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, start_new_session=True,
     )
     kubeconfig = workdir / "controlplane" / "kubeconfig"
@@ -505,7 +533,7 @@ async def test_up_keeps_binding_pods_while_each_service_in_turn_is_killed(tmp_pa
     workdir = tmp_path / "up"
     nodes = 8  # two of each profile: one node agent per profile
     process = await asyncio.create_subprocess_exec(
-        sys.executable, "-m", "draplane.cli", "up", f"--nodes={nodes}", "--shards=2", f"--workdir={workdir}",
+        sys.executable, "-m", "draplane.cli", "up", f"--nodes={nodes}", "--shards=2", f"--workdir={workdir}", "--no-real-node",
         stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.STDOUT, start_new_session=True,
     )
     output = _Output(process.stdout)
@@ -611,3 +639,27 @@ async def test_up_keeps_binding_pods_while_each_service_in_turn_is_killed(tmp_pa
             os.killpg(process.pid, signal.SIGINT)
         await asyncio.wait_for(process.wait(), 60)
     assert process.returncode == 0, output.text()
+
+
+def test_real_node_and_no_real_node_exclude_each_other():
+    result = subprocess.run([sys.executable, "-m", "draplane.cli", "up", "--real-node", "--no-real-node"],
+                            capture_output=True, text=True, timeout=60)
+    assert result.returncode == 2
+    assert "--no-real-node: not allowed with argument --real-node" in result.stderr
+
+
+async def test_a_real_node_asked_for_where_the_machine_cannot_run_one_names_what_is_missing(tmp_path, monkeypatch):
+    from draplane.localenv import environment, realnode
+
+    monkeypatch.setattr(realnode, "missing_prerequisites", lambda: ["root (the kubelet and containerd ...)"])
+    with pytest.raises(realnode.RealNodeError, match=r"the real node cannot run here; missing: root \(the kubelet"):
+        await environment.start(node_count=1, shards=1, workdir=tmp_path / "up", progress=lambda m: None, real_node=True)
+    assert not (tmp_path / "up" / "up.json").exists()
+    # where it is not required, `up` goes on without one and says why
+    messages: list[str] = []
+    env = await environment.start(node_count=1, shards=1, workdir=tmp_path / "up", progress=messages.append)
+    try:
+        assert env.real_node is None and env.real_node_absent.startswith("this machine cannot run one; missing: root")
+        assert any(m.startswith("no real node: this machine cannot run one") for m in messages)
+    finally:
+        await asyncio.to_thread(env.stop)

@@ -22,6 +22,7 @@ import json
 import logging
 import os
 import signal
+import subprocess
 import sys
 import time
 from pathlib import Path
@@ -241,7 +242,8 @@ async def _environment(args):
         node_count=DEMO_NODES, shards=DEMO_SHARDS, workdir=workdir, progress=lambda m: _say(f"   {m}"),
     )
     nodes = ", ".join(n for names in env.nodes.values() for n in names)
-    _say(f"   up in {time.monotonic() - began:.1f}s: nodes {nodes}\n")
+    real = f"; real node {env.real_node.name}" if env.real_node else f"; no real node ({env.real_node_absent})"
+    _say(f"   up in {time.monotonic() - began:.1f}s: simulated nodes {nodes}{real}\n")
     return env.kubeconfig, env
 
 
@@ -282,6 +284,80 @@ async def _story(args, kubeconfig: Path, seed: dict[str, dict], fixed: dict[str,
         if owned and not args.keep:
             _say("   These work while an environment is up: pass --keep, or start `draplane up` in another "
                  "terminal and run `draplane demo` again.")
+
+        await _run_on_the_real_node(kube, kubeconfig, claim, pod, args.timeout)
+
+
+REAL_NODE_SUFFIX = "-on-real-node"
+STAND_IN_IMAGE = "busybox"
+# What the stand-in container prints: the files and env its devices' CDI spec gave it.
+PRINT_DEVICES = ("for f in /var/run/draplane/devices/*; do echo \"== $f\"; cat \"$f\"; done; "
+                 "env | grep ^DRAPLANE_ | sort; echo DEVICES-PRINTED; sleep 3600")
+
+
+def real_node_copies(claim: dict, pod: dict) -> tuple[dict, dict]:
+    """The corrected claim and pod for the real node: the same request, busybox standing in for the
+    vLLM image (no image registry is reachable from here), the real node's label as its only
+    placement constraint; the rest stays draplane's choice."""
+    claim, pod = copy.deepcopy(claim), copy.deepcopy(pod)
+    claim["metadata"]["name"] += REAL_NODE_SUFFIX
+    pod["metadata"]["name"] += REAL_NODE_SUFFIX
+    spec = pod["spec"]
+    for ref in spec.get("resourceClaims") or []:
+        if ref.get("resourceClaimName"):
+            ref["resourceClaimName"] += REAL_NODE_SUFFIX
+    spec["nodeSelector"] = {**(spec.get("nodeSelector") or {}), "draplane.dev/real-node": "true"}
+    spec["terminationGracePeriodSeconds"] = 1
+    for container in spec["containers"]:
+        container["image"] = STAND_IN_IMAGE
+        container["command"] = ["sh", "-c", PRINT_DEVICES]
+        container.pop("args", None)
+    return claim, pod
+
+
+async def _run_on_the_real_node(kube, kubeconfig: Path, claim: dict, pod: dict, timeout: float) -> None:
+    """Step 4: the pod runs. On KWOK's nodes a bound pod is only marked Running; on the real node
+    the kubelet asks the node agent (its DRA plugin) to prepare the device, containerd applies the
+    CDI spec, and the container's log shows the GPU it was given."""
+    from draplane.api import core
+    from draplane.localenv import binaries
+
+    nodes, _ = await kube.list(core.Node, label_selector="draplane.dev/real-node=true")
+    _say("\n4. The pod runs, on the real node")
+    if not nodes:
+        _say("   This environment has no real node (`draplane up` runs one where the machine allows it: root, and "
+             "Debian's runc, containernetworking-plugins and busybox-static); skipped.")
+        return
+    real_claim, real_pod = real_node_copies(claim, pod)
+    namespace, name = real_pod["metadata"]["namespace"], real_pod["metadata"]["name"]
+    await _remove_previous_run(kube, real_claim, real_pod)
+    await _create(kube, real_claim)
+    timings = await _create_pod_and_wait(kube, real_pod, real_claim["metadata"]["name"], timeout)
+    _say(f"   Pod {namespace}/{name}: the same claim and pod, with {STAND_IN_IMAGE} standing in for "
+         f"{pod['spec']['containers'][0].get('image')}, and nodeSelector draplane.dev/real-node=true")
+    kubectl = [str(binaries.require(binaries.KUBECTL)), "--kubeconfig", str(kubeconfig), "-n", namespace]
+    began = time.monotonic()
+    logs = ""
+    while time.monotonic() - began < timeout:
+        found = await kube.get(core.Pod, name, namespace)
+        if found.status and found.status.phase in ("Running", "Succeeded", "Failed"):
+            result = await asyncio.to_thread(subprocess.run, [*kubectl, "logs", name], capture_output=True, text=True,
+                                             timeout=30)
+            logs = result.stdout
+            if "DEVICES-PRINTED" in logs or found.status.phase != "Running":
+                break
+        await asyncio.sleep(0.5)
+    if "DEVICES-PRINTED" not in logs:
+        described = await asyncio.to_thread(subprocess.run, [*kubectl, "describe", "pod", name], capture_output=True,
+                                            text=True, timeout=30)
+        raise DemoError(f"Pod {namespace}/{name} on the real node did not print its devices within {timeout:.0f}s; "
+                        f"kubectl describe says:\n{described.stdout[-2000:]}")
+    found = await kube.get(core.Pod, name, namespace)
+    _say(f"   bound to {found.spec.node_name} {timings[-1][1] * 1000:.0f} ms after its create; Running, and "
+         f"`kubectl logs {name}` shows what its container was given:")
+    for line in logs.splitlines():
+        if line != "DEVICES-PRINTED":
+            _say(f"     {line}")
 
 
 def _in_namespace(raw: dict, namespace: str) -> dict:

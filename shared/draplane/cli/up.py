@@ -15,10 +15,15 @@ from pathlib import Path
 
 
 def register(subparsers: argparse._SubParsersAction) -> None:
-    parser = subparsers.add_parser("up", help="start a local control plane, the services and simulated nodes")
+    parser = subparsers.add_parser("up", help="start a local control plane, the services, simulated nodes and a real one")
     parser.add_argument("--nodes", type=int, default=4, help="simulated nodes, dealt over the shipped profiles (default 4)")
     parser.add_argument("--shards", type=int, default=2, help="allocator shards (default 2)")
     parser.add_argument("--workdir", type=Path, default=None, help="state and logs (default ~/.local/state/draplane/up)")
+    real = parser.add_mutually_exclusive_group()
+    real.add_argument("--real-node", dest="real_node", action="store_true", default=None,
+                      help="require the real node (a real kubelet and containerd); fail if this machine cannot run it "
+                      "(default: run it where the machine can, else say why and go on with the simulated nodes)")
+    real.add_argument("--no-real-node", dest="real_node", action="store_false", help="run no real node")
     parser.set_defaults(handler=run)
 
 
@@ -35,11 +40,14 @@ async def _up(args: argparse.Namespace) -> int:
 
     try:
         env = await environment.start(
-            node_count=args.nodes, shards=args.shards, workdir=args.workdir,
+            node_count=args.nodes, shards=args.shards, workdir=args.workdir, real_node=args.real_node,
             progress=lambda message: print(f"draplane up: {message}", flush=True),
         )
     except (environment.AlreadyRunning, binaries.BinaryError, StartupError) as exc:
-        print(f"draplane up: {exc}", file=sys.stderr)
+        from draplane.localenv.realnode import RealNodeError
+
+        hint = "\n(`draplane up --no-real-node` runs the simulated nodes only)" if isinstance(exc, RealNodeError) else ""
+        print(f"draplane up: {exc}{hint}", file=sys.stderr)
         return 1
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()
@@ -48,10 +56,20 @@ async def _up(args: argparse.Namespace) -> int:
     kubectl = binaries.find(binaries.KUBECTL)
     # the commands below find this `up` through its workdir: one given here must be given to them
     at = f" --workdir {args.workdir}" if args.workdir is not None else ""
+    kubectl_line = f"{kubectl or 'kubectl'} --kubeconfig {env.kubeconfig}"
+    if env.real_node is not None:
+        real = (f"  real node:  {env.real_node.name}: a real kubelet and containerd, whose pods run busybox containers "
+                f"with the devices its DRA plugin prepared\n")
+        run_one = (f"  run a pod:  {kubectl_line} apply -f {_example('two-gpus.yaml')}\n"
+                   f"              then: {kubectl_line} logs two-gpus\n")
+    else:
+        real, run_one = f"  real node:  none ({env.real_node_absent})\n", ""
     print(
-        f"\ndraplane is up: {sum(len(n) for n in env.nodes.values())} nodes, {env.shards} allocator shards.\n"
+        f"\ndraplane is up: {sum(len(n) for n in env.nodes.values())} simulated nodes, {env.shards} allocator shards.\n"
+        f"{real}"
         f"  kubeconfig: {env.kubeconfig}\n"
-        f"  try:        {kubectl or 'kubectl'} --kubeconfig {env.kubeconfig} get nodes,resourceslices,deviceclasses\n"
+        f"  try:        {kubectl_line} get nodes,resourceslices,deviceclasses\n"
+        f"{run_one}"
         f"  logs:       tail -f {env.logs}/*.log\n"
         f"  free:       draplane free{at}        (devices still free, by class and node; from NATS)\n"
         f"  audit:      draplane audit{at}       (every placement, release, rejection and taint)\n"
@@ -61,11 +79,15 @@ async def _up(args: argparse.Namespace) -> int:
         flush=True,
     )
     try:
-        gave_up = await supervise(env.plane.processes + env.services, stop)
+        gave_up = await supervise(env.processes, stop)
     finally:
         print("draplane up: stopping", flush=True)
         await asyncio.to_thread(env.stop)
     return 1 if gave_up else 0
+
+
+def _example(name: str) -> Path:
+    return Path(__file__).resolve().parents[3] / "examples" / "real-node" / name
 
 
 async def supervise(processes, stop: asyncio.Event, policy=None, poll: float = 0.5) -> bool:

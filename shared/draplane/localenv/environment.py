@@ -2,8 +2,11 @@
 
 A real control plane (etcd, kube-apiserver, NATS), the services as separate processes
 (inventory, N allocator shards, binder, the audit subscriber, node agents for a simulated
-cluster), the Node objects a
-kubelet would have registered, and the standard DeviceClasses. Each run's logs go to a folder of
+cluster), the Node objects a kubelet would have registered (KWOK then plays those kubelets), and
+the standard DeviceClasses. Where the machine allows it (root, Debian's runc, CNI plugins and
+busybox-static), one real node beside them: a real kubelet and containerd
+(`draplane.localenv.realnode`), whose node agent is also its kubelet's DRA plugin, so pods there
+run real containers with the devices the plugin prepared. Each run's logs go to a folder of
 their own (`logs/run-<time>`, `logs/latest`), so a restarted `up` keeps the last runs' evidence.
 """
 
@@ -16,11 +19,12 @@ import json
 import logging
 import os
 import shutil
+import subprocess
 import sys
 import time
 import urllib.request
 from pathlib import Path
-from typing import Callable
+from typing import TYPE_CHECKING, Callable
 
 from draplane.localenv import binaries, natssecurity
 from draplane.localenv.controlplane import ControlPlane
@@ -30,6 +34,9 @@ from draplane.localenv.processes import ServerProcess, StartupError, free_port
 from draplane.messages.inventory import DEFAULT_PREFIX
 from draplane.nats_roles import fleet_inbox_prefix
 
+if TYPE_CHECKING:  # realnode is imported where a real node starts
+    from draplane.localenv.realnode import RealNode  # noqa: F401
+
 log = logging.getLogger(__name__)
 
 # Profiles of the simulated cluster, in the order nodes are handed out. Their GPUs have 24 GB
@@ -38,6 +45,11 @@ log = logging.getLogger(__name__)
 DEFAULT_PROFILES = ("l4", "a100-mig", "dgx-h100", "mixed")
 
 NVIDIA_DRIVER = "gpu.nvidia.com"
+# The real node: its agent simulates the mixed profile (H100, A100 with MIG, L4 and NICs of a second
+# driver), so every class of the demo, the seed's high-memory one included, has a device there.
+REAL_NODE_NAME = "real-0000"
+REAL_NODE_PROFILE = "mixed"
+REAL_NODE_LABEL = ("draplane.dev/real-node", "true")  # set by its kubelet (--node-labels)
 NATS_PREFIX = DEFAULT_PREFIX  # the services' default subject prefix: `up` runs them with it
 
 
@@ -88,10 +100,17 @@ class Environment:
     workdir: Path
     plane: ControlPlane
     services: list[ServerProcess]
-    nodes: dict[str, list[str]]
+    nodes: dict[str, list[str]]  # the simulated (KWOK) nodes, by profile
     shards: int
     logs: Path  # this run's folder under workdir/logs; earlier runs' stay beside it
+    real_node: "RealNode | None" = None
+    real_node_absent: str = ""  # why there is no real node, when there is none
     _lock_file: object = None
+
+    @property
+    def processes(self) -> list[ServerProcess]:
+        """Everything `up` supervises: the servers, the services, and the real node's processes."""
+        return self.plane.processes + self.services + (self.real_node.processes if self.real_node else [])
 
     @property
     def kubeconfig(self) -> Path:
@@ -103,6 +122,12 @@ class Environment:
             service.terminate()
         for service in self.services:
             service.stop()
+        if self.real_node is not None:
+            from draplane.localenv.realnode import remove_leftovers
+
+            self.real_node.stop()  # its kubelet, containerd and containers; then the host as it was
+            remove_leftovers(self.real_node.workdir, self.real_node.name)
+            (self.workdir / "real-node").unlink(missing_ok=True)
         self.plane.stop()
         if self._lock_file is not None:
             (self.workdir / "up.json").unlink(missing_ok=True)
@@ -185,12 +210,17 @@ async def start(
     workdir: Path | None = None,
     progress: Callable[[str], None] = print,
     timeout: float = 120.0,
+    real_node: bool | None = None,
 ) -> Environment:
+    """`real_node`: True requires one (StartupError when this machine cannot run it), False runs
+    none, None runs one where `realnode.missing_prerequisites()` finds nothing missing."""
     from draplane.kube import KubeClient
+    from draplane.localenv import realnode
 
     workdir = workdir or state_dir() / "up"
     lock = _take_lock(workdir)
     plane = None
+    node: realnode.RealNode | None = None
     services: list[ServerProcess] = []
     try:
         # Each `up` starts from a clean cluster: the certificates are new, so old state is unusable.
@@ -200,12 +230,25 @@ async def start(
         shutil.rmtree(workdir / "nats-auth", ignore_errors=True)
         await asyncio.to_thread(binaries.ensure_all, progress=progress)
         nodes = node_names(profiles, node_count)
+        real_node_absent = ""
+        if real_node is not False:
+            missing = realnode.missing_prerequisites()
+            if missing and real_node:
+                raise realnode.RealNodeError("the real node cannot run here; missing: " + "; ".join(missing))
+            if missing:
+                real_node_absent = "this machine cannot run one; missing: " + "; ".join(missing)
+                progress(f"no real node: {real_node_absent}")
+        else:
+            real_node_absent = "not asked for"
+        with_real_node = not real_node_absent
+        agents = [natssecurity.NodeAgentIdentity(f"node-agent-{profile}", tuple(names), fleet_inbox_prefix(profile))
+                  for profile, names in nodes.items()]
+        if with_real_node:
+            agents.append(natssecurity.NodeAgentIdentity("node-agent-real", (REAL_NODE_NAME,)))
         # NATS as deploy/ runs it: TLS, and each process its own key with its role's permissions
         # (draplane.nats_roles); each simulated fleet speaks for its own nodes only.
         security = await asyncio.to_thread(
-            natssecurity.create, workdir / "nats-auth", prefix=NATS_PREFIX,
-            agents=[natssecurity.NodeAgentIdentity(f"node-agent-{profile}", tuple(names), fleet_inbox_prefix(profile))
-                    for profile, names in nodes.items()],
+            natssecurity.create, workdir / "nats-auth", prefix=NATS_PREFIX, agents=agents,
         )
         progress("starting etcd, kube-apiserver and NATS (TLS, a key per service)")
         plane = await asyncio.to_thread(ControlPlane.start, workdir / "controlplane", logs=logs / "controlplane",
@@ -267,21 +310,94 @@ async def start(
 
         progress(f"starting inventory, {shards} allocator shards, binder, audit and node agents for {node_count} nodes")
         deadline = time.monotonic() + timeout
+        if with_real_node:
+            progress(f"starting the real node {REAL_NODE_NAME}: containerd, the kubelet, and its node agent as the "
+                     "kubelet's DRA plugin")
+            node = await _start_real_node(workdir, logs, plane)
+            port = free_port()
+            service("node-agent-real", "node-agent-real", "draplane_node_agent", f"--profile={REAL_NODE_PROFILE}",
+                    f"--node={REAL_NODE_NAME}", "--kubelet-plugin", f"--kubelet-dir={node.kubelet_dir}",
+                    f"--cdi-dir={node.cdi_dir}", f"--kubeconfig={plane.kubeconfig}", "--health-switch",
+                    f"--listen=127.0.0.1:{port}")
+            probes.append((services[-1], f"http://127.0.0.1:{port}/readyz"))
         for process, url in probes:
             await asyncio.to_thread(process.wait_ready, lambda url=url: _ready(url), max(1.0, deadline - time.monotonic()))
         for process in services:
             if not process.alive():
                 raise StartupError(f"{process.name} exited while starting (log: {process.log_path}):\n{process.log_tail()}")
-        await _wait_for_slices(plane, nodes, deadline)
+        await _wait_for_slices(plane, {**nodes, **({"real": [REAL_NODE_NAME]} if node else {})}, deadline)
+        if node is not None:
+            await _wait_for_real_node(plane, REAL_NODE_NAME, node, deadline)
         return Environment(workdir=workdir, plane=plane, services=services, nodes=nodes, shards=shards, logs=logs,
-                           _lock_file=lock)
+                           real_node=node, real_node_absent=real_node_absent, _lock_file=lock)
     except BaseException:
         for process in reversed(services):
             process.stop()
+        if node is not None:
+            await asyncio.to_thread(node.stop)
         if plane is not None:
             await asyncio.to_thread(plane.stop)
         lock.close()
         raise
+
+
+def real_node_dir(workdir: Path) -> Path:
+    """The real node's folder. The kubelet's sockets live under it and a Unix socket path holds
+    107 bytes, so it is short, under /tmp, whatever `workdir` is; one per workdir, which `up`'s
+    lock keeps to one user at a time."""
+    import hashlib
+
+    return Path("/tmp") / f"draplane-node-{hashlib.sha256(str(workdir.resolve()).encode()).hexdigest()[:10]}"
+
+
+async def _start_real_node(workdir: Path, logs: Path, plane: ControlPlane):
+    from draplane.localenv import realnode
+
+    # The agent serves the kubelet's gRPC API from stubs generated from k8s.io/kubelet's protos
+    # (`make servers` does it once; this is a no-op then).
+    generated = await asyncio.to_thread(
+        subprocess.run, [sys.executable, "-m", "draplane_node_agent.kubelet_api"], capture_output=True, text=True)
+    if generated.returncode != 0:
+        raise realnode.RealNodeError(f"the kubelet's gRPC stubs could not be generated:\n{generated.stderr[-2000:]}")
+    folder = real_node_dir(workdir)
+    await asyncio.to_thread(realnode.remove_leftovers, folder, REAL_NODE_NAME)
+    folder.mkdir(parents=True, exist_ok=True)
+    (workdir / "real-node").unlink(missing_ok=True)
+    (workdir / "real-node").symlink_to(folder)  # where to look, from the workdir
+    try:
+        return await asyncio.to_thread(
+            realnode.RealNode.start, name=REAL_NODE_NAME, workdir=folder, logs=logs / "real-node",
+            kubeconfig=plane.kubeconfig, ca_file=plane.ca_file, images=binaries.cache_dir() / "images",
+            index=realnode.free_bridge_index())
+    except realnode.RealNodeError:
+        raise
+    except StartupError as exc:
+        raise realnode.RealNodeError(f"the real node {REAL_NODE_NAME} did not start: {exc}") from exc
+
+
+async def _wait_for_real_node(plane: ControlPlane, name: str, node, deadline: float) -> None:
+    """Ready, and schedulable: the node lifecycle controller of kube-controller-manager lifts the
+    not-ready taint the apiserver gave the new Node once its kubelet reports Ready."""
+    from draplane.api import core
+    from draplane.kube import KubeApiError, KubeClient
+
+    async with await KubeClient.from_kubeconfig(plane.kubeconfig) as kube:
+        while True:
+            try:
+                found = await kube.get(core.Node, name)
+            except KubeApiError as exc:
+                if not exc.is_not_found:
+                    raise
+                found = None
+            if found is not None:
+                ready = any(c.type == "Ready" and c.status == "True" for c in (found.status.conditions or []))
+                not_ready_taint = any(t.key.startswith("node.kubernetes.io/not-ready") for t in (found.spec.taints or []))
+                if ready and not not_ready_taint:
+                    return
+            if time.monotonic() > deadline:
+                raise StartupError(f"the real node {name} did not become Ready and untainted in time; see "
+                                   f"{node.logs / 'kubelet.log'} and kube-controller-manager.log")
+            await asyncio.sleep(0.5)
 
 
 async def _register_node(kube, name: str, profile: str) -> None:

@@ -61,12 +61,13 @@ def missing_prerequisites() -> list[str]:
 
 
 def _controllers() -> list[Path]:
-    """The cgroup v1 hierarchies (one folder per mounted controller set)."""
+    """The cgroup hierarchies: one folder per mounted v1 controller set, and the v2 one beside them
+    (the kubelet makes its cgroup root in both)."""
     seen, result = set(), []
     for line in Path("/proc/self/mountinfo").read_text().splitlines():
         fields = line.split()
         separator = fields.index("-")
-        if fields[separator + 1] == "cgroup":
+        if fields[separator + 1] in ("cgroup", "cgroup2"):
             path = Path(fields[4])
             if path not in seen:
                 seen.add(path)
@@ -176,9 +177,40 @@ def _shim_pids(socket: Path) -> list[int]:
             cmdline = (proc / "cmdline").read_bytes().split(b"\0")
         except OSError:
             continue
-        if cmdline and cmdline[0].endswith(b"containerd-shim-runc-v2") and str(socket).encode() in cmdline:
+        # The cache's binary is versioned (containerd-shim-runc-v2-v2.4.2), and containerd runs it by
+        # its resolved path: match the name's stem, and the socket of this node's containerd.
+        if cmdline and b"containerd-shim-runc-v2" in Path(cmdline[0].decode(errors="replace")).name.encode() \
+                and str(socket).encode() in cmdline:
             pids.append(int(proc.name))
     return pids
+
+
+def remove_leftovers(workdir: Path, name: str) -> None:
+    """What a real node killed without its stop left behind (`up` killed by -9, a crash): its
+    containers' shims, its cgroups, mounts under its folder, then the folder. Mounts go first, so
+    that removing the folder never follows a bind mount into the host's files."""
+    for pid in _shim_pids(workdir / "containerd.sock"):
+        try:
+            os.kill(pid, signal.SIGKILL)
+        except ProcessLookupError:
+            pass
+    controllers = _controllers()
+    for controller in controllers:
+        _kill_cgroup_tree(controller / f"draplane-{name}")
+    time.sleep(0.2 if controllers else 0)
+    for controller in controllers:
+        _remove_cgroup_tree(controller / f"draplane-{name}")
+    _unmount_all(workdir)
+    if not _mounts_under(workdir):
+        shutil.rmtree(workdir, ignore_errors=True)
+
+
+def free_bridge_index(first: int = 2) -> int:
+    """The first `dpl<N>` bridge (and pod subnet 10.244.N.0/24) no other real node on this machine uses."""
+    for index in range(first, 250):
+        if not Path(f"/sys/class/net/dpl{index}").exists():
+            return index
+    raise RealNodeError("no free bridge dpl2..dpl249 for the real node's pods")
 
 
 def containerd_config(workdir: Path, *, cdi_dir: Path, registry: str) -> str:

@@ -23,7 +23,7 @@ from draplane.api.resource import ResourceSlice
 from draplane.localenv.binaries import cache_dir
 from draplane.localenv.environment import standard_device_classes
 from draplane.localenv.processes import free_port
-from draplane.localenv.realnode import RealNode, missing_prerequisites
+from draplane.localenv.realnode import RealNode, _mounts_under, _shim_pids, missing_prerequisites
 
 from conftest import eventually  # noqa: E402  (tests/services/conftest.py)
 from test_kubelet_plugin import Agent  # noqa: E402  (the agent as a process, on this node's folders)
@@ -63,7 +63,11 @@ async def real_node(kube, control_plane, tmp_path):
     finally:
         await asyncio.to_thread(node.stop)
         await kube.delete(Node, name)
+        # What the kubelet and containerd left is gone: containers and their shims, mounts, cgroups.
+        leftovers = {"shims": _shim_pids(workdir / "containerd.sock"), "mounts": _mounts_under(workdir),
+                     "cgroups": [str(p) for p in Path("/sys/fs/cgroup").glob(f"*/draplane-{name}")]}
         shutil.rmtree(workdir, ignore_errors=True)
+    assert not any(leftovers.values()), leftovers
 
 
 def claim(name: str, count: int = 1, *, admin: bool = False) -> dict:
@@ -168,16 +172,35 @@ async def test_pods_run_on_a_real_node_with_exactly_their_devices(kube, kubectl,
         await eventually(lambda: asyncio.sleep(0, not spec_file.exists()), timeout=60, what="the CDI spec of two removed")
         assert devices_in(await running("next")) & two
 
-        # kill -9 of the node agent: a pod created meanwhile starts once it is back, with its
+        # kill -9 of the node agent during NodePrepareResources: the agent is frozen (SIGSTOP), a
+        # pod is bound to the node, and the kubelet's call waits on it (the pod stays in
+        # ContainerCreating); then -9. Once the agent is back, the pod starts with the same
         # devices, and no claim is prepared twice.
         await kubectl(*ns, "delete", "pod", "share-a", "share-b", "--wait=true")
-        agent.process.kill()
-        agent.process.wait(10)
-        await apply(pod("after-crash", scheduler, "shared"))
-        await asyncio.sleep(4)
+        await eventually(lambda: asyncio.sleep(0, f"unprepared ResourceClaim {namespace}/shared " in agent.log()),
+                         timeout=60, what="the shared claim unprepared once its pods went")
+        agent.process.send_signal(signal.SIGSTOP)
+        try:
+            await apply(pod("after-crash", scheduler, "shared"))
+
+            async def bound():
+                return (await kube.get(Pod, "after-crash", namespace)).spec.node_name
+            assert await eventually(bound, timeout=60, what="after-crash bound") == real_node.name
+            await asyncio.sleep(5)
+            waiting = json.loads(await kubectl(*ns, "get", "pod", "after-crash", "-o", "json"))["status"]
+            assert waiting.get("phase") == "Pending", waiting  # its devices are not prepared: no container yet
+        finally:
+            agent.process.kill()
+            agent.process.wait(10)
         agent.start()
         assert devices_in(await running("after-crash")) == shared_a
-        assert agent.log().count(f"prepared ResourceClaim {namespace}/next ") == 1
+        log = agent.log()
+        assert log.count(f'"prepared ResourceClaim {namespace}/next ') == 1, log[-3000:]
+        # once for share-a and share-b, once for after-crash, and not again
+        assert log.count(f'"prepared ResourceClaim {namespace}/shared ') == 2, log[-3000:]
+        shared_uid = json.loads(await kubectl(*ns, "get", "resourceclaim", "shared", "-o", "json"))["metadata"]["uid"]
+        assert [p.name for p in real_node.cdi_dir.iterdir() if shared_uid in p.name] == \
+            [f"k8s.draplane.io-claim_{shared_uid}_{GPU}.json"]
 
         # A restarted kubelet registers the plugin again, and prepares for new pods.
         registrations = agent.log().count("the kubelet registered the plugin of driver gpu.nvidia.com")
