@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Mapping
 
-from prometheus_client import CollectorRegistry, Counter
+from prometheus_client import CollectorRegistry, Counter, Gauge
 from prometheus_client.core import GaugeMetricFamily
 
 from draplane.metrics import ConsumerLag
@@ -43,6 +43,9 @@ class InventoryMetrics:
         self.jetstream_recreated = Counter("draplane_inventory_jetstream_recreated",
                                            "Times NATS had lost the stream, consumer or feed bucket and they were made "
                                            "again", registry=r)
+        self.drivers_refused = Gauge("draplane_inventory_drivers_refused",
+                                     "(node, driver) pairs not published because another publisher uses the driver "
+                                     "name on that node", registry=r)
         self.consumer_lag = ConsumerLag(r)
 
     def export_nodes(self, nodes_by_state: Callable[[], Mapping[str, int]]) -> None:

@@ -50,7 +50,16 @@ from draplane_inventory.liveness import Liveness, NodeLivenessTable
 from draplane.structured_logs import error_text, fields
 from draplane_inventory.metrics import InventoryMetrics
 from draplane_inventory.slicecache import SliceCache
-from draplane_inventory.slices import STALE_TAINT_KEY, NodeRef, PoolPlan, check_snapshot, is_managed, plan_node
+from draplane_inventory.slices import (
+    STALE_TAINT_KEY,
+    NodeRef,
+    PoolPlan,
+    check_snapshot,
+    drivers_of_other_publishers,
+    is_managed,
+    plan_node,
+    refused_drivers,
+)
 
 log = logging.getLogger(__name__)
 
@@ -89,6 +98,9 @@ class InventoryService:
         self.classes: dict[str, DeviceClass] = {}
         self.audit = AuditPublisher(self.js, settings.prefix)
         self.generations: dict[tuple[str, str], int] = {}  # (node, driver) -> last generation written
+        # (node, driver) -> the other publisher of that driver there, while we refuse to publish it
+        self.refused: dict[tuple[str, str], str] = {}
+        self.contested: set[tuple[str, str]] = set()  # ours came first; warned once
         self.ready = asyncio.Event()
         self._dirty: asyncio.Queue[str] = asyncio.Queue()
         self._queued: set[str] = set()
@@ -406,6 +418,11 @@ class InventoryService:
                 if event.type == "DELETED" and is_managed(event.object, self.settings.instance) and self._synced["slices"].is_set():
                     # Someone else deleted one of ours: put it back if the node still has devices.
                     self._mark_dirty(event.object.spec.node_name)
+                elif (event.type in ("ADDED", "DELETED") and not is_managed(event.object, self.settings.instance)
+                      and event.object.spec.node_name in self.liveness.records and self._synced["slices"].is_set()):
+                    # Another publisher came or went on a node of ours: which drivers are ours to
+                    # publish there may have changed.
+                    self._mark_dirty(event.object.spec.node_name)
 
     async def _watch_classes(self) -> None:
         async for event in watch_objects(self.kube, DeviceClass):
@@ -465,6 +482,7 @@ class InventoryService:
                          extra=fields(node=node))
             drivers = []
             uid = _owner_uid(existing) or ""
+        drivers = self._without_refused_drivers(node, drivers, existing)
         plans = plan_node(
             NodeRef(node, uid), drivers, existing, taint=desired.taint,
             last_generations={d: g for (n, d), g in self.generations.items() if n == node},
@@ -482,6 +500,30 @@ class InventoryService:
                     await self._sync_node(node, attempt + 1)
                     return
                 raise
+
+    def _without_refused_drivers(self, node: str, drivers: list, existing: list[ResourceSlice]) -> list:
+        """The node's drivers less those another publisher already uses on it; a refusal is
+        logged when it starts and when it ends, and counted while it lasts."""
+        others = drivers_of_other_publishers(self.slices.slices(self.names.node_key(node)), self.settings.instance)
+        refused = refused_drivers([d.driver for d in drivers], existing, others)
+        for driver, holder in refused.items():
+            if self.refused.get((node, driver)) != holder:
+                log.warning("inventory: not publishing driver %s on node %s: %s already publishes it there. One "
+                            "driver name has one publisher per node: run draplane's node agent for it, or the "
+                            "other driver, not both", driver, node, holder, extra=fields(node=node))
+        for key in [k for k in self.refused if k[0] == node and k[1] not in refused]:
+            log.info("inventory: driver %s on node %s has no other publisher any more; publishing it", key[1], node,
+                     extra=fields(node=node))
+            del self.refused[key]
+        self.refused.update({(node, driver): holder for driver, holder in refused.items()})
+        for driver in {d.driver for d in drivers} & others.keys() - refused.keys():
+            if (node, driver) not in self.contested:
+                self.contested.add((node, driver))
+                log.warning("inventory: %s also publishes driver %s on node %s, where draplane's slices came first; "
+                            "the scheduler sees the pool twice until one of them goes", others[driver], driver, node,
+                            extra=fields(node=node))
+        self.metrics.drivers_refused.set(len(self.refused))
+        return [d for d in drivers if d.driver not in refused]
 
     async def _refresh_node(self, node: str) -> None:
         items, _ = await self.kube.list(ResourceSlice, field_selector=f"spec.nodeName={node}")

@@ -238,6 +238,27 @@ def is_managed(slice_: ResourceSlice, managed_by: str = MANAGED_BY) -> bool:
     return (slice_.metadata.labels or {}).get(MANAGED_BY_LABEL) == managed_by
 
 
+def drivers_of_other_publishers(on_node: Iterable[ResourceSlice], managed_by: str) -> dict[str, str]:
+    """driver -> who else publishes it on this node: the name of one of its slices and, where it has
+    one, its managed-by label (another draplane inventory, NVIDIA's kubelet plugin, ...)."""
+    others: dict[str, str] = {}
+    for s in on_node:
+        if is_managed(s, managed_by) or s.spec.driver in others:
+            continue
+        manager = (s.metadata.labels or {}).get(MANAGED_BY_LABEL)
+        others[s.spec.driver] = f"ResourceSlice {s.metadata.name}" + (f" (managed-by {manager})" if manager else "")
+    return others
+
+
+def refused_drivers(wanted: Iterable[str], ours: Iterable[ResourceSlice], others: dict[str, str]) -> dict[str, str]:
+    """The drivers of `wanted` this inventory must not publish on the node: another publisher
+    already uses the name there, and we hold no slice of it. Two publishers of one driver on one
+    node would write one pool (the node's name) twice, and the scheduler would see neither whole.
+    Where ours came first, ours stay and the other publisher is the one to fix."""
+    held = {s.spec.driver for s in ours}
+    return {driver: others[driver] for driver in wanted if driver in others and driver not in held}
+
+
 def check_snapshot(snapshot: NodeSnapshot) -> None:
     """Raise MessageError("invalid") for a snapshot whose slices the apiserver would refuse (a
     device name that is not a DNS label, an attribute string over 64 bytes, one driver twice).

@@ -26,7 +26,7 @@ from draplane.messages.inventory import (
 )
 from draplane.metrics import sample_value
 from draplane_inventory.service import InventoryService, InventorySettings
-from draplane_inventory.slices import STALE_TAINT_KEY, NodeRef, plan_pool
+from draplane_inventory.slices import STALE_TAINT_KEY, NodeRef, is_managed, plan_pool
 from draplane_node_agent.agent import AgentFleet, SimulatedAgent
 from draplane_node_agent.hardware import driver_devices
 from draplane_node_agent.profile import load_profile
@@ -412,3 +412,44 @@ async def test_slices_follow_the_node_object(kube, control_plane, subject_prefix
             return not await node_slices(kube, node)
 
         await eventually(gone, timeout=20)
+
+
+async def test_a_driver_another_publisher_uses_on_a_node_is_not_published_there(kube, control_plane, subject_prefix):
+    """NVIDIA's DRA driver publishes gpu.nvidia.com on one node: draplane's inventory publishes its
+    other drivers there, not that one, logs why and counts it; once the other publisher's slice is
+    gone, it publishes the driver again. A node without the other publisher is not affected."""
+    from draplane.api.resource import Device, ResourcePool, ResourceSliceSpec
+
+    suffix = uuid.uuid4().hex[:6]
+    shared, alone = f"beside-{suffix}", f"alone-{suffix}"
+    await create_nodes(kube, [shared, alone])
+    foreign = f"{shared}-gpu.nvidia.com-x7k2p"
+    await kube.create(ResourceSlice(
+        metadata=ObjectMeta(name=foreign),
+        spec=ResourceSliceSpec(driver="gpu.nvidia.com", pool=ResourcePool(name=shared, generation=1, resource_slice_count=1),
+                               node_name=shared, devices=[Device(name="gpu-0")]),
+    ))
+    instance = f"inv-{suffix}"
+    try:
+        async with running_inventory(kube, control_plane.nats_url, subject_prefix, instance) as service, \
+                running_fleet(control_plane.nats_url, subject_prefix,
+                              [profile_agent("dgx-h100", shared), profile_agent("dgx-h100", alone)]):
+            async def ours(node):
+                return {s.spec.driver for s in await node_slices(kube, node) if is_managed(s, instance)}
+
+            assert await eventually(lambda: _eq(ours(alone), {"gpu.nvidia.com", "dra.net"}), timeout=30)
+            assert await eventually(lambda: _eq(ours(shared), {"dra.net"}), timeout=30)
+            await asyncio.sleep(1)  # and it stays so
+            assert await ours(shared) == {"dra.net"}
+            assert count(service, "drivers_refused") == 1
+            assert service.refused == {(shared, "gpu.nvidia.com"): f"ResourceSlice {foreign}"}
+
+            await kube.delete(ResourceSlice, foreign)
+            assert await eventually(lambda: _eq(ours(shared), {"gpu.nvidia.com", "dra.net"}), timeout=30)
+            assert count(service, "drivers_refused") == 0
+    finally:
+        await kube.delete(ResourceSlice, foreign, missing_ok=True)
+
+
+async def _eq(awaitable, expected):
+    return (await awaitable) == expected

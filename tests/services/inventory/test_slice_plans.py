@@ -179,3 +179,31 @@ def test_every_planned_slice_passes_the_apiservers_rules(profile, tainted):
     for plan in plans:
         for s in plan.creates:
             assert validate_typed(s) == [], s.metadata.name
+
+
+def _slice(name: str, driver: str, manager: str | None):
+    from draplane.api.meta import ObjectMeta
+    from draplane.api.resource import ResourcePool, ResourceSlice, ResourceSliceSpec
+
+    labels = {"app.kubernetes.io/managed-by": manager} if manager else None
+    return ResourceSlice(metadata=ObjectMeta(name=name, labels=labels),
+                         spec=ResourceSliceSpec(driver=driver, node_name="n1", pool=ResourcePool(name="n1", generation=1,
+                                                                                                resource_slice_count=1)))
+
+
+def test_a_driver_another_publisher_uses_on_the_node_is_refused_unless_ours_came_first():
+    from draplane_inventory.slices import drivers_of_other_publishers, refused_drivers
+
+    nvidia = _slice("n1-gpu.nvidia.com-x7k2p", "gpu.nvidia.com", None)  # NVIDIA's plugin sets no managed-by
+    other_inventory = _slice("n1-dra-net-0", "dra.net", "draplane-inventory-b")
+    ours = _slice("n1-fpga-0", "fpga.example.com", "draplane-inventory")
+    others = drivers_of_other_publishers([nvidia, other_inventory, ours], "draplane-inventory")
+    assert others == {"gpu.nvidia.com": "ResourceSlice n1-gpu.nvidia.com-x7k2p",
+                      "dra.net": "ResourceSlice n1-dra-net-0 (managed-by draplane-inventory-b)"}
+    wanted = ["gpu.nvidia.com", "dra.net", "fpga.example.com"]
+    assert refused_drivers(wanted, [ours], others) == {"gpu.nvidia.com": others["gpu.nvidia.com"],
+                                                       "dra.net": others["dra.net"]}
+    # ours were there first: they stay (the newcomer is the one to fix)
+    ours_too = _slice("n1-gpu-nvidia-com-0", "gpu.nvidia.com", "draplane-inventory")
+    assert refused_drivers(wanted, [ours, ours_too], others) == {"dra.net": others["dra.net"]}
+    assert refused_drivers(wanted, [], {}) == {}
