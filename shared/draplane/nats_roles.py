@@ -13,7 +13,7 @@ Who writes what:
 | node agent | its own nodes' snapshot and heartbeat subjects | none |
 | inventory | feed change events, audit (node stale) events | the inventory feed |
 | allocator (every shard) | placements, audit (taint rule) events | reservations (compare-and-set) |
-| binder | pending pods (to the shards), releases, audit (placed, released, rejected, preempted) events | reservations (leases), the cluster bucket |
+| binder | pending pods (to the shards), releases, audit (placed, released, rejected, preempted, conflict) events | reservations (leases), the cluster bucket |
 
 | audit | nothing but acknowledgements of its own consumer | none |
 | reader (`draplane free`, `draplane dashboard`) | nothing | none |
@@ -45,7 +45,7 @@ SERVICE_ROLES = ("inventory", "allocator", "binder", "audit", "reader")
 _AUDIT_KINDS = {
     "inventory": ("tainted", "untainted", "removed"),
     "allocator": ("tainted", "untainted"),
-    "binder": ("placed", "released", "rejected", "preempted"),
+    "binder": ("placed", "released", "rejected", "preempted", "conflict"),
 }
 
 _INBOX_UNSAFE = re.compile(r"[^A-Za-z0-9_-]")

@@ -72,6 +72,10 @@ class BinderMetrics:
         self.events_dropped = Counter("draplane_binder_events_dropped",
                                       "Scheduled Events not written: the queue of events to write was full",
                                       registry=r)
+        self.double_allocations = Counter("draplane_binder_double_allocations",
+                                          "Devices found allocated to two claims beyond what adminAccess and shares "
+                                          "allow (another scheduler over the same slices); each pair counts once",
+                                          registry=r)
         self.create_to_bound = Histogram("draplane_binder_create_to_bound_seconds",
                                          "From the pod's creationTimestamp to its binding",
                                          buckets=CREATE_TO_BOUND_BUCKETS, registry=r)

@@ -76,6 +76,7 @@ from draplane.tasks import cancel_all
 from draplane_binder import in_flight as inf
 from draplane_binder.cluster_publisher import ClusterPublisher
 from draplane_binder import lifecycle as lc
+from draplane_binder.double_allocation import DoubleAllocation, DeviceHolders
 from draplane_binder.metrics import BinderMetrics, seconds_since
 from draplane_binder.requeue import node_fit_fingerprint
 from draplane_binder.settings import BinderSettings
@@ -167,6 +168,10 @@ class WorkQueue:
         return len(self._queued) + len(self._again)
 
 
+# The reason of the Warning Event on each claim of a double allocation.
+DOUBLE_ALLOCATION_REASON = "DeviceAllocatedTwice"
+
+
 class Binder:
     def __init__(self, settings: BinderSettings, kube: KubeClient, nc: NatsClient, *,
                  metrics: BinderMetrics | None = None):
@@ -190,6 +195,7 @@ class Binder:
         self.pods_by_claim: dict[Key, set[Key]] = {}
         # pod uid -> claims that reserve it or are owned by it (to clean them up when it goes)
         self.claims_by_pod: dict[str, set[Key]] = {}
+        self.device_holders = DeviceHolders()  # every claim's devices: double allocations by anyone
         # DeviceClasses (also offered to the shards): which extended resources DRA backs (KEP-5004)
         self.device_classes: dict[str, DeviceClass] = {}
         self._class_resolver: er.ClassResolver | None = None  # built from device_classes when first needed
@@ -425,6 +431,11 @@ class Binder:
         if kind != "DELETED":
             for pod_uid in _pods_named_by(claim):
                 self.claims_by_pod.setdefault(pod_uid, set()).add(key)
+        if kind == "DELETED":
+            self.device_holders.forget(claim.metadata.uid or "")
+        else:
+            for double in self.device_holders.update(claim):
+                self._report_double_allocation(double)
         if kind == "DELETED":
             self.claims.pop(key, None)
             namespace_claims.pop(key[1], None)
@@ -772,6 +783,46 @@ class Binder:
             await self.kube.apply_raw(event)
         except KubeApiError as exc:
             log.warning("event for pod %s/%s not written: %s", namespace, name, exc)
+
+    # --- double allocations --------------------------------------------------------------------
+
+    def _report_double_allocation(self, double: DoubleAllocation) -> None:
+        """A device in two claims beyond what adminAccess and shares allow (double_allocation.py):
+        counted, logged, a Warning Event on each claim and an audit record. draplane's own
+        placements never do this (the shards commit through one reservation bucket); another
+        scheduler over the same slices can."""
+        self.metrics.double_allocations.inc()
+        log.error("%s", double.message(), extra=fields(claim=double.first.key, node=double.device[1]))
+        self._spawn_once(self._tell_double_allocation(double), f"double allocation {double.id}")
+
+    async def _tell_double_allocation(self, double: DoubleAllocation) -> None:
+        for holder in (double.first, double.second):
+            await self._object_event(
+                {"apiVersion": "resource.k8s.io/v1", "kind": "ResourceClaim", "namespace": holder.namespace,
+                 "name": holder.name, "uid": holder.uid}, DOUBLE_ALLOCATION_REASON, double.message())
+        driver, pool, device = double.device
+        await self.audit.publish_and_wait(audit.AuditEvent(
+            id=audit.double_allocation_id(double.id), kind="conflict", at=time.time(), by=[self.instance], node=pool,
+            claims=[audit.ClaimDevices(namespace=h.namespace, name=h.name, uid=h.uid, devices=[audit.DeviceRef(
+                driver=driver, pool=pool, device=device, share_id=h.share_id, admin_access=h.admin_access)])
+                for h in (double.first, double.second)],
+            reason=double.message(),
+        ))
+
+    async def _object_event(self, involved: dict, reason: str, message: str, type_: str = "Warning") -> None:
+        now = _now_rfc3339()
+        event = {
+            "apiVersion": "v1", "kind": "Event",
+            "metadata": {"generateName": f"{involved['name']}.", "namespace": involved["namespace"]},
+            "involvedObject": involved, "reason": reason, "message": message[:1024], "type": type_,
+            "source": {"component": "draplane"}, "reportingComponent": "draplane", "reportingInstance": self.instance,
+            "firstTimestamp": now, "lastTimestamp": now, "count": 1,
+        }
+        try:
+            await self.kube.apply_raw(event)
+        except KubeApiError as exc:
+            log.warning("event %s for %s %s/%s not written: %s", reason, involved["kind"], involved["namespace"],
+                        involved["name"], exc)
 
     def _queue_event(self, pod: Pod, reason: str, message: str, type_: str = "Warning") -> None:
         try:

@@ -16,6 +16,10 @@ Subjects (under the prefix, default ``draplane.``), all captured by one JetStrea
     A pod was evicted so that a higher-priority one fits: `pod` is the victim, `node` its node,
     `reason` names the preemptor and why these victims. Published by the binder once the Eviction
     API took it.
+``{prefix}audit.conflict``
+    A device is allocated to two claims beyond what adminAccess and shares allow: another
+    scheduler allocated from the same slices. `claims` are the two, each with the device. The
+    binder, which watches every claim.
 ``{prefix}audit.tainted`` / ``{prefix}audit.untainted``
     Devices got or lost a taint: a DeviceTaintRule (the shards, which watch them), or a node
     whose agent stopped heartbeating (the inventory, which taints its devices; `removed` follows
@@ -49,8 +53,9 @@ MAX_EVENT_BYTES = 256 * 1024
 MAX_DEVICES_NAMED = 256
 
 # "unreadable" is never published: the audit subscriber writes it for a message it could not read.
-Kind = Literal["placed", "rejected", "released", "preempted", "tainted", "untainted", "removed", "unreadable"]
-KINDS: tuple[str, ...] = ("placed", "rejected", "released", "preempted", "tainted", "untainted", "removed")
+Kind = Literal["placed", "rejected", "released", "preempted", "tainted", "untainted", "removed", "conflict",
+               "unreadable"]
+KINDS: tuple[str, ...] = ("placed", "rejected", "released", "preempted", "tainted", "untainted", "removed", "conflict")
 
 
 class MessageError(ValueError):
@@ -171,6 +176,11 @@ def released_id(claim_uid: str, allocated_version: str) -> str:
     """`allocated_version`: the claim's resourceVersion while it held the devices; a claim
     allocated again and released again is another fact."""
     return f"released/{claim_uid}/{allocated_version}"
+
+
+def double_allocation_id(pair: str) -> str:
+    """`pair`: the device and the two claims' uids; the pair on that device is one fact."""
+    return f"conflict/{pair}"
 
 
 def taint_rule_id(kind: str, rule_uid: str, generation: str) -> str:
