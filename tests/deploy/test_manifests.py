@@ -402,3 +402,41 @@ def test_dockerfile_builds_the_kubelet_stubs_into_the_image_without_go():
     assert required and pinned, "the go directive or ARG GO_VERSION moved"
     assert any(line == "FROM golang:${GO_VERSION} AS go" for line, _ in earlier)
     assert tuple(map(int, pinned.groups())) >= tuple(map(int, required.groups()))
+
+
+def test_beside_nvidias_driver_no_node_agent_runs_and_the_rest_is_the_base(tmp_path):
+    """deploy/components/beside-nvidia-driver, in a site's overlay as its comment says: NVIDIA's
+    kubelet plugin publishes and prepares, so the node agent's DaemonSet and RBAC go; every other
+    object is the base's, unchanged."""
+    import os
+
+    site = tmp_path / "site"
+    site.mkdir()
+    (site / "kustomization.yaml").write_text(yaml.safe_dump({
+        "apiVersion": "kustomize.config.k8s.io/v1beta1", "kind": "Kustomization",
+        "resources": [os.path.relpath(DEPLOY, site)],
+        "components": [os.path.relpath(DEPLOY / "components" / "beside-nvidia-driver", site)]}))
+    base = {object_id(o): o for o in kustomize.build(DEPLOY)}
+    beside = {object_id(o): o for o in kustomize.build(site)}
+    gone = set(base) - set(beside)
+    assert gone == {"DaemonSet draplane/draplane-node-agent", "ServiceAccount draplane/draplane-node-agent",
+                    "ClusterRole draplane-node-agent", "ClusterRoleBinding draplane-node-agent"}
+    assert set(beside) <= set(base)
+    assert all(beside[i] == base[i] for i in beside)
+
+
+def test_the_separation_policy_renders_and_matches_only_draplanes_pods():
+    """deploy/separation/: not in the base (kube-scheduler may run without DRA pods); its
+    MutatingAdmissionPolicy matches pods created with schedulerName draplane, the name the binder
+    takes, and is bound. The apiserver's verdict is tests/services/test_two_schedulers.py."""
+    rendered = kustomize.build(DEPLOY / "separation")
+    kinds = sorted(o["kind"] for o in rendered)
+    assert kinds == ["MutatingAdmissionPolicy", "MutatingAdmissionPolicyBinding"]
+    policy = next(o for o in rendered if o["kind"] == "MutatingAdmissionPolicy")
+    binding = next(o for o in rendered if o["kind"] == "MutatingAdmissionPolicyBinding")
+    assert binding["spec"]["policyName"] == policy["metadata"]["name"]
+    assert policy["spec"]["failurePolicy"] == "Fail"
+    assert policy["spec"]["matchConditions"][0]["expression"].endswith('== "draplane"')
+    binder = next(o for o in kustomize.build(DEPLOY) if o["kind"] == "Deployment" and o["metadata"]["name"] == "draplane-binder")
+    assert "--scheduler-name=draplane" in containers(binder)[0]["args"]
+    assert not any(o["kind"].startswith("MutatingAdmissionPolicy") for o in kustomize.build(DEPLOY))
