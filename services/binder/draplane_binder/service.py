@@ -761,28 +761,9 @@ class Binder:
             await self._event(pod, EVENT_REASON, message)
 
     async def _event(self, pod: Pod, reason: str, message: str, type_: str = "Warning") -> None:
-        now = _now_rfc3339()
         namespace, name = _key(pod)
-        event = {
-            "apiVersion": "v1",
-            "kind": "Event",
-            "metadata": {"generateName": f"{name}.", "namespace": namespace},
-            "involvedObject": {"apiVersion": "v1", "kind": "Pod", "namespace": namespace, "name": name,
-                               "uid": pod.metadata.uid},
-            "reason": reason,
-            "message": message[:1024],
-            "type": type_,
-            "source": {"component": "draplane"},
-            "reportingComponent": "draplane",
-            "reportingInstance": self.instance,
-            "firstTimestamp": now,
-            "lastTimestamp": now,
-            "count": 1,
-        }
-        try:
-            await self.kube.apply_raw(event)
-        except KubeApiError as exc:
-            log.warning("event for pod %s/%s not written: %s", namespace, name, exc)
+        await self._object_event({"apiVersion": "v1", "kind": "Pod", "namespace": namespace, "name": name,
+                                  "uid": pod.metadata.uid}, reason, message, type_)
 
     # --- double allocations --------------------------------------------------------------------
 
