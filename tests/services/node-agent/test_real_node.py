@@ -229,6 +229,24 @@ async def test_pods_run_on_a_real_node_with_exactly_their_devices(kube, kubectl,
             return [t.key for s in items for d in s.spec.devices or [] if d.name == sick for t in d.taints or []]
 
         assert await eventually(tainted, timeout=60, what="taint") == ["draplane.io/device-unhealthy"]
+
+        # No new pod lands on it: with the sick GPU freed, of the two free GPUs a new pod gets the
+        # healthy one, and the next pod waits, told that the last free one is tainted.
+        await kubectl(*ns, "delete", "pod", "after-crash", "admin", "--wait=true")
+        await kubectl(*ns, "delete", "resourceclaim", "shared", "--wait=true")
+        await apply(claim("fresh"), pod("fresh", scheduler, "fresh"))
+        fresh = devices_in(await running("fresh"))
+        assert len(fresh) == 1 and sick not in fresh and not fresh & two, (fresh, sick)
+        await apply(claim("after-sick"), pod("after-sick", scheduler, "after-sick"))
+
+        async def waits_for_an_untainted_gpu():
+            found = await kube.get(Pod, "after-sick", namespace)
+            conditions = (found.status.conditions or []) if found.status else []
+            return next((c.message for c in conditions if c.type == "PodScheduled" and c.status == "False"
+                         and "taint" in (c.message or "")), None)
+
+        message = await eventually(waits_for_an_untainted_gpu, timeout=30, what="after-sick unschedulable for the taint")
+        assert not (await kube.get(Pod, "after-sick", namespace)).spec.node_name, message
     finally:
         await kubectl(*ns, "delete", "pods", "--all", "--wait=false", check=False)
         for process, stop in ((agent.process, signal.SIGTERM), (inventory, signal.SIGINT)):
