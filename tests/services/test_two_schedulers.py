@@ -55,7 +55,6 @@ class Burst:
         self.product = f"two-schedulers-{tag}"
         self.class_name = f"two-{tag}"
         # Only this round's pods tolerate it: other tests' pending pods never take these GPUs.
-        self.head_start = 0.0  # seconds draplane's pods are created before kube-scheduler's
         self.only_us = {"key": "draplane.test/two-schedulers", "value": tag, "effect": "NoSchedule"}
 
     async def device_class(self) -> None:
@@ -87,9 +86,7 @@ class Burst:
             pod.spec.tolerations = [tolerate]
             await self.kube.create(pod)
 
-        await asyncio.gather(*(create(name, s) for name, s in wanted.items() if s != "default-scheduler"))
-        await asyncio.sleep(self.head_start)
-        await asyncio.gather(*(create(name, s) for name, s in wanted.items() if s == "default-scheduler"))
+        await asyncio.gather(*(create(name, s) for name, s in wanted.items()))
         return wanted
 
     async def settled(self, wanted: dict[str, str], gpus: int) -> dict[str, str]:
@@ -118,6 +115,10 @@ class Burst:
 
 async def test_two_schedulers_race_over_one_pool_and_the_separation_keeps_them_apart(
         scheduling, kube, kubectl, namespace, control_plane, nats, subject_prefix, tmp_path):
+    # The inventory feed's bucket first, as the inventory service makes it before any shard runs:
+    # a shard that starts without it looks again once a second, and nodes added meanwhile would
+    # be seen without their devices.
+    await scheduling.feed_bucket()
     await scheduling.start()
     scheduler = kube_scheduler(control_plane, tmp_path / "kube-scheduler.log", verbosity=2)
     scheduler.start()
@@ -144,11 +145,6 @@ async def test_two_schedulers_race_over_one_pool_and_the_separation_keeps_them_a
 
         await eventually(warm_bound, timeout=120, what="kube-scheduler binding its first pod")
 
-        # draplane's pods 1 s before kube-scheduler's. Here their first attempt finds the new
-        # nodes without usable devices yet and is retried after the 1 s backoff, which lands in
-        # kube-scheduler's cycle for its own pods; created at the same moment, kube-scheduler took
-        # all 6 GPUs before that retry (3 runs of 3).
-        together.head_start = 1.0
         wanted = await together.pods(6)
         bound = await together.settled(wanted, gpus=6)
         claims = await together.claims(wanted)
