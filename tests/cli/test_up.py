@@ -663,3 +663,32 @@ async def test_a_real_node_asked_for_where_the_machine_cannot_run_one_names_what
         assert any(m.startswith("no real node: this machine cannot run one") for m in messages)
     finally:
         await asyncio.to_thread(env.stop)
+
+
+async def test_a_real_node_that_fails_to_start_leaves_the_simulated_cluster_up_unless_required(tmp_path, monkeypatch):
+    """A machine that seems able to run the real node but cannot (a cgroup layout the kubelet
+    refuses, say): by default `up` says why and goes on without it; `--real-node` makes it an error."""
+    from draplane.localenv import environment, realnode
+
+    monkeypatch.setattr(realnode, "missing_prerequisites", lambda: [])
+
+    def fails(**kwargs):
+        raise realnode.RealNodeError("kubelet exited with code 1 while starting (log: kubelet.log): cgroup refused")
+
+    monkeypatch.setattr(realnode.RealNode, "start", staticmethod(fails))
+    with pytest.raises(realnode.RealNodeError, match="cgroup refused"):
+        await environment.start(node_count=1, shards=1, workdir=tmp_path / "required", progress=lambda m: None,
+                                real_node=True)
+    assert not (tmp_path / "required" / "up.json").exists()
+    messages: list[str] = []
+    env = await environment.start(node_count=1, shards=1, workdir=tmp_path / "auto", progress=messages.append)
+    try:
+        assert env.real_node is None and "cgroup refused" in env.real_node_absent
+        assert any(m.startswith("no real node: it did not start:") and "--real-node` makes this an error" in m
+                   for m in messages), messages
+        assert "node-agent-real" not in {s.name for s in env.services}
+        for workdir in (tmp_path / "required", tmp_path / "auto"):  # the folders made for it went too
+            assert not environment.real_node_dir(workdir).exists() and not (workdir / "real-node").exists()
+        assert sum(len(n) for n in env.nodes.values()) == 1
+    finally:
+        await asyncio.to_thread(env.stop)

@@ -310,24 +310,16 @@ async def start(
 
         progress(f"starting inventory, {shards} allocator shards, binder, audit and node agents for {node_count} nodes")
         deadline = time.monotonic() + timeout
-        if with_real_node:
-            progress(f"starting the real node {REAL_NODE_NAME}: containerd, the kubelet, and its node agent as the "
-                     "kubelet's DRA plugin")
-            node = await _start_real_node(workdir, logs, plane)
-            port = free_port()
-            service("node-agent-real", "node-agent-real", "draplane_node_agent", f"--profile={REAL_NODE_PROFILE}",
-                    f"--node={REAL_NODE_NAME}", "--kubelet-plugin", f"--kubelet-dir={node.kubelet_dir}",
-                    f"--cdi-dir={node.cdi_dir}", f"--kubeconfig={plane.kubeconfig}", "--health-switch",
-                    f"--listen=127.0.0.1:{port}")
-            probes.append((services[-1], f"http://127.0.0.1:{port}/readyz"))
+
         for process, url in probes:
             await asyncio.to_thread(process.wait_ready, lambda url=url: _ready(url), max(1.0, deadline - time.monotonic()))
         for process in services:
             if not process.alive():
                 raise StartupError(f"{process.name} exited while starting (log: {process.log_path}):\n{process.log_tail()}")
-        await _wait_for_slices(plane, {**nodes, **({"real": [REAL_NODE_NAME]} if node else {})}, deadline)
-        if node is not None:
-            await _wait_for_real_node(plane, REAL_NODE_NAME, node, deadline)
+        await _wait_for_slices(plane, nodes, deadline)
+        if with_real_node:
+            node, real_node_absent = await _add_real_node(
+                workdir, logs, plane, service, services, required=bool(real_node), progress=progress, timeout=timeout)
         return Environment(workdir=workdir, plane=plane, services=services, nodes=nodes, shards=shards, logs=logs,
                            real_node=node, real_node_absent=real_node_absent, _lock_file=lock)
     except BaseException:
@@ -337,6 +329,7 @@ async def start(
             await asyncio.to_thread(node.stop)
         if plane is not None:
             await asyncio.to_thread(plane.stop)
+        (workdir / "up.json").unlink(missing_ok=True)  # it names this process, which runs no environment now
         lock.close()
         raise
 
@@ -369,10 +362,52 @@ async def _start_real_node(workdir: Path, logs: Path, plane: ControlPlane):
             realnode.RealNode.start, name=REAL_NODE_NAME, workdir=folder, logs=logs / "real-node",
             kubeconfig=plane.kubeconfig, ca_file=plane.ca_file, images=binaries.cache_dir() / "images",
             index=realnode.free_bridge_index())
-    except realnode.RealNodeError:
+    except BaseException as exc:
+        # RealNode.start undid its own steps; the folder made for it goes too
+        await asyncio.to_thread(realnode.remove_leftovers, folder, REAL_NODE_NAME)
+        (workdir / "real-node").unlink(missing_ok=True)
+        if isinstance(exc, StartupError) and not isinstance(exc, realnode.RealNodeError):
+            raise realnode.RealNodeError(f"the real node {REAL_NODE_NAME} did not start: {exc}") from exc
         raise
-    except StartupError as exc:
-        raise realnode.RealNodeError(f"the real node {REAL_NODE_NAME} did not start: {exc}") from exc
+
+
+async def _add_real_node(workdir: Path, logs: Path, plane: ControlPlane, service: Callable[..., ServerProcess],
+                         services: list[ServerProcess], *, required: bool, progress: Callable[[str], None],
+                         timeout: float):
+    """(the started RealNode, "") once it is Ready with its slices published, or, where it is not
+    `required`, (None, why not) after undoing what was started: a machine that seemed able to run
+    it but cannot (a cgroup layout the kubelet refuses, say) still gets the simulated cluster."""
+    from draplane.localenv import realnode
+
+    progress(f"starting the real node {REAL_NODE_NAME}: containerd, the kubelet, and its node agent as the "
+             "kubelet's DRA plugin")
+    deadline = time.monotonic() + timeout
+    node: realnode.RealNode | None = None
+    agent: ServerProcess | None = None
+    try:
+        node = await _start_real_node(workdir, logs, plane)
+        port = free_port()
+        agent = service("node-agent-real", "node-agent-real", "draplane_node_agent", f"--profile={REAL_NODE_PROFILE}",
+                        f"--node={REAL_NODE_NAME}", "--kubelet-plugin", f"--kubelet-dir={node.kubelet_dir}",
+                        f"--cdi-dir={node.cdi_dir}", f"--kubeconfig={plane.kubeconfig}", "--health-switch",
+                        f"--listen=127.0.0.1:{port}")
+        await asyncio.to_thread(agent.wait_ready, lambda: _ready(f"http://127.0.0.1:{port}/readyz"),
+                                max(1.0, deadline - time.monotonic()))
+        await _wait_for_slices(plane, {REAL_NODE_PROFILE: [REAL_NODE_NAME]}, deadline)
+        await _wait_for_real_node(plane, REAL_NODE_NAME, node, deadline)
+        return node, ""
+    except BaseException as exc:
+        if agent is not None:
+            services.remove(agent)
+            agent.stop()
+        if node is not None:
+            await asyncio.to_thread(node.stop)
+            await asyncio.to_thread(realnode.remove_leftovers, node.workdir, node.name)
+        if required or not isinstance(exc, StartupError):
+            raise
+        why = f"it did not start: {exc}"
+        progress(f"no real node: {why} (logs: {logs / 'real-node'}; `--real-node` makes this an error)")
+        return None, why
 
 
 async def _wait_for_real_node(plane: ControlPlane, name: str, node, deadline: float) -> None:
