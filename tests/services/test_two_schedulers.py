@@ -133,7 +133,7 @@ async def test_two_schedulers_race_over_one_pool_and_the_separation_keeps_them_a
         # kube-scheduler lists the whole session's cluster first: let it get there before the burst
         warm = Burst(kube, scheduling, namespace, f"w{together.tag}")
         await warm.node(f"warm-{together.tag}", draplane_owned=False)
-        await kube.create(scenario.device_class(warm.class_name, f'device.attributes["gpu.nvidia.com"].productName == "{warm.product}"'))
+        await warm.device_class()
         await kube.create(scenario.claim(namespace, f"ks-warm-{together.tag}", warm.class_name))
         warm_pod = scenario.pod(namespace, f"ks-warm-{together.tag}", claim_name=f"ks-warm-{together.tag}", scheduler_name=None)
         warm_pod.spec.tolerations = [Toleration(key=warm.only_us["key"], operator="Equal", value=warm.tag, effect="NoSchedule")]

@@ -306,7 +306,10 @@ def real_node_copies(claim: dict, pod: dict) -> tuple[dict, dict]:
     for ref in spec.get("resourceClaims") or []:
         if ref.get("resourceClaimName"):
             ref["resourceClaimName"] += REAL_NODE_SUFFIX
-    spec["nodeSelector"] = {**(spec.get("nodeSelector") or {}), "draplane.dev/real-node": "true"}
+    from draplane.localenv.realnode import REAL_NODE_LABEL
+
+    key, value = REAL_NODE_LABEL
+    spec["nodeSelector"] = {**(spec.get("nodeSelector") or {}), key: value}
     spec["terminationGracePeriodSeconds"] = 1
     for container in spec["containers"]:
         container["image"] = STAND_IN_IMAGE
@@ -322,7 +325,9 @@ async def _run_on_the_real_node(kube, kubeconfig: Path, claim: dict, pod: dict, 
     from draplane.api import core
     from draplane.localenv import binaries
 
-    nodes, _ = await kube.list(core.Node, label_selector="draplane.dev/real-node=true")
+    from draplane.localenv.realnode import REAL_NODE_LABEL
+
+    nodes, _ = await kube.list(core.Node, label_selector="=".join(REAL_NODE_LABEL))
     _say("\n4. The pod runs, on the real node")
     if not nodes:
         _say("   This environment has no real node (`draplane up` runs one where the machine allows it: root, and "
@@ -334,7 +339,7 @@ async def _run_on_the_real_node(kube, kubeconfig: Path, claim: dict, pod: dict, 
     await _create(kube, real_claim)
     timings = await _create_pod_and_wait(kube, real_pod, real_claim["metadata"]["name"], timeout)
     _say(f"   Pod {namespace}/{name}: the same claim and pod, with {STAND_IN_IMAGE} standing in for "
-         f"{pod['spec']['containers'][0].get('image')}, and nodeSelector draplane.dev/real-node=true")
+         f"{pod['spec']['containers'][0].get('image')}, and nodeSelector {'='.join(REAL_NODE_LABEL)}")
     kubectl = [str(binaries.require(binaries.KUBECTL)), "--kubeconfig", str(kubeconfig), "-n", namespace]
     began = time.monotonic()
     logs = ""

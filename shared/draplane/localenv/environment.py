@@ -49,7 +49,6 @@ NVIDIA_DRIVER = "gpu.nvidia.com"
 # driver), so every class of the demo, the seed's high-memory one included, has a device there.
 REAL_NODE_NAME = "real-0000"
 REAL_NODE_PROFILE = "mixed"
-REAL_NODE_LABEL = ("draplane.dev/real-node", "true")  # set by its kubelet (--node-labels)
 NATS_PREFIX = DEFAULT_PREFIX  # the services' default subject prefix: `up` runs them with it
 
 

@@ -41,6 +41,8 @@ KUBELET_SYSCTLS = ("vm/overcommit_memory", "vm/panic_on_oom", "kernel/panic", "k
 HOST_PATHS = (Path("/var/lib/kubelet/device-plugins"), Path("/var/lib/kubelet"), Path("/var/log/containers"))
 CGROUP_FS = Path("/sys/fs/cgroup")
 POD_SUBNET = "10.244.{index}.0/24"
+# Its kubelet registers the Node with this label: what pods meant for the real node select.
+REAL_NODE_LABEL = ("draplane.dev/real-node", "true")
 
 
 class RealNodeError(StartupError):
@@ -179,8 +181,7 @@ def _shim_pids(socket: Path) -> list[int]:
             continue
         # The cache's binary is versioned (containerd-shim-runc-v2-v2.4.2), and containerd runs it by
         # its resolved path: match the name's stem, and the socket of this node's containerd.
-        if cmdline and b"containerd-shim-runc-v2" in Path(cmdline[0].decode(errors="replace")).name.encode() \
-                and str(socket).encode() in cmdline:
+        if cmdline and b"containerd-shim-runc-v2" in cmdline[0].rsplit(b"/", 1)[-1] and str(socket).encode() in cmdline:
             pids.append(int(proc.name))
     return pids
 
@@ -433,7 +434,7 @@ class RealNode:
         process = self._process("kubelet", [
             str(kubelet), f"--config={self.workdir / 'kubelet.yaml'}", f"--kubeconfig={self.kubeconfig}",
             f"--root-dir={self.kubelet_dir}", f"--cert-dir={self.workdir / 'kubelet-pki'}",
-            f"--hostname-override={self.name}", "--node-labels=draplane.dev/real-node=true", "--v=2",
+            f"--hostname-override={self.name}", f"--node-labels={REAL_NODE_LABEL[0]}={REAL_NODE_LABEL[1]}", "--v=2",
         ])
         process.wait_ready(lambda: _http_ok(f"http://127.0.0.1:{healthz}/healthz"), timeout)
 
