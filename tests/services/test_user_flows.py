@@ -904,3 +904,63 @@ async def test_a_device_plugin_style_gpu_request_binds_on_dra_devices_through_a_
     await kubectl("delete", "pod", "trainer", "-n", namespace, "--grace-period=0", "--force")
     assert (await wait_bound(scheduling, kubectl, namespace, "late"))["spec"]["nodeName"] == node
     no_races_or_errors(scheduling)
+
+
+async def profile_node(scheduling, kube, profile: str, name: str) -> None:
+    """A node of one of the node agent's profiles, its slices planned as the inventory plans them."""
+    from draplane.api.core import Node as NodeObject
+    from draplane_inventory.slices import NodeRef, plan_node
+    from draplane_node_agent.hardware import driver_devices
+    from draplane_node_agent.profile import load_profile, profile_hardware
+
+    node = scenario.gpu_node(name)
+    await kube.create(node)
+    uid = (await kube.get(NodeObject, name)).metadata.uid
+    drivers = driver_devices(profile_hardware(load_profile(profile), name))
+    slices = [s for plan in plan_node(NodeRef(name, uid), drivers, []) for s in plan.creates]
+    await scheduling.put_node(node, slices)
+
+
+async def test_generic_claims_leave_the_gpus_only_some_classes_can_use_to_those_classes(scheduling, kube, kubectl,
+                                                                                      namespace):
+    """Issue 27, items 13 and 14, on the nodes of `draplane up --nodes 6` (2 L4, 2 A100 nodes whose
+    GPUs MIG can split, a DGX H100, a mixed node of 2 H100, 2 A100 and 2 L4), with a generic GPU
+    class, a high-memory class only the H100s meet and a MIG class: an 8-GPU generic claim takes an
+    A100 node, not the only 8 x H100, which the high-memory claim after it still finds whole; on the
+    mixed node, with one A100 partitioned, a generic 1-GPU claim takes an L4, not an H100."""
+    from draplane.localenv.environment import DEFAULT_PROFILES, node_names
+
+    suffix = uuid.uuid4().hex[:6]
+    generic, high_memory, mig = f"any-gpu-{suffix}", f"high-memory-{suffix}", f"mig-{suffix}"
+    await ensure_class(kube, scenario.device_class(generic, "device.attributes['gpu.nvidia.com'].type == 'gpu'"))
+    await ensure_class(kube, scenario.device_class(high_memory, scenario.HIGH_MEMORY_EXPRESSION))
+    await ensure_class(kube, scenario.device_class(mig, "device.attributes['gpu.nvidia.com'].type == 'mig'"))
+    for profile, names in node_names(DEFAULT_PROFILES, 6).items():
+        for name in names:
+            await profile_node(scheduling, kube, profile, f"{name}-{suffix}")
+    dgx, mixed = f"dgx-h100-0000-{suffix}", f"mixed-0000-{suffix}"
+    await scheduling.start(shards=1)
+    scheduler = scheduling.scheduler_name
+
+    await kubectl.apply(claim_yaml(namespace, "eight", generic, count=8)
+                        + "---" + pod_yaml(namespace, "trainer", scheduler, claim="eight"))
+    assert (await wait_bound(scheduling, kubectl, namespace, "trainer"))["spec"]["nodeName"].startswith("a100-mig-")
+    await kubectl.apply(claim_yaml(namespace, "eight-big", high_memory, count=8)
+                        + "---" + pod_yaml(namespace, "big-trainer", scheduler, claim="eight-big"))
+    assert (await wait_bound(scheduling, kubectl, namespace, "big-trainer"))["spec"]["nodeName"] == dgx
+
+    on_mixed = {"kubernetes.io/hostname": mixed}
+    await kubectl.apply(
+        claim_yaml(namespace, "slice", mig, extra="""
+          selectors:
+            - cel: {expression: "device.attributes['gpu.nvidia.com'].profile == '1g.5gb'"}""")
+        + "---" + pod_yaml(namespace, "notebook", scheduler, claim="slice", node_selector=on_mixed))
+    assert (await wait_bound(scheduling, kubectl, namespace, "notebook"))["spec"]["nodeName"] == mixed
+    await kubectl.apply(claim_yaml(namespace, "one", generic)
+                        + "---" + pod_yaml(namespace, "inference", scheduler, claim="one", node_selector=on_mixed))
+    assert (await wait_bound(scheduling, kubectl, namespace, "inference"))["spec"]["nodeName"] == mixed
+    (result,) = await claim_results(kubectl, namespace, "one")
+    slices = [s for s in (await kube.list(ResourceSlice))[0] if s.spec.node_name == mixed]
+    (device,) = [d for s in slices for d in s.spec.devices or () if d.name == result["device"]]
+    assert device.attributes["productName"].string_value == "NVIDIA L4", result
+    no_races_or_errors(scheduling)

@@ -51,6 +51,7 @@ from draplane.allocation.inventory import (
 from draplane.allocation.state import AllocatedState
 
 if TYPE_CHECKING:
+    from draplane.allocation.scarcity import DeviceScarcity
     from draplane.allocation.scoring import ScoringPolicy
 
 MAX_REQUESTS = 32  # resourceapi.DeviceRequestsMaxSize
@@ -532,6 +533,7 @@ class NodeView:
     pools: list[Pool]
     state: AllocatedState
     node_object: Node | None = None
+    scarcity: "DeviceScarcity | None" = None  # what the cluster's classes make each device worth
 
 
 class _Search:
@@ -792,6 +794,7 @@ class NodeAllocator:
         self._classes_version = 0
         self._candidate_cache: dict[str, tuple[list[Pool], dict[tuple, list[Candidate]]]] = {}
         self._order_cache: dict[str, tuple[list[Pool], list[Pool]]] = {}
+        self.scarcity: DeviceScarcity | None = None  # set by a Cluster, which keeps it current
 
     def set_classes(self, classes: dict[str, DeviceClass]) -> None:
         self.classes = classes
@@ -890,7 +893,7 @@ class NodeAllocator:
         if plans is None:
             plans = [self.plan(c) for c in claims]
         pools = self._search_order(node_name, self.inventory.pools_for_node(node))
-        view = NodeView(node_name, pools, self.state, node)
+        view = NodeView(node_name, pools, self.state, node, self.scarcity)
         ordered: dict[int, list[Candidate]] = {}
         search = _Search(self, node, pools, plans, policy, ordered)
         in_use = self.state.in_use

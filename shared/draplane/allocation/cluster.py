@@ -26,6 +26,7 @@ from draplane.api.resource import DeviceClass, DeviceTaintRule, ResourceClaim, R
 from draplane.allocation.allocator import NodeAllocator, NodePlacement, SelectorMatcher, ShareIDFactory, random_share_id
 from draplane.allocation.errors import AllocationError, NodeFailure, Reason
 from draplane.allocation.inventory import Inventory, PoolID
+from draplane.allocation.scarcity import DeviceScarcity
 from draplane.allocation.scoring import ScoringPolicy, get_policy
 from draplane.allocation.state import AllocatedState, claim_key
 
@@ -216,6 +217,10 @@ class Cluster:
         self.classes: dict[str, DeviceClass] = {c.metadata.name: c for c in classes}
         self.policy = policy if isinstance(policy, ScoringPolicy) else get_policy(policy)
         self.allocator = NodeAllocator(self.inventory, self.state, self.classes, matcher=matcher, share_ids=share_ids)
+        self.scarcity = DeviceScarcity(self.inventory, self.allocator.matcher)
+        self.scarcity.set_classes(self.classes.values())
+        self.allocator.scarcity = self.scarcity
+        self._scarcity_version = -1  # the scarcity.version the caches were built under
         self.nodes: dict[str, Node] = {}
         self._node_order: dict[str, int] = {}
         self._order_stale = False  # nodes came or went since _node_order was computed
@@ -287,7 +292,17 @@ class Cluster:
     def set_classes(self, classes: Iterable[DeviceClass]) -> None:
         self.classes = {c.metadata.name: c for c in classes}
         self.allocator.set_classes(self.classes)
+        self.scarcity.set_classes(self.classes.values())
         self._epoch += 1
+
+    def _check_scarcity(self, policy: ScoringPolicy) -> None:
+        """Scores that read scarcity go stale when the classes' shares of the cluster move."""
+        if not policy.reads_scarcity:
+            return
+        self.scarcity.refresh()
+        if self.scarcity.version != self._scarcity_version:
+            self._scarcity_version = self.scarcity.version
+            self._epoch += 1
 
     def set_taint_rules(self, rules: Iterable[DeviceTaintRule]) -> None:
         """The cluster's DeviceTaintRules: their taints count as the devices' own."""
@@ -373,7 +388,9 @@ class Cluster:
     def allocate_on_node(self, claims: Sequence[ResourceClaim], node_name: str,
                          policy: ScoringPolicy | None = None) -> NodePlacement | NodeFailure:
         """All claims on one node. Raises AllocationError for bad input or evaluation errors."""
-        return self.allocator.allocate(claims, self.node(node_name), policy or self.policy)
+        policy = policy or self.policy
+        self._check_scarcity(policy)
+        return self.allocator.allocate(claims, self.node(node_name), policy)
 
     def allocate(
         self,
@@ -391,6 +408,7 @@ class Cluster:
         (see `_best_with_resources`); which nodes are feasible does not change."""
         policy = policy or self.policy
         self._ensure_order()
+        self._check_scarcity(policy)
         plans = [self.allocator.plan(c) for c in claims]  # fatal validation errors surface here
         shape = (policy.name, tuple(encode_json(c.spec) for c in claims))
         index = self._refresh(shape, claims, policy, plans)
@@ -439,7 +457,8 @@ class Cluster:
             index.expressions = tuple(dict.fromkeys(
                 e for plan in plans for subs in plan.requests for r in subs for e in r.class_selectors + r.request_selectors))
             index.attributes = tuple(dict.fromkeys(c.attribute for plan in plans for c in plan.constraints))
-            index.likeness_key = (index.expressions, index.attributes, policy.name)
+            index.likeness_key = (index.expressions, index.attributes, policy.name,
+                                  self.scarcity.version if policy.reads_scarcity else None)
             self._shapes[shape] = index
             dirty = list(self.nodes)
         else:
@@ -514,6 +533,7 @@ class Cluster:
                 self._column(looks, "policy", index.policy),
                 tuple(self._column(looks, "selector", e) for e in index.expressions),
                 tuple(self._column(looks, "attribute", a) for a in index.attributes),
+                self._column(looks, "scarcity", self.scarcity) if index.policy.reads_scarcity else (),
             )
             number = self._content_numbers.get(content)
             if number is None:
@@ -528,7 +548,7 @@ class Cluster:
 
     def _column(self, looks: _NodeLooks, kind: str, what) -> tuple:
         """One part of what a node's devices look like, in device order (see `_likeness`)."""
-        key = (kind, what.name if kind == "policy" else what)
+        key = (kind, what.name if kind == "policy" else what.version if kind == "scarcity" else what)
         column = looks.columns.get(key)
         if column is not None:
             return column
@@ -541,6 +561,8 @@ class Cluster:
                       tuple(r.physical for r in records))
         elif kind == "policy":
             column = tuple(what.likeness(r) for r in records)
+        elif kind == "scarcity":
+            column = tuple(what.of(r) for r in records)
         elif kind == "selector":
             evaluate = self.allocator.matcher.evaluate
             column = tuple(result if isinstance(result, bool) else "error"

@@ -518,20 +518,26 @@ class FragmentationAwareDraplane(DraplanePolicy):
         return free, min(free, round(MILLI * take_fraction))
 
     def _order_partitions(self, ordered, view, count: int = 1):
-        """Stable: partitions of GPUs already partitioned stay first (the base order), then the one
-        that takes the least of what its GPU could still hold. For a request of `count` > 1
+        """Stable: partitions of GPUs already partitioned stay first (the base order), then the least
+        scarce new GPU or device, then the partition that takes the least of what its GPU could
+        still hold. For a request of `count` > 1
         partitions, those of one GPU stay together (GPUs in the order of their best partition), so
         that the search fills one GPU before it splits the next: two 3g.20gb slices share an empty
         A100 rather than take the start-4 slot of two."""
         touched = self._touched_counter_sets(view)
         cache: dict = {}
 
+        scarcity = view.scarcity
+
         def key(c):
+            # A GPU no partition of which is taken yet, and a plain device, are new units: the
+            # least scarce of them first (see draplane.allocation.scarcity), then what they block.
             r = c.record
             if not r.consumes:
-                return (1, 0.0)
+                return (1, scarcity.of(r) if scarcity is not None else 0.0, 0.0)
             untouched = not any((r.driver, r.pool, s) in touched for s, _ in r.consumes)
-            return (int(untouched), self.placement_loss(r, c.pool, view, cache))
+            scarce = scarcity.of(r) if untouched and scarcity is not None else 0.0
+            return (int(untouched), scarce, self.placement_loss(r, c.pool, view, cache))
 
         keyed = sorted(((key(c), i, c) for i, c in enumerate(ordered)), key=lambda k: (k[0], k[1]))
         if count <= 1:

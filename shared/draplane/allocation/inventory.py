@@ -296,6 +296,7 @@ class Inventory:
         # Pools with at least one slice not bound to one node by nodeName: visible to many nodes.
         self._shared_pools: dict[PoolID, int] = {}
         self.version = 0  # bumped when something visible to more than one node changes
+        self.changes = 0  # bumped on every change of any slice
         self._node_versions: dict[str, int] = {}
         self._pool_cache: dict[str, tuple[tuple, Node, list[Pool]]] = {}
         # The slices as published, by name, and the DeviceTaintRules applied to them: what is
@@ -381,6 +382,7 @@ class Inventory:
             self._index_add(pool_id, entry)
 
     def _touch(self, pool_id: PoolID, entry: SliceEntry) -> None:
+        self.changes += 1
         if entry.node_name and pool_id not in self._shared_pools:
             self._node_versions[entry.node_name] = self._node_versions.get(entry.node_name, 0) + 1
         else:
@@ -397,6 +399,10 @@ class Inventory:
 
     def pool_slice_names(self, driver: str, pool: str) -> list[str]:
         return list(self._pools.get((driver, pool), {}))
+
+    def slice_entries(self) -> dict[str, SliceEntry]:
+        """Every slice as indexed, by name. Read-only: an entry is replaced, never changed."""
+        return self._slices
 
     def slices(self) -> list[ResourceSlice]:
         return [e.slice for e in self._slices.values()]

@@ -17,6 +17,8 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
+from draplane.allocation.scarcity import unit_of
+
 if TYPE_CHECKING:
     from draplane.allocation.allocator import Candidate, NodePlacement, NodeView, RequestPlan
 
@@ -49,6 +51,10 @@ class ScoringPolicy:
     # CPU and memory and the nodes' free amounts (`Cluster.allocate(node_resources=...)`), the
     # cluster adds it to each feasible node's score. Never consulted for feasibility.
     reads_node_resources = False
+
+    # Whether scores read `view.scarcity` (see draplane.allocation.scarcity): the cluster then
+    # builds its caches again when the classes' shares of the cluster move.
+    reads_scarcity = False
 
     def observe_requests(self, cpu: int, memory: int, device_milli: float) -> None:
         """A pod about to be placed: its CPU (milli), memory (bytes) and devices (milli-devices)."""
@@ -95,12 +101,17 @@ class DraplanePolicy(ScoringPolicy):
        of a GPU that is already partitioned before one of an untouched GPU (shared GPUs fill before
        new ones are split);
     2. devices of the PCIe root that fits the request most tightly (all of one claim's devices under
-       one root when possible), then of the tightest NUMA node;
+       one root when possible), then of the tightest NUMA node; for a one-device request the least
+       scarce device comes before the tightest root (see draplane.allocation.scarcity), for more
+       devices it orders the devices of one root;
     3. Kubernetes' order.
 
     Node score (lower is better): 10 per extra PCIe root a claim spans, 5 per extra NUMA node, 1 per
     newly split shared/partitioned device, plus the fraction of the node's devices left whole and free
-    (prefer filling busy nodes, so that whole nodes stay free for large requests).
+    (prefer filling busy nodes, so that whole nodes stay free for large requests), plus
+    SCARCITY_WEIGHT times the scarcity of each physical device the placement newly takes: a generic
+    request leaves the H100s that only `high-memory-gpu` can use, and the GPUs that `mig.nvidia.com`
+    can partition, to the requests that need them.
     """
 
     name = "draplane"
@@ -114,6 +125,13 @@ class DraplanePolicy(ScoringPolicy):
     TOPOLOGY_WEIGHT = 10.0
     NUMA_WEIGHT = 5.0
     SPLIT_WEIGHT = 1.0
+    # Scarcity is 0..1 per device, so an 8-device claim's scarcity stays below one extra NUMA node:
+    # topology decides first. Above the packing and fragmentation tie-breakers of the shipped
+    # policy: an 8-GPU generic claim goes to an empty A100 node (scarcity 0.53 per GPU in the
+    # default `up` cluster) before the empty DGX H100 (0.75), although taking whole A100s blocks
+    # their MIG placements (PLACEMENT_LOSS_WEIGHT, 0.25 for the eight).
+    SCARCITY_WEIGHT = 0.5
+    reads_scarcity = True
 
     def order_candidates(self, request, candidates, view):
         if len(candidates) <= 1:
@@ -137,26 +155,43 @@ class DraplanePolicy(ScoringPolicy):
             splittable = splittable or r.allow_multiple or bool(r.consumes)
         root_rank = {g: (_group_rank(n, needed) if g is not None else (2, 0)) + (str(g),) for g, n in root_free.items()}
         numa_rank = {g: (_group_rank(n, needed) if g is not None else (2, 0)) + (str(g),) for g, n in numa_free.items()}
+        scarcity = view.scarcity
         if splittable:
             shared_capacity = view.state.shared_capacity
             touched_sets = self._touched_counter_sets(view)
+            # Where scarcity is known it decides between whole devices and the whole GPUs that
+            # could be partitioned (what MIG requests need is one of the classes it counts);
+            # without it, a plain device comes before a GPU that a later MIG request could split.
+            plain = 1 if scarcity is not None else 0
 
-            def split(r) -> int:
-                if r.allow_multiple and shared_capacity(r.id) is None:
-                    return 1
-                if r.consumes and not any((r.driver, r.pool, s) in touched_sets for s, _ in r.consumes):
-                    return 1
-                return 0
+            def newly_taken(r) -> int:
+                if r.allow_multiple:
+                    return 1 if shared_capacity(r.id) is None else 0
+                if r.consumes:
+                    return 0 if any((r.driver, r.pool, s) in touched_sets for s, _ in r.consumes) else 1
+                return plain
         else:
-            def split(r) -> int:
+            def newly_taken(r) -> int:
                 return 0
 
-        keyed = [
-            (split(c.record), root_rank[c.record.pcie_root], numa_rank[c.record.numa_node], i, c)
-            for i, c in enumerate(free)
-        ]
-        keyed.sort(key=lambda k: k[:4])
-        return [k[4] for k in keyed] + busy
+        if scarcity is None:
+            def scarce(r, newly: int) -> float:
+                return 0.0
+        else:
+            def scarce(r, newly: int) -> float:
+                # Only a device this request is first to take costs its scarcity: a share of a
+                # shared device or a partition of a partitioned GPU takes no new one.
+                return scarcity.of(r) if newly or not (r.allow_multiple or r.consumes) else 0.0
+        keyed = []
+        for i, c in enumerate(free):
+            r = c.record
+            newly = newly_taken(r)
+            if needed == 1:
+                keyed.append((newly, scarce(r, newly), root_rank[r.pcie_root], numa_rank[r.numa_node], i, c))
+            else:
+                keyed.append((newly, root_rank[r.pcie_root], numa_rank[r.numa_node], scarce(r, newly), i, c))
+        keyed.sort(key=lambda k: k[:5])
+        return [k[5] for k in keyed] + busy
 
     @staticmethod
     def _touched_counter_sets(view) -> set[tuple[str, str, str]]:
@@ -175,7 +210,34 @@ class DraplanePolicy(ScoringPolicy):
     PACKING_WEIGHT = 1.0
 
     def score_placement(self, placement, view):
-        return self.topology_penalty(placement) + self.PACKING_WEIGHT * self.packing_penalty(placement, view)
+        return (self.topology_penalty(placement) + self.PACKING_WEIGHT * self.packing_penalty(placement, view)
+                + self.SCARCITY_WEIGHT * self.scarcity_taken(placement, view))
+
+    def scarcity_taken(self, placement, view) -> float:
+        """The scarcity of the physical devices this placement is the first to take: a free device,
+        a shared device without shares, a GPU none of whose partitions is allocated."""
+        scarcity = view.scarcity
+        if scarcity is None:
+            return 0.0
+        state = view.state
+        touched_sets = None
+        units: dict = {}
+        for chosen in placement.chosen:
+            for c in chosen:
+                r = c.record
+                if c.plan.admin_access:
+                    continue  # adminAccess takes nothing from anyone
+                if r.consumes:
+                    if touched_sets is None:
+                        touched_sets = self._touched_counter_sets(view)
+                    if any((r.driver, r.pool, s) in touched_sets for s, _ in r.consumes):
+                        continue
+                elif r.allow_multiple and state.shared_capacity(r.id) is not None:
+                    continue
+                unit = unit_of(r)
+                if unit not in units:
+                    units[unit] = scarcity.of(r)
+        return sum(units.values())
 
     def topology_penalty(self, placement) -> float:
         penalty = 0.0
