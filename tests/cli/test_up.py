@@ -343,6 +343,12 @@ spec:
 
         message = wait("after-drain unschedulable", judged)
         assert "node(s) were unschedulable" in message, message
+        # every pod deleted above (one plain delete, two scaled down, the drained) was deleted once:
+        # KWOK no longer plays its delete stage again on a pod it has just removed
+        kwok_log = (workdir / "logs" / "latest" / "kwok.log").read_text()
+        assert kwok_log.count('"msg":"Delete pod"') >= 4
+        assert "failed to delete pod" not in kwok_log, [
+            line for line in kwok_log.splitlines() if "failed to delete pod" in line][:3]
     finally:
         os.killpg(process.pid, signal.SIGINT) if process.poll() is None else None
         process.wait(timeout=60)

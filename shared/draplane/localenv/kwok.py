@@ -116,6 +116,13 @@ spec:
     matchExpressions:
     - key: .metadata.deletionTimestamp
       operator: Exists
+    # KWOK's own delete (grace period 0) first shortens the grace period, an update it sees
+    # before the pod's removal: without this it played the stage again on a pod already gone and
+    # logged an ERROR "failed to delete pod ...: not found" for almost every pod deleted.
+    # (tostring: KWOK compares only strings, and numbers reach it as floats.)
+    - key: .metadata.deletionGracePeriodSeconds | tostring
+      operator: NotIn
+      values: ['0']
   next:
     delete: true
 """
