@@ -45,23 +45,16 @@ chromium:
 	apt-get install -y --no-install-recommends $(CHROMIUM_PACKAGES) \
 	  || { apt-get update && apt-get install -y --no-install-recommends $(CHROMIUM_PACKAGES); }
 
-# The pure-core tests (one CPU-bound process, about 2 minutes) run beside the integration tests,
-# which leave most of a second core idle while they wait on servers: CI's wall time drops by about
-# that much. Each has its own output; the pure tests' is printed when both are done, and the run
-# fails if either does.
-UNIT_LOG := .pytest-unit.log
+# Three pytest processes side by side (tests/parallel_suite.py): the pure-core tests, the tests that
+# run whole environments (up, the demo, chaos, the real node), and the other integration tests.
+# Integration tests mostly wait on servers, so CI's wall time drops; each group's output is printed
+# when all are done, and the run fails if any group fails.
 test: setup
 	-@$(MAKE) --no-print-directory chromium
 	-@$(MAKE) --no-print-directory node-packages
-	@$(VENV)/bin/pytest -m "not integration" -p no:cacheprovider $(PYTEST_ARGS) > $(UNIT_LOG) 2>&1 & unit=$$!; \
-	trap 'kill $$unit 2>/dev/null' INT TERM; \
-	$(VENV)/bin/pytest -m integration $(PYTEST_ARGS); integration=$$?; \
-	wait $$unit; unit_rc=$$?; \
-	echo "=== the pure-core tests (run beside the integration tests; exit $$unit_rc) ==="; cat $(UNIT_LOG); \
-	echo "=== make test: integration tests exit $$integration, pure-core tests exit $$unit_rc ==="; \
-	[ $$integration = 0 ] && [ $$unit_rc = 0 ]
+	$(VENV)/bin/python tests/parallel_suite.py $(PYTEST_ARGS)
 
-# Pure-core tests only: no servers, a few seconds.
+# Pure-core tests only: no servers, about 2 minutes.
 test-unit: $(STAMP)
 	$(VENV)/bin/pytest -m "not integration" $(PYTEST_ARGS)
 

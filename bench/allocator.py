@@ -13,6 +13,8 @@
     search, and the shipped policy's CPU/memory term over every feasible node, then the claim's
     allocation and the pod's requests recorded as the shard's watches would. What one shard's
     placements cost at 5,000 nodes, without NATS.
+(e) shard_5000x8_constrained: (d) with 30 % of the pods carrying a required hostname anti-affinity
+    or a DoNotSchedule zone spread against their app's 20 replicas, each pod then seen bound.
 
 Each case runs in its own process so peak_mb (max RSS) is that case's alone. claims_per_s is per
 CPU-second of this single-threaded process (time.process_time), i.e. what one core does: the
@@ -168,9 +170,8 @@ def topology_mix(policy: str, nodes: int = 1000, gpus_wanted: int = 6400) -> tup
 def shard_5000x8(policy: str, nodes: int = 5000, gpus_wanted: int = 32_000) -> tuple[int, float, float]:
     from draplane.allocation.scoring import get_policy
     from draplane.api.core import Node, NodeStatus
-    from draplane.api.resource import ResourceClaimStatus
     from draplane.scheduling import scenario
-    from draplane.scheduling.placing import ClusterState, Placed
+    from draplane.scheduling.placing import ClusterState
 
     slices, classes, claims = _topology_inputs(nodes, gpus_wanted)
     state = ClusterState(policy=get_policy(policy))
@@ -189,15 +190,88 @@ def shard_5000x8(policy: str, nodes: int = 5000, gpus_wanted: int = 32_000) -> t
         pod.spec.containers[0].resources.requests["memory"] = f"{rng.choice((8, 16, 32, 64, 128))}Gi"
         pod.metadata.uid = f"pod-{i}"
         pods.append(pod)
+    cpu, wall = _place_each(state, pods, claims, "shard_5000x8",
+                            lambda pod, placed: state.assume_pod(pod.metadata.uid, placed.node, placed.requests))
+    return len(claims), cpu, wall
+
+
+def _place_each(state, pods, claims, case: str, seen_bound) -> tuple[float, float]:
+    """Each pod with its claim through `ClusterState.place_pod`, the allocation and the bound pod
+    then recorded (`seen_bound(pod, placed)`) as the shard's watches would. (CPU s, wall s)."""
+    from draplane.api.resource import ResourceClaimStatus
+    from draplane.scheduling.placing import Placed
+
     wall, cpu = time.perf_counter(), time.process_time()
     for pod, claim in zip(pods, claims):
         placed = state.place_pod(pod, [claim])
         if not isinstance(placed, Placed):
-            raise SystemExit(f"shard_5000x8: {pod.metadata.name} not placed: {placed}")
+            raise SystemExit(f"{case}: {pod.metadata.name} not placed: {placed}")
         claim.status = ResourceClaimStatus(allocation=placed.allocations[claim.metadata.uid])
         state.set_claim(claim)
-        state.assume_pod(pod.metadata.uid, placed.node, placed.requests)
-    return len(claims), time.process_time() - cpu, time.perf_counter() - wall
+        seen_bound(pod, placed)
+    return time.process_time() - cpu, time.perf_counter() - wall
+
+
+def shard_5000x8_constrained(policy: str, nodes: int = 5000, gpus_wanted: int = 32_000) -> tuple[int, float, float]:
+    pods, cpu, wall = place_constrained(policy, nodes, gpus_wanted)
+    constrained = sum(1 for p in pods if p.metadata.labels)
+    print(f"# shard_5000x8_constrained: {constrained} of {len(pods)} pods constrained", file=sys.stderr)
+    return len(pods), cpu, wall
+
+
+def place_constrained(policy: str, nodes: int, gpus_wanted: int) -> tuple[list, float, float]:
+    """shard_5000x8 with 30 % of the pods constrained as inference replicas are (issue 24's cost
+    case): half of them with a required anti-affinity on kubernetes.io/hostname against their app's
+    other replicas, half with a DoNotSchedule topology spread (maxSkew 1) over 10 zones. Apps have
+    20 replicas. Each placed pod is then seen bound (`set_pod`), as the shard's pod watch sees it.
+    Returns the pods, bound, and the CPU and wall seconds of the placements."""
+    from draplane.allocation.scoring import get_policy
+    from draplane.api.core import (Affinity, Node, NodeStatus, PodAffinityTerm, PodAntiAffinity,
+                                   TopologySpreadConstraint)
+    from draplane.api.policy import LabelSelector
+    from draplane.scheduling import scenario
+    from draplane.scheduling.placing import ClusterState
+
+    slices, classes, claims = _topology_inputs(nodes, gpus_wanted)
+    state = ClusterState(policy=get_policy(policy))
+    for device_class in classes:
+        state.set_class(device_class)
+    for i, slice_ in enumerate(slices):
+        name = slice_.spec.node_name
+        state.set_node(Node(metadata=ObjectMeta(name=name, labels={"kubernetes.io/hostname": name,
+                                                                   "topology.kubernetes.io/zone": f"zone-{i % 10}"}),
+                            status=NodeStatus(allocatable={"cpu": "224", "memory": "2Ti", "pods": "110"})))
+        state.set_feed_entry(f"node.{name}", [slice_])
+    rng = random.Random(11)
+    pods = []
+    replicas = {"anti": 0, "spread": 0}
+    for i, claim in enumerate(claims):
+        claim.metadata.uid = f"claim-{i}"
+        pod = scenario.pod("bench", f"pod-{i:05d}", claim_name=claim.metadata.name, cpu=str(rng.randint(1, 16)))
+        pod.spec.containers[0].resources.requests["memory"] = f"{rng.choice((8, 16, 32, 64, 128))}Gi"
+        pod.metadata.uid = f"pod-{i}"
+        kind = rng.random()
+        if kind < 0.3:
+            way = "anti" if kind < 0.15 else "spread"
+            app = f"{way}-{replicas[way] // 20}"  # an app's replicas are all constrained one way
+            replicas[way] += 1
+            pod.metadata.labels = {"app": app}
+            selector = LabelSelector(match_labels={"app": app})
+            if way == "anti":
+                pod.spec.affinity = Affinity(pod_anti_affinity=PodAntiAffinity(
+                    required_during_scheduling_ignored_during_execution=[
+                        PodAffinityTerm(topology_key="kubernetes.io/hostname", label_selector=selector)]))
+            else:
+                pod.spec.topology_spread_constraints = [TopologySpreadConstraint(
+                    max_skew=1, topology_key="topology.kubernetes.io/zone", when_unsatisfiable="DoNotSchedule",
+                    label_selector=selector)]
+        pods.append(pod)
+    def seen_bound(pod, placed) -> None:
+        pod.spec.node_name = placed.node
+        state.set_pod(pod)
+
+    cpu, wall = _place_each(state, pods, claims, "shard_5000x8_constrained", seen_bound)
+    return pods, cpu, wall
 
 
 def _schedule(case: str, cluster, claims) -> tuple[int, float, float]:
@@ -219,7 +293,7 @@ def scale_5000x8(policy: str) -> tuple[int, float]:
 
 
 CASES = {"sched_perf_5000x500": sched_perf, "topology_mix_1000x8": topology_mix, "scale_5000x8": scale_5000x8,
-         "shard_5000x8": shard_5000x8}
+         "shard_5000x8": shard_5000x8, "shard_5000x8_constrained": shard_5000x8_constrained}
 
 
 def main() -> None:
