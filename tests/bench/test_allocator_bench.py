@@ -4,15 +4,10 @@ their anti-affinity and topology spread."""
 from __future__ import annotations
 
 import collections
-import importlib.util
-import sys
-from pathlib import Path
 
-SCRIPT = Path(__file__).resolve().parents[2] / "bench" / "allocator.py"
-_spec = importlib.util.spec_from_file_location("bench_allocator", SCRIPT)
-bench = importlib.util.module_from_spec(_spec)
-sys.modules["bench_allocator"] = bench
-_spec.loader.exec_module(bench)
+from bench_scripts import load  # tests/bench/bench_scripts.py
+
+bench = load("allocator")
 
 
 def test_the_constrained_case_places_every_pod_within_its_anti_affinity_and_spread():

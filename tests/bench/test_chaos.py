@@ -3,10 +3,8 @@ that must lose and double nothing (the 10-minute one is the benchmark)."""
 
 from __future__ import annotations
 
-import importlib.util
 import subprocess
 import sys
-from pathlib import Path
 
 import pytest
 
@@ -20,11 +18,10 @@ from draplane.api.resource import (
     ResourceClaimStatus,
 )
 
-SCRIPT = Path(__file__).resolve().parents[2] / "bench" / "chaos.py"
-_spec = importlib.util.spec_from_file_location("bench_chaos", SCRIPT)
-chaos = importlib.util.module_from_spec(_spec)
-sys.modules["bench_chaos"] = chaos  # its dataclasses look their module up
-_spec.loader.exec_module(chaos)
+from bench_scripts import BENCH, load  # tests/bench/bench_scripts.py
+
+chaos = load("chaos")
+SCRIPT = BENCH / "chaos.py"
 
 
 def _claim(name: str, *results: tuple[str, str, dict]) -> ResourceClaim:

@@ -2,17 +2,11 @@
 
 from __future__ import annotations
 
-import importlib.util
-import sys
-from pathlib import Path
-
 import pytest
 
-SCRIPT = Path(__file__).resolve().parents[2] / "bench" / "e2e.py"
-_spec = importlib.util.spec_from_file_location("bench_e2e", SCRIPT)
-bench = importlib.util.module_from_spec(_spec)
-sys.modules["bench_e2e"] = bench
-_spec.loader.exec_module(bench)
+from bench_scripts import load  # tests/bench/bench_scripts.py
+
+bench = load("e2e")
 
 
 def test_the_follower_shard_is_measured_but_not_counted_in_the_systems_cpu():

@@ -2,20 +2,14 @@
 
 from __future__ import annotations
 
-import importlib.util
-import sys
-from pathlib import Path
-
 import pytest
 
 from draplane.api.resource import AllocationResult, DeviceAllocationResult, DeviceRequestAllocationResult
 from draplane.scheduling.messages import ClaimPlacement, ClaimRef, Placement, PodRef, Unschedulable
 
-SCRIPT = Path(__file__).resolve().parents[2] / "bench" / "scale.py"
-_spec = importlib.util.spec_from_file_location("bench_scale", SCRIPT)
-bench = importlib.util.module_from_spec(_spec)
-sys.modules["bench_scale"] = bench
-_spec.loader.exec_module(bench)
+from bench_scripts import load  # tests/bench/bench_scripts.py
+
+bench = load("scale")
 
 MIX = ((1, 70.0), (2, 15.0), (4, 10.0), (8, 5.0))
 

@@ -2,18 +2,13 @@
 
 from __future__ import annotations
 
-import importlib.util
 import math
-import sys
-from pathlib import Path
 
 import pytest
 
-SCRIPT = Path(__file__).resolve().parents[2] / "bench" / "shards_before_after.py"
-_spec = importlib.util.spec_from_file_location("bench_shards_before_after", SCRIPT)
-bench = importlib.util.module_from_spec(_spec)
-sys.modules["bench_shards_before_after"] = bench
-_spec.loader.exec_module(bench)
+from bench_scripts import load  # tests/bench/bench_scripts.py
+
+bench = load("shards_before_after")
 
 # what `e2e.py --only-setups --setups previous --setup-shards 2 --setup-rounds 1` prints, cut short
 E2E_OUTPUT = """\
