@@ -32,6 +32,7 @@ from collections.abc import Callable, Iterable, Mapping
 
 from draplane.api.core import PodAffinityTerm, PodSpec
 from draplane.api.policy import LabelSelectorError, label_selector_matches
+from draplane.scheduling.placed_pods import PlacedPod, PlacedPods, term_namespaces
 
 REASON_AFFINITY = "node(s) didn't match pod affinity rules"
 REASON_ANTI_AFFINITY = "node(s) didn't match pod anti-affinity rules"
@@ -42,18 +43,6 @@ REASONS = (REASON_AFFINITY, REASON_ANTI_AFFINITY, REASON_EXISTING_ANTI_AFFINITY)
 class PodAffinityError(ValueError):
     """A term that cannot be evaluated (a malformed selector, a namespaceSelector with labels in a
     required affinity term); the text names the pod and the field."""
-
-
-@dataclasses.dataclass(frozen=True, slots=True)
-class PlacedPod:
-    """A pod bound to a node, or reserved there by a shard, as this filter reads it."""
-
-    uid: str
-    namespace: str
-    labels: Mapping[str, str]
-    node: str
-    anti_affinity: tuple[PodAffinityTerm, ...] = ()
-    terminating: bool = False  # deletionTimestamp set: topology spread does not count it
 
 
 def required_affinity(spec: PodSpec) -> tuple[PodAffinityTerm, ...]:
@@ -109,43 +98,49 @@ class PreFilterState:
     matches_itself: bool
 
 
-def pre_filter(namespace: str, labels: Mapping[str, str], spec: PodSpec, pods: Iterable[PlacedPod],
-               pods_with_anti_affinity: Iterable[PlacedPod],
-               node_labels: Callable[[str], Mapping[str, str] | None], where: str = "pod") -> PreFilterState | None:
+def pre_filter(namespace: str, labels: Mapping[str, str], spec: PodSpec, placed: PlacedPods,
+               node_labels: Callable[[str], Mapping[str, str] | None], where: str = "pod", *,
+               now: float = 0.0, without: str | None = None) -> PreFilterState | None:
     """None when there is nothing to check (the pod has no required terms and no placed pod's
-    anti-affinity selects it). `pods`: every placed pod (read only when the pod has terms);
-    `pods_with_anti_affinity`: those with required anti-affinity terms."""
+    anti-affinity selects it). `placed`: the placed pods, as of `now`, `without` the pod itself;
+    only those a term can select are read (`PlacedPods.candidates`)."""
     affinity = required_affinity(spec)
     anti_affinity = required_anti_affinity(spec)
     _check_affinity_namespaces(affinity, f"{where}: spec.affinity")
     existing = Counter()
-    for other in pods_with_anti_affinity:
-        other_labels = node_labels(other.node)
-        if other_labels is None:
+    for group, holders in placed.anti_affinity_groups(labels, now, without=without):
+        first_uid, index = group.first
+        if not term_selects(group.term, group.namespace, namespace, labels,
+                            f"pod {group.namespace}/{first_uid}: podAntiAffinity term {index}"):
             continue
-        for i, term in enumerate(other.anti_affinity):
-            value = other_labels.get(term.topology_key)
-            if value is not None and term_selects(
-                    term, other.namespace, namespace, labels,
-                    f"pod {other.namespace}/{other.uid}: podAntiAffinity term {i}"):
-                existing[(term.topology_key, value)] += 1
+        key = group.term.topology_key
+        for other, times in holders:
+            other_labels = node_labels(other.node)
+            value = other_labels.get(key) if other_labels is not None else None
+            if value is not None:
+                existing[(key, value)] += times
     if not affinity and not anti_affinity:
         if not existing:
             return None
         return PreFilterState((), (), Counter(), Counter(), existing, False)
     affinity_counts: Counter = Counter()
     anti_counts: Counter = Counter()
-    for other in pods:
-        other_labels = node_labels(other.node)
-        if other_labels is None:
-            continue
-        if affinity and all(term_selects(term, namespace, other.namespace, other.labels, where) for term in affinity):
-            for term in affinity:
-                value = other_labels.get(term.topology_key)
-                if value is not None:
-                    affinity_counts[(term.topology_key, value)] += 1
-        for term in anti_affinity:
-            value = other_labels.get(term.topology_key)
+    if affinity:
+        # a pod every term selects is among the first term's candidates
+        first = affinity[0]
+        for other in placed.candidates(term_namespaces(first, namespace), first.label_selector, now, without=without):
+            other_labels = node_labels(other.node)
+            if other_labels is None:
+                continue
+            if all(term_selects(term, namespace, other.namespace, other.labels, where) for term in affinity):
+                for term in affinity:
+                    value = other_labels.get(term.topology_key)
+                    if value is not None:
+                        affinity_counts[(term.topology_key, value)] += 1
+    for term in anti_affinity:
+        for other in placed.candidates(term_namespaces(term, namespace), term.label_selector, now, without=without):
+            other_labels = node_labels(other.node)
+            value = other_labels.get(term.topology_key) if other_labels is not None else None
             if value is not None and term_selects(term, namespace, other.namespace, other.labels, where):
                 anti_counts[(term.topology_key, value)] += 1
     matches_itself = bool(affinity) and all(term_selects(term, namespace, namespace, labels, where) for term in affinity)

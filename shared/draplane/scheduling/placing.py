@@ -47,6 +47,7 @@ from draplane.scheduling import pod_topology_spread as spread
 from draplane.scheduling import volume_binding
 from draplane.scheduling import preemption
 from draplane.scheduling.messages import NodeFailure
+from draplane.scheduling.placed_pods import PlacedPod, PlacedPods
 from draplane.scheduling.unschedulable import FailureReason, summarize
 
 _CLASS_OF_REASON = {
@@ -179,12 +180,10 @@ class ClusterState:
         # deleted right after its bind held its host port, CPU and memory for the rest of it)
         self._gone_pods: dict[str, None] = {}
         self._reserved_pod_node: dict[str, str] = {}  # pod uid -> the node whose entry reserves it
-        # For InterPodAffinity: every bound pod as the filter reads it, those with required
-        # anti-affinity again, and (node -> uid -> (pod, lease end)) the pods reserved in entries
-        self._placed: dict[str, ipa.PlacedPod] = {}
-        self._placed_with_anti_affinity: dict[str, ipa.PlacedPod] = {}
-        self.reserved_placed: dict[str, dict[str, tuple[ipa.PlacedPod, float]]] = {}
-        self._reserved_anti_affinity_nodes: set[str] = set()  # nodes whose entry reserves such a pod
+        # For InterPodAffinity and PodTopologySpread: the bound pods and those reserved in
+        # entries, indexed by what their selectors read; the nodes' domains per constraint
+        self.placed = PlacedPods(gone=self._gone_pods)
+        self.node_domains = spread.NodeDomains(self.nodes)
         self._reserved_by_node: dict[str, set[str]] = {}
         # claim uid -> (state key it is recorded under, the allocation recorded)
         self._held: dict[str, tuple[str, AllocationResult]] = {}
@@ -232,10 +231,16 @@ class ClusterState:
         self.cluster.set_classes(classes.values())
 
     def set_node(self, node: Node, deleted: bool = False) -> None:
+        name = node.metadata.name or ""
+        before = self.nodes.get(name)
         if deleted:
-            self.cluster.remove_node(node.metadata.name or "")
+            self.cluster.remove_node(name)
         else:
             self.cluster.set_node(node)
+        # which nodes a spread constraint counts reads their labels and taints only
+        if deleted or before is None or (before.metadata.labels or {}) != (node.metadata.labels or {}) or \
+                _taints(before) != _taints(node):
+            self.node_domains.nodes_changed()
 
     def set_pod(self, pod: Pod, deleted: bool = False) -> None:
         """Pods bound to a node count against its CPU and memory until they finish."""
@@ -254,15 +259,10 @@ class ClusterState:
                 requests, running = {}, None
             self.assume_pod(uid, pod.spec.node_name, requests, pod_host_ports(pod.spec))
             self._forget_running(uid)
-            placed = ipa.PlacedPod(uid=uid, namespace=pod.metadata.namespace or "default",
-                                   labels=pod.metadata.labels or {}, node=pod.spec.node_name,
-                                   anti_affinity=ipa.required_anti_affinity(pod.spec),
-                                   terminating=pod.metadata.deletion_timestamp is not None)
-            self._placed[uid] = placed
-            if placed.anti_affinity:
-                self._placed_with_anti_affinity[uid] = placed
-            else:
-                self._placed_with_anti_affinity.pop(uid, None)
+            self.placed.set_bound(PlacedPod(uid=uid, namespace=pod.metadata.namespace or "default",
+                                            labels=pod.metadata.labels or {}, node=pod.spec.node_name,
+                                            anti_affinity=ipa.required_anti_affinity(pod.spec),
+                                            terminating=pod.metadata.deletion_timestamp is not None))
             if running is not None:
                 self.running.setdefault(pod.spec.node_name, {})[uid] = running
                 self._running_node[uid] = pod.spec.node_name
@@ -286,8 +286,7 @@ class ClusterState:
     def _forget_running(self, uid: str) -> None:
         # By the pod's node, not a walk over every node: this runs for each pod event a shard sees
         # (7 % of a follower shard's CPU at 300 nodes when it walked them).
-        self._placed.pop(uid, None)
-        self._placed_with_anti_affinity.pop(uid, None)
+        self.placed.forget_bound(uid)
         node = self._running_node.pop(uid, None)
         pods = self.running.get(node) if node is not None else None
         if pods is not None and pods.pop(uid, None) is not None and not pods:
@@ -355,17 +354,10 @@ class ClusterState:
                     del self._reserved_pod_node[uid]
             for uid in pods:
                 self._reserved_pod_node[uid] = node
-            placed = {uid: (ipa.PlacedPod(uid=uid, namespace=p.pod_namespace, labels=p.labels or {}, node=node,
-                                          anti_affinity=tuple(p.anti_affinity or ())), p.expires_at)
-                      for uid, p in entry.pods.items()}
-            if placed:
-                self.reserved_placed[node] = placed
-            else:
-                self.reserved_placed.pop(node, None)
-            if any(p.anti_affinity for p, _ in placed.values()):
-                self._reserved_anti_affinity_nodes.add(node)
-            else:
-                self._reserved_anti_affinity_nodes.discard(node)
+            self.placed.set_reserved(node, {
+                uid: (PlacedPod(uid=uid, namespace=p.pod_namespace, labels=p.labels or {}, node=node,
+                                anti_affinity=tuple(p.anti_affinity or ())), p.expires_at)
+                for uid, p in entry.pods.items()})
             if pods:
                 self.reserved_pods[node] = pods
             else:
@@ -389,29 +381,6 @@ class ClusterState:
                   if expires_at > now and uid not in gone}
         merged.update(bound)
         return merged
-
-    def placed_pods(self, now: float | None = None, *, without: str | None = None) -> list[ipa.PlacedPod]:
-        """Every pod placed, as InterPodAffinity and PodTopologySpread read them: bound ones, and
-        those reserved under a live lease (each pod once, the gone left out)."""
-        now = time.time() if now is None else now
-        placed = dict(self._placed)
-        for reserved in self.reserved_placed.values():
-            for uid, (pod, expires_at) in reserved.items():
-                if expires_at > now and uid not in self._gone_pods and uid not in placed:
-                    placed[uid] = pod
-        placed.pop(without, None)
-        return list(placed.values())
-
-    def placed_with_anti_affinity(self, now: float | None = None, *, without: str | None = None) -> list[ipa.PlacedPod]:
-        """The placed pods with required anti-affinity terms (few), without walking every pod."""
-        now = time.time() if now is None else now
-        placed = dict(self._placed_with_anti_affinity)
-        for node in self._reserved_anti_affinity_nodes:
-            for uid, (pod, expires_at) in self.reserved_placed.get(node, {}).items():
-                if pod.anti_affinity and expires_at > now and uid not in self._gone_pods and uid not in placed:
-                    placed[uid] = pod
-        placed.pop(without, None)
-        return list(placed.values())
 
     def ports_here(self, node: str, now: float | None = None, *, without: str | None = None) -> list[HostPort]:
         """The host ports held on a node: by the pods bound there, and by those reserved there under
@@ -517,28 +486,23 @@ class ClusterState:
         """PodTopologySpread's PreFilter for the pod: None without DoNotSchedule constraints."""
         if not any(c.when_unsatisfiable == "DoNotSchedule" for c in pod.spec.topology_spread_constraints or ()):
             return None
-        return spread.pre_filter(pod, self.nodes.values(), self.placed_pods(without=pod.metadata.uid))
+        return spread.pre_filter(pod, self.node_domains, self.placed, now=time.time())
 
     def _inter_pod_affinity(self, pod: Pod) -> ipa.PreFilterState | None:
         """InterPodAffinity's PreFilter for the pod: None when neither its terms nor any placed
         pod's anti-affinity concern it (most pods: then no pod is looked at)."""
         spec = pod.spec
         has_terms = bool(ipa.required_affinity(spec) or ipa.required_anti_affinity(spec))
-        if not has_terms and not self._placed_with_anti_affinity and not self._reserved_anti_affinity_nodes:
+        if not has_terms and not self.placed.has_anti_affinity():
             return None
-        uid = pod.metadata.uid
-        # every placed pod only for a pod with terms of its own; else only those whose terms may
-        # select it (at 50,000 pods, walking them all for each pod cost more than placing it)
-        pods = self.placed_pods(without=uid) if has_terms else ()
-        with_anti_affinity = self.placed_with_anti_affinity(without=uid)
 
         def node_labels(name: str):
             node = self.nodes.get(name)
             return (node.metadata.labels or {}) if node is not None else None
 
         meta = pod.metadata
-        return ipa.pre_filter(meta.namespace or "default", meta.labels or {}, spec, pods,
-                              with_anti_affinity, node_labels, where=f"pod {meta.namespace}/{meta.name}")
+        return ipa.pre_filter(meta.namespace or "default", meta.labels or {}, spec, self.placed, node_labels,
+                              where=f"pod {meta.namespace}/{meta.name}", now=time.time(), without=meta.uid)
 
     def _free_cpu_memory(self, name: str) -> tuple[int, int]:
         """The node's allocatable CPU and memory minus the requests of the pods on it (0 when the
@@ -767,6 +731,10 @@ class ClusterState:
 
 
 _FIT_KEY_ENCODER = msgspec.msgpack.Encoder()
+
+
+def _taints(node: Node) -> list:
+    return (node.spec.taints or []) if node.spec is not None else []
 
 
 def _fit_key(pod: Pod, requests: dict[str, int]) -> bytes:

@@ -18,10 +18,12 @@ from __future__ import annotations
 import dataclasses
 from collections.abc import Iterable, Mapping
 
+import msgspec
+
 from draplane.allocation.nodefit import NodeFitError, matches_node_affinity, untolerated_taint
 from draplane.api.core import Node, Pod
 from draplane.api.policy import LabelSelector, LabelSelectorError, label_selector_matches
-from draplane.scheduling.inter_pod_affinity import PlacedPod
+from draplane.scheduling.placed_pods import PlacedPods
 
 REASON = "node(s) didn't match pod topology spread constraints"
 REASON_MISSING_LABEL = REASON + " (missing required label)"
@@ -80,38 +82,96 @@ class PreFilterState:
     constraints: list[Constraint]
     counts: list[dict[str, int]]  # per constraint: domain value -> matching pods
     self_match: list[bool]
+    # per constraint: the count a domain is compared with (kube-scheduler's critical path), or None
+    # when no node is eligible; computed once here rather than for every node in filter_node
+    smallest: list[int | None] = dataclasses.field(default_factory=list)
 
 
-def pre_filter(pod: Pod, nodes: Iterable[Node], placed: Iterable[PlacedPod]) -> PreFilterState | None:
+_encode = msgspec.json.Encoder().encode
+
+
+class NodeDomains:
+    """The eligible nodes of a constraint and their domains, kept between pods: which nodes count
+    depends only on the constraints' keys, the pod's nodeSelector and required node affinity (when
+    nodeAffinityPolicy is Honor) and its tolerations (when nodeTaintsPolicy is Honor), so pods alike
+    in those share one walk over the nodes. `nodes_changed` forgets them all, for a node added,
+    removed, relabelled or retainted."""
+
+    KEPT = 256
+
+    def __init__(self, nodes: Mapping[str, Node]) -> None:
+        self._nodes = nodes
+        self._eligible: dict[tuple, tuple[dict[str, str], tuple[str, ...]]] = {}
+
+    @classmethod
+    def of(cls, nodes: Iterable[Node]) -> NodeDomains:
+        return cls({node.metadata.name or "": node for node in nodes})
+
+    def nodes_changed(self) -> None:
+        self._eligible.clear()
+
+    def eligible(self, pod: Pod, constraint: Constraint, keys: tuple[str, ...]) -> tuple[dict[str, str], tuple[str, ...]]:
+        """(node name -> its domain, the domains) over the nodes that carry every key in `keys` and
+        pass the constraint's inclusion policies for the pod."""
+        spec = pod.spec
+        affinity_key = None
+        if constraint.honor_node_affinity:
+            node_affinity = spec.affinity.node_affinity if spec.affinity is not None else None
+            affinity_key = _encode((spec.node_selector, node_affinity.required_during_scheduling_ignored_during_execution
+                                    if node_affinity is not None else None))
+        taints_key = _encode(spec.tolerations) if constraint.honor_taints else None
+        cache_key = (keys, constraint.topology_key, affinity_key, taints_key)
+        found = self._eligible.get(cache_key)
+        if found is not None:
+            return found
+        eligible: dict[str, str] = {}
+        for name, node in self._nodes.items():
+            labels = node.metadata.labels or {}
+            if any(key not in labels for key in keys):
+                continue
+            try:
+                if constraint.honor_node_affinity and not matches_node_affinity(pod, node):
+                    continue
+            except NodeFitError:
+                continue
+            if constraint.honor_taints and untolerated_taint(spec.tolerations or [], (node.spec.taints or []) if node.spec else []):
+                continue
+            eligible[name] = labels[constraint.topology_key]
+        if len(self._eligible) >= self.KEPT:
+            self._eligible.clear()
+        found = self._eligible[cache_key] = (eligible, tuple(dict.fromkeys(eligible.values())))
+        return found
+
+
+def pre_filter(pod: Pod, domains: NodeDomains, placed: PlacedPods, *, now: float = 0.0) -> PreFilterState | None:
+    """Counts the pods each constraint selects per domain of its eligible nodes. `placed`: the
+    placed pods as of `now`; only those a constraint's selector can match are read."""
     constraints = constraints_of(pod)
     if not constraints:
         return None
     namespace = pod.metadata.namespace or "default"
+    uid = pod.metadata.uid
     where = f"pod {namespace}/{pod.metadata.name}: spec.topologySpreadConstraints"
-    per_node: dict[str, list[PlacedPod]] = {}
-    for other in placed:
-        if other.namespace == namespace and not other.terminating:
-            per_node.setdefault(other.node, []).append(other)
-    counts: list[dict[str, int]] = [{} for _ in constraints]
-    for node in nodes:
-        labels = node.metadata.labels or {}
-        if any(c.topology_key not in labels for c in constraints):
-            continue
-        for i, c in enumerate(constraints):
-            try:
-                if c.honor_node_affinity and not matches_node_affinity(pod, node):
+    keys = tuple(dict.fromkeys(c.topology_key for c in constraints))
+    counts: list[dict[str, int]] = []
+    smallest: list[int | None] = []
+    for i, c in enumerate(constraints):
+        eligible, values = domains.eligible(pod, c, keys)
+        here = dict.fromkeys(values, 0)
+        if c.counts_pods:
+            for other in placed.candidates((namespace,), c.selector, now, without=uid):
+                if other.terminating:
                     continue
-            except NodeFitError:
-                continue
-            if c.honor_taints and untolerated_taint(pod.spec.tolerations or [], (node.spec.taints or []) if node.spec else []):
-                continue
-            value = labels[c.topology_key]
-            here = sum(1 for other in per_node.get(node.metadata.name or "", ())
-                       if c.counts_pods and c.selects(other.labels, f"{where}[{i}].labelSelector"))
-            counts[i][value] = counts[i].get(value, 0) + here
+                value = eligible.get(other.node)
+                if value is not None and c.selects(other.labels, f"{where}[{i}].labelSelector"):
+                    here[value] += 1
+        counts.append(here)
+        least = min(here.values()) if here else None
+        smallest.append(0 if len(here) < c.min_domains else least)
     own = pod.metadata.labels or {}
     return PreFilterState(constraints, counts,
-                          [c.selects(own, f"{where}[{i}].labelSelector") for i, c in enumerate(constraints)])
+                          [c.selects(own, f"{where}[{i}].labelSelector") for i, c in enumerate(constraints)],
+                          smallest)
 
 
 def filter_node(state: PreFilterState, node_labels: Mapping[str, str]) -> str | None:
@@ -120,9 +180,7 @@ def filter_node(state: PreFilterState, node_labels: Mapping[str, str]) -> str | 
         if value is None:
             return REASON_MISSING_LABEL
         domains = state.counts[i]
-        smallest = min(domains.values()) if domains else None
-        if len(domains) < c.min_domains:
-            smallest = 0
+        smallest = state.smallest[i]
         if smallest is None:
             continue  # no eligible domain anywhere: kube-scheduler's minimum is then beyond reach
         if domains.get(value, 0) + (1 if state.self_match[i] else 0) - smallest > c.max_skew:

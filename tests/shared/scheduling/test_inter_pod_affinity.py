@@ -8,6 +8,7 @@ import pytest
 
 from draplane.api.core import PodSpec
 from draplane.scheduling import inter_pod_affinity as ipa
+from draplane.scheduling.placed_pods import PlacedPods
 
 NODES = {
     "a1": {"kubernetes.io/hostname": "a1", "zone": "a"},
@@ -37,7 +38,7 @@ def placed(uid, node, labels, namespace="ns", anti=()) -> ipa.PlacedPod:
 
 
 def verdicts(pod_spec: PodSpec, pods, labels=None, namespace="ns") -> dict:
-    state = ipa.pre_filter(namespace, labels or {}, pod_spec, pods, [p for p in pods if p.anti_affinity], NODES.get)
+    state = ipa.pre_filter(namespace, labels or {}, pod_spec, PlacedPods.of(pods), NODES.get)
     if state is None:
         return {node: None for node in NODES}
     return {node: ipa.filter_node(state, node_labels) for node, node_labels in NODES.items()}

@@ -487,3 +487,37 @@ def test_volumes_filter_nodes_after_node_fit_with_kube_schedulers_reasons():
     assert outcome.message == ("0/4 nodes are available: 1 node(s) didn't match Pod's node affinity/selector, "
                                "3 node(s) didn't match PersistentVolume's node affinity.")
     assert {f.reason for f in outcome.failures} == {FailureReason.NODE_DOES_NOT_FIT.value}
+
+
+def test_topology_spread_sees_a_node_relabelled_into_another_zone_or_tainted():
+    """The spread's eligible nodes are kept between pods (NodeDomains): a node's new zone label or a
+    taint its policy honours must reach the next pod."""
+    import msgspec
+
+    from draplane.api.core import Node, Pod
+
+    state = eight_gpu_nodes(3)
+    for i, zone in enumerate(("a", "a", "b")):
+        node = scenario.gpu_node(f"node-{i}", cpu="64", labels={"zone": zone})
+        state.set_node(node)
+
+    def spread_pod(i: int) -> Pod:
+        return msgspec.convert({"metadata": {"name": f"web-{i}", "namespace": "ns", "uid": f"u{i}",
+                                             "labels": {"app": "web"}},
+                                "spec": {"containers": [{"name": "c"}], "topologySpreadConstraints": [
+                                    {"maxSkew": 1, "topologyKey": "zone", "whenUnsatisfiable": "DoNotSchedule",
+                                     "nodeTaintsPolicy": "Honor",
+                                     "labelSelector": {"matchLabels": {"app": "web"}}}]}}, Pod)
+
+    state.set_pod(pod_named("web-0", "u0", "node-2"))  # zone b: 1, zone a: 0
+    assert state.place_pod(spread_pod(1), []).node in ("node-0", "node-1")
+    # node-2 moves to zone a: a holds 1, the new zone c (node-1) none, so only node-1 may take one
+    state.set_node(scenario.gpu_node("node-2", cpu="64", labels={"zone": "a"}))
+    state.set_node(scenario.gpu_node("node-1", cpu="64", labels={"zone": "c"}))
+    assert state.place_pod(spread_pod(1), []).node == "node-1"
+    # node-1 tainted: nodeTaintsPolicy Honor leaves zone c out of the domains, so zone a (1 pod)
+    # is the smallest and takes the next one
+    tainted = msgspec.convert({**msgspec.to_builtins(scenario.gpu_node("node-1", cpu="64", labels={"zone": "c"})),
+                               "spec": {"taints": [{"key": "maintenance", "effect": "NoSchedule"}]}}, Node)
+    state.set_node(tainted)
+    assert state.place_pod(spread_pod(1), []).node in ("node-0", "node-2")

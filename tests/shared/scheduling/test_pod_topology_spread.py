@@ -7,7 +7,7 @@ import msgspec
 
 from draplane.api.core import Node, Pod
 from draplane.scheduling import pod_topology_spread as spread
-from draplane.scheduling.inter_pod_affinity import PlacedPod
+from draplane.scheduling.placed_pods import PlacedPod, PlacedPods
 
 NODES = [
     msgspec.convert({"metadata": {"name": n, "labels": labels}, **extra}, Node) for n, labels, extra in (
@@ -37,8 +37,12 @@ def web(node: str, namespace="ns", app="web", terminating=False) -> PlacedPod:
                      terminating=terminating)
 
 
+def pre_filter(p: Pod, nodes, placed):
+    return spread.pre_filter(p, spread.NodeDomains.of(nodes), PlacedPods.of(placed))
+
+
 def verdicts(p: Pod, placed) -> dict:
-    state = spread.pre_filter(p, NODES, placed)
+    state = pre_filter(p, NODES, placed)
     return {n.metadata.name: spread.filter_node(state, n.metadata.labels) for n in NODES} if state else None
 
 
@@ -63,21 +67,21 @@ def test_a_pod_that_its_selector_does_not_match_adds_nothing():
 def test_node_inclusion_policies():
     # nodeSelector: only zone b's node is eligible, so zone a is no domain and the minimum is b's
     selected = pod([zone()], nodeSelector={"gpu": "none"})
-    state = spread.pre_filter(selected, NODES, [web("a1"), web("a2")])
+    state = pre_filter(selected, NODES, [web("a1"), web("a2")])
     assert state.counts == [{"b": 0}]
     # taints are ignored by default; honoured, zone c (its only node tainted) is no domain
-    assert spread.pre_filter(pod([zone()]), NODES, []).counts == [{"a": 0, "b": 0, "c": 0}]
+    assert pre_filter(pod([zone()]), NODES, []).counts == [{"a": 0, "b": 0, "c": 0}]
     honor = pod([zone(nodeTaintsPolicy="Honor")])
-    assert spread.pre_filter(honor, NODES, []).counts == [{"a": 0, "b": 0}]
+    assert pre_filter(honor, NODES, []).counts == [{"a": 0, "b": 0}]
 
 
 def test_min_domains_makes_the_minimum_zero_while_domains_are_few():
     placed = [web("a1"), web("b1")]  # a: 1, b: 1, c: 0
     assert verdicts(pod([zone()]), placed)["a1"] == spread.REASON  # min is c's 0
     only_ab = [n for n in NODES if n.metadata.name != "c1"]
-    state = spread.pre_filter(pod([zone()]), only_ab, placed)
+    state = pre_filter(pod([zone()]), only_ab, placed)
     assert spread.filter_node(state, {"zone": "a"}) is None  # 1 + 1 - 1
-    state = spread.pre_filter(pod([zone(minDomains=3)]), only_ab, placed)
+    state = pre_filter(pod([zone(minDomains=3)]), only_ab, placed)
     assert spread.filter_node(state, {"zone": "a"}) == spread.REASON  # 2 domains < 3: min 0
 
 
@@ -89,7 +93,7 @@ def test_match_label_keys_narrow_the_selector_to_the_pods_revision():
 
 
 def test_schedule_anyway_is_no_filter_and_empty_selectors_count_nothing():
-    assert spread.pre_filter(pod([{**zone(), "whenUnsatisfiable": "ScheduleAnyway"}]), NODES, [web("a1")]) is None
+    assert pre_filter(pod([{**zone(), "whenUnsatisfiable": "ScheduleAnyway"}]), NODES, [web("a1")]) is None
     empty = pod([{**zone(), "labelSelector": {}}])
-    state = spread.pre_filter(empty, NODES, [web("a1"), web("a1")])
+    state = pre_filter(empty, NODES, [web("a1"), web("a1")])
     assert state.counts == [{"a": 0, "b": 0, "c": 0}] and state.self_match == [True]
