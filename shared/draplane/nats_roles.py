@@ -185,6 +185,8 @@ def service_permissions(role: str, prefix: str) -> Permissions:
             account_info, *(s for stream in scheduling_streams for s in _stream_owner(stream)),
             *_durable_consumer(scheduling.results_stream, "binder"),
             scheduling.pending_all, scheduling.released,
+            # a pod deleted while its PendingPod waits: the message is withdrawn from the queue
+            f"{JS_API}.STREAM.MSG.DELETE.{scheduling.pending_stream}",
             *_bucket_writer(reservations), *_bucket_writer(cluster),
             *_audit_publisher(audit, role),
         ]

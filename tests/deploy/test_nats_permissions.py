@@ -303,6 +303,11 @@ async def test_a_shard_cannot_write_what_only_the_binder_and_the_inventory_write
                         f"$JS.API.CONSUMER.MSG.NEXT.{subjects.results_stream}.binder"):
             await _refused_publish(shard, errors, subject)
         binder_js = binder.jetstream()
+        # a PendingPod whose pod went: the binder withdraws it from the queue, a shard may not
+        sequence = (await binder_js.publish(subjects.pending(0), b"pending")).seq
+        await _refused_publish(shard, errors, f"$JS.API.STREAM.MSG.DELETE.{subjects.pending_stream}")
+        assert (await binder_js.stream_info(subjects.pending_stream)).state.messages == 1
+        assert await binder_js.delete_msg(subjects.pending_stream, sequence)
         assert (await binder_js.stream_info(subjects.pending_stream)).state.messages == 0
         assert (await binder_js.stream_info(subjects.released_stream)).state.messages == 0
         assert (await binder_js.stream_info(audit.stream)).state.messages == 1  # the shard's taint event only

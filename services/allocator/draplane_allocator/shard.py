@@ -529,8 +529,9 @@ class Shard:
     def _pod(self, pending: PendingPod) -> Pod | None:
         """The pod to place, from its PendingPod (the bucket's copy of a pod is trimmed to what
         node fit counts). None when it is bound already, or is a gang member the bucket says is
-        gone. Another pod deleted since its PendingPod was sent is placed all the same: the
-        binder, which watches it, abandons that placement and its reservation."""
+        gone. A pod deleted while its PendingPod waited in the queue never gets here: the binder
+        withdraws the message. One deleted after this shard took it is placed all the same, and
+        the binder, which watches it, abandons that placement and its reservation."""
         stored = self.pods.get(pending.pod.uid)
         if stored is not None and stored.spec.node_name:
             return None

@@ -67,6 +67,9 @@ class BinderMetrics:
                                          registry=r)
         self.pending_publish_failures = Counter("draplane_binder_pending_publish_failures",
                                                 "PendingPods JetStream did not take (retried)", registry=r)
+        self.pending_withdrawn = Counter("draplane_binder_pending_withdrawn",
+                                         "PendingPods deleted from a shard's queue: their pod went first",
+                                         registry=r)
         self.errors = Counter("draplane_binder_errors", "Unexpected errors (logged, retried with backoff)",
                               registry=r)
         self.events_dropped = Counter("draplane_binder_events_dropped",

@@ -103,6 +103,11 @@ BINDING_LEASE_RENEW_SECONDS = 5.0
 RELEASE_PUBLISH_RETRY_SECONDS = 10.0
 
 
+# JetStream's error code for a message not in the stream: a work queue's message acknowledged
+# (taken and answered) by its shard already
+NO_MESSAGE_FOUND = 10057
+
+
 def _now_rfc3339() -> str:
     return datetime.now(timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ")
 
@@ -243,6 +248,7 @@ class Binder:
                     "placements_abandoned": m.placements_abandoned, "scheduling_failures": m.failures,
                     "claims_released": m.claims_released, "claims_created": m.claims_created,
                     "pending_published": m.pending_published, "pending_publish_failures": m.pending_publish_failures,
+                    "pending_withdrawn": m.pending_withdrawn,
                     "errors": m.errors}
         return {name: int(counter_value(counter)) for name, counter in counters.items()}
 
@@ -399,6 +405,9 @@ class Binder:
         if kind == "DELETED" or pod.spec.node_name or lc.pod_is_done(pod):
             # bound, finished or gone: nothing left to schedule, so nothing to remember for it
             uid = pod.metadata.uid or ""
+            sent = self.in_flight.get(uid)
+            if sent is not None and sent.sequence is not None and (kind == "DELETED" or lc.pod_is_done(pod)):
+                self._spawn_once(self._withdraw_pending(pod, sent), f"withdraw-{uid}")
             for table in (self.in_flight, self.retry, self.first_seen, self.last_reason, self.failure_reason):
                 table.pop(uid, None)
             self.unwarned.discard(uid)
@@ -664,6 +673,31 @@ class Binder:
                         namespace, key[1], shard, exc, self.settings.retry_initial_seconds)
             return
         self.metrics.pending_published.inc()
+
+    async def _withdraw_pending(self, pod: Pod, sent: inf.InFlight) -> None:
+        """A pod deleted (or finished) while its PendingPod waits in its shard's queue: the message
+        is deleted from the stream, so no shard places the pod and holds devices for it. One the
+        shard has taken already is placed, and that placement abandoned when it reaches the binder
+        (write_placement finds no pod)."""
+        key = f"{pod.metadata.namespace}/{pod.metadata.name}"
+        try:
+            await self.js.delete_msg(self.subjects.pending_stream, sent.sequence)
+        except nats.js.errors.APIError as exc:
+            if exc.err_code == NO_MESSAGE_FOUND:
+                log.debug("pod %s: gone; its PendingPod (sequence %d) was taken by shard %d already",
+                          key, sent.sequence, sent.shard)
+                return
+            log.warning("pod %s: gone, but its PendingPod (sequence %d) could not be withdrawn from shard "
+                        "%d's queue (%s); its placement will be abandoned", key, sent.sequence, sent.shard, exc)
+            return
+        except (nats.errors.Error, asyncio.TimeoutError) as exc:
+            # not fatal: the shard places it and the binder abandons that placement
+            log.warning("pod %s: gone, but its PendingPod (sequence %d) could not be withdrawn from shard "
+                        "%d's queue (%r); its placement will be abandoned", key, sent.sequence, sent.shard, exc)
+            return
+        self.metrics.pending_withdrawn.inc()
+        log.info("pod %s: gone while waiting for shard %d; its PendingPod (sequence %d) withdrawn",
+                 key, sent.shard, sent.sequence, extra=fields(pod=key))
 
     async def _extended_resource_claim(self, pod: Pod) -> tuple[ResourceClaim, list[str]] | None | bool:
         """KEP-5004: the claim that serves the pod's extended resources through DRA, and which
