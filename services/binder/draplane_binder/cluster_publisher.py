@@ -52,6 +52,10 @@ class ClusterPublisher:
         self.unwritten_since: dict[str, float] = {}  # key -> when a value not yet written was offered
         # kind -> the keys offered since its watch began to list (the stale-key sweep at its end)
         self.listing: dict[type, set[str]] = {}
+        # key prefix -> every key of it that is or may be in published, writing or wanted: the
+        # sweep of one kind reads that kind's keys, not the whole bucket (a re-list of the few
+        # DeviceClasses walked every pod's and claim's key)
+        self.keys_by_prefix: dict[str, dict[str, None]] = {}
         self.unlisted = set(kinds)  # kinds whose watch has not listed yet
         self.synced = False  # SYNCED_KEY queued by this binder
         self._work = asyncio.Event()
@@ -86,10 +90,9 @@ class ClusterPublisher:
         kind has listed, the bucket is marked synced."""
         offered = self.listing.pop(kind, None)
         if offered is not None:
-            prefix = f"{feed.PREFIXES[kind]}."
             # a new object's first write may be in flight still (in `writing` alone)
-            stale = [k for k in (*self.published, *self.writing, *self.wanted)
-                     if k.startswith(prefix) and k not in offered]
+            stale = [k for k in self.keys_by_prefix.get(feed.PREFIXES[kind], ())
+                     if k not in offered and (k in self.published or k in self.writing or k in self.wanted)]
             for key in dict.fromkeys(stale):
                 self._want(key, None)
             log.info("cluster feed: %s listed: %d in the bucket, %d gone while not watched deleted",
@@ -117,9 +120,21 @@ class ClusterPublisher:
             if holds == value:
                 return  # the bucket holds it already (None == missing: a delete of what is not there)
         self.wanted[key] = value
+        self._index(key)
         if key not in _MARKERS:
             self.unwritten_since.setdefault(key, time.time())
         self._work.set()
+
+    def _index(self, key: str) -> None:
+        self.keys_by_prefix.setdefault(key.split(".", 1)[0], {})[key] = None
+
+    def _unindex(self, key: str) -> None:
+        prefix = key.split(".", 1)[0]
+        keys = self.keys_by_prefix.get(prefix)
+        if keys is not None:
+            keys.pop(key, None)
+            if not keys:
+                del self.keys_by_prefix[prefix]
 
     # --- I/O ---------------------------------------------------------------------------------------
 
@@ -135,6 +150,7 @@ class ClusterPublisher:
                 if (value := streams.entry_value(entry)) is not None:
                     self.published[entry.key] = value
                     self.revisions[entry.key] = entry.revision
+                    self._index(entry.key)
         self.kv = kv
         log.info("cluster feed: %d keys in the bucket at start", len(self.published))
 
@@ -167,6 +183,8 @@ class ClusterPublisher:
                         if value is None:
                             self.published.pop(key, None)
                             self.revisions.pop(key, None)
+                            if key not in self.wanted:
+                                self._unindex(key)
                         else:
                             self.published[key] = value
                             self.revisions[key] = result

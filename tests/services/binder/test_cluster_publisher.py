@@ -174,3 +174,41 @@ async def test_a_relist_without_an_object_whose_first_write_is_in_flight_deletes
         await publisher.revision_of(["node.a"])
         assert [p for p in bucket.puts if p[0] == "node.a"] == [("node.a", cluster_feed.encode(_node("a"))), ("node.a", None)]
         assert "node.a" not in publisher.published
+
+
+async def test_a_relist_sweeps_its_own_kind_by_an_index_that_forgets_deleted_keys():
+    """The stale sweep reads the re-listed kind's keys only (issue 23, item 7: it read every key in
+    the bucket, pods and claims included, at each re-list of any kind); a key deleted in the
+    bucket leaves the index, so it does not grow with every object the cluster ever had."""
+    async with _gated_publisher() as (publisher, bucket):
+        bucket.gate.set()
+        publisher.published.update({f"pod.p{i}": b"a pod" for i in range(1000)})  # as `load` leaves them
+        for i in range(1000):
+            publisher._index(f"pod.p{i}")
+        for name in ("a", "b", "c"):
+            publisher.offer(_node(name))
+        await publisher.revision_of(["node.a", "node.b", "node.c"])
+        assert set(publisher.keys_by_prefix["node"]) == {"node.a", "node.b", "node.c"}
+
+        class Watching(dict):
+            """Records the keys the sweep looks at."""
+            read: list = []
+
+            def __contains__(self, key):
+                Watching.read.append(key)
+                return dict.__contains__(self, key)
+
+            def __iter__(self):
+                for key in dict.__iter__(self):
+                    Watching.read.append(key)
+                    yield key
+
+        publisher.published = Watching(publisher.published)
+        publisher.listing_begins(Node)
+        publisher.offer(_node("a"))
+        publisher.listed(Node)  # b and c went while the watch was down
+        await publisher.revision_of(["node.b", "node.c"])
+        assert not [k for k in Watching.read if k.startswith("pod.")]
+        assert [p for p in bucket.puts if p[1] is None] == [("node.b", None), ("node.c", None)]
+        assert set(publisher.keys_by_prefix["node"]) == {"node.a"}
+        assert len(publisher.keys_by_prefix["pod"]) == 1000
