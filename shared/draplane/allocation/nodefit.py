@@ -42,6 +42,10 @@ REASON_TAINT_PREFIX = "node(s) had untolerated taint "
 # taint (our own detail still does).
 REASON_TAINTS = "node(s) had untolerated taint(s)"
 REASON_NODE_PORTS = "node(s) didn't have free ports for the requested pod ports"
+# NodeAffinity's PreFilter: every required term names its nodes (matchFields metadata.name In), and
+# no node is left; a node outside the names is not filtered at all, only counted under this
+REASON_AFFINITY_CONFLICT = "pod affinity terms conflict"
+REASON_NOT_NAMED_BY_AFFINITY = "node(s) didn't satisfy plugin(s) [NodeAffinity]"
 
 ALL_HOST_IPS = "0.0.0.0"
 
@@ -261,6 +265,28 @@ def term_matches(term: NodeSelectorTerm, labels: Mapping[str, str], node_name: s
         if not _field_matches(req, node_name, f"{where}.matchFields[{i}]"):
             return False
     return True
+
+
+def node_names_required(pod: Pod) -> frozenset[str] | None:
+    """NodeAffinity's PreFilter: the nodes the pod's required node affinity can only mean, when
+    every term names them (matchFields metadata.name In; within a term the names intersect,
+    across terms they add up); None when some term does not, so every node is looked at. An
+    empty set: the terms conflict and no node can be."""
+    affinity = pod.spec.affinity.node_affinity if pod.spec.affinity else None
+    required = affinity.required_during_scheduling_ignored_during_execution if affinity else None
+    if required is None or not required.node_selector_terms:
+        return None
+    names: set[str] = set()
+    for term in required.node_selector_terms:
+        in_term: set[str] | None = None
+        for field in term.match_fields or ():
+            if field.key == "metadata.name" and field.operator == "In":
+                values = set(field.values or ())
+                in_term = values if in_term is None else in_term & values
+        if in_term is None:
+            return None
+        names |= in_term
+    return frozenset(names)
 
 
 def matches_node_affinity(pod: Pod, node: Node) -> bool:

@@ -26,7 +26,8 @@ from draplane.allocation.fragmented_devices import (
     claim_demands, device_capacity, fragmented_devices, has_partly_used_devices,
 )
 from draplane.allocation.nodefit import (
-    CPU, MEMORY, HostPort, NodeFitError, node_allocatable, node_fit, pod_host_ports, pod_requests,
+    CPU, MEMORY, REASON_AFFINITY_CONFLICT, REASON_NOT_NAMED_BY_AFFINITY, HostPort, NodeFitError, node_allocatable,
+    node_fit, node_names_required, pod_host_ports, pod_requests,
 )
 from draplane.allocation.state import claim_key
 from draplane.api.core import Node, Pod
@@ -144,6 +145,15 @@ def allocation_node(allocation: AllocationResult | None) -> str | None:
             if req.key == "metadata.name" and req.operator == "In" and req.values and len(req.values) == 1:
                 return req.values[0]
     return None
+
+
+class PreFilterRejected(NodeFitError):
+    """A PreFilter refused the pod on every node at once (kube-scheduler then runs no Filter):
+    its message is kube-scheduler's, `0/N nodes are available: <reason>.`"""
+
+    def __init__(self, reason: str, nodes: int) -> None:
+        super().__init__(f"0/{nodes} nodes are available: {reason}.")
+        self.reason = reason
 
 
 class ClusterState:
@@ -622,6 +632,74 @@ class ClusterState:
                     node=node, reason=FailureReason.CAPACITY_EXHAUSTED.value, detail=detail, reasons=[message])])
         return None
 
+    def _pod_filter(self, pod: Pod, requests: dict[str, int], *, volumes: volume_binding.PodVolumes | None = None,
+                    pinned: Collection[str] = ()):
+        """The pod's filters but DynamicResources, as one node filter, in kube-scheduler's order,
+        and the failures it records: node -> (detail, the reasons kube-scheduler would count) for
+        each node it refused. Runs the PreFilters first; raises PodAffinityError or SpreadError
+        for a constraint that cannot be evaluated."""
+        fit_failures: dict[str, tuple[str, list[str]]] = {}
+        fit_key = _fit_key(pod, requests)
+        named = node_names_required(pod)
+        if named is not None and not named:
+            raise PreFilterRejected(REASON_AFFINITY_CONFLICT, len(self.nodes))
+        spreading = self._topology_spread(pod)
+        affinity = self._inter_pod_affinity(pod)
+
+        def node_filter(node: Node) -> bool:
+            # kube-scheduler's filters run in order and the first to reject a node names it: node
+            # fit (NodeUnschedulable ... NodeResourcesFit) before DynamicResources.
+            name = node.metadata.name or ""
+            if named is not None and name not in named:
+                # left out by NodeAffinity's PreFilter: no filter runs there
+                fit_failures[name] = (REASON_NOT_NAMED_BY_AFFINITY, [REASON_NOT_NAMED_BY_AFFINITY])
+                return False
+            try:
+                fit = self._node_fit(pod, requests, node, fit_key)
+            except NodeFitError as exc:
+                fit_failures[name] = (str(exc), [str(exc)])
+                return False
+            if not fit.fits:
+                fit_failures[name] = (", ".join(fit.reasons), list(fit.scheduler_reasons))
+                return False
+            # kube-scheduler's order after NodeResourcesFit: VolumeBinding, VolumeZone,
+            # PodTopologySpread, InterPodAffinity
+            if volumes is not None:
+                volume_reasons = volume_binding.node_reasons(volumes, name, node.metadata.labels or {})
+                if volume_reasons:
+                    fit_failures[name] = (", ".join(volume_reasons), volume_reasons)
+                    return False
+            for plugin_state, plugin in ((spreading, spread), (affinity, ipa)):
+                if plugin_state is not None:
+                    reason = plugin.filter_node(plugin_state, node.metadata.labels or {})
+                    if reason is not None:
+                        fit_failures[name] = (reason, [reason])
+                        return False
+            if pinned and name not in pinned:
+                fit_failures[name] = ("the pod's other claims are allocated on another node",
+                                      ["resourceclaim not available on the node"])
+                return False
+            return True
+
+        return node_filter, fit_failures
+
+    def filter_nodes(self, pod: Pod, *, volumes: volume_binding.PodVolumes | None = None) -> tuple[list[str], NotPlaced]:
+        """Every node through the pod's filters but DynamicResources (a pod without claims is
+        placed by these alone): the feasible nodes, sorted, and kube-scheduler's account of the
+        others (its message is what it would say if none were feasible). For the differential
+        against kube-scheduler's framework, and for tools that show where a pod could go."""
+        try:
+            requests = pod_requests(pod)
+            node_filter, fit_failures = self._pod_filter(pod, requests, volumes=volumes)
+        except PreFilterRejected as exc:
+            failures = [NodeFailure(node=name, reason=FailureReason.NODE_DOES_NOT_FIT.value, detail=exc.reason,
+                                    reasons=[exc.reason]) for name in sorted(self.nodes)]
+            return [], NotPlaced(message=str(exc), failures=failures)
+        except (NodeFitError, ipa.PodAffinityError, spread.SpreadError) as exc:
+            return [], NotPlaced(message=str(exc), failures=[], claim_error=str(exc))
+        feasible = [name for name in sorted(self.nodes) if node_filter(self.nodes[name])]
+        return feasible, self._not_placed({}, node_filter, fit_failures)
+
     def place_pod(self, pod: Pod, claims: Sequence[ResourceClaim], *,
                   volumes: volume_binding.PodVolumes | None = None,
                   dra_extended_resources: Collection[str] = ()) -> Placed | NotPlaced:
@@ -658,47 +736,10 @@ class ClusterState:
         if waiting is not None:
             return waiting
 
-        # node -> (detail, the reasons kube-scheduler would count) for nodes that failed node fit,
-        # or whose pinned claims keep the pod away
-        fit_failures: dict[str, tuple[str, list[str]]] = {}
-
-        fit_key = _fit_key(pod, requests)
         try:
-            spreading = self._topology_spread(pod)
-            affinity = self._inter_pod_affinity(pod)
-        except (ipa.PodAffinityError, spread.SpreadError) as exc:
+            node_filter, fit_failures = self._pod_filter(pod, requests, volumes=volumes, pinned=pinned)
+        except (NodeFitError, ipa.PodAffinityError, spread.SpreadError) as exc:
             return NotPlaced(message=str(exc), failures=[], claim_error=str(exc))
-
-        def node_filter(node: Node) -> bool:
-            # kube-scheduler's filters run in order and the first to reject a node names it: node
-            # fit (NodeUnschedulable ... NodeResourcesFit) before DynamicResources.
-            name = node.metadata.name or ""
-            try:
-                fit = self._node_fit(pod, requests, node, fit_key)
-            except NodeFitError as exc:
-                fit_failures[name] = (str(exc), [str(exc)])
-                return False
-            if not fit.fits:
-                fit_failures[name] = (", ".join(fit.reasons), list(fit.scheduler_reasons))
-                return False
-            # kube-scheduler's order after NodeResourcesFit: VolumeBinding, VolumeZone,
-            # PodTopologySpread, InterPodAffinity
-            if volumes is not None:
-                volume_reasons = volume_binding.node_reasons(volumes, name, node.metadata.labels or {})
-                if volume_reasons:
-                    fit_failures[name] = (", ".join(volume_reasons), volume_reasons)
-                    return False
-            for plugin_state, plugin in ((spreading, spread), (affinity, ipa)):
-                if plugin_state is not None:
-                    reason = plugin.filter_node(plugin_state, node.metadata.labels or {})
-                    if reason is not None:
-                        fit_failures[name] = (reason, [reason])
-                        return False
-            if pinned and name not in pinned:
-                fit_failures[name] = ("the pod's other claims are allocated on another node",
-                                      ["resourceclaim not available on the node"])
-                return False
-            return True
 
         if not pending:
             candidates = sorted(pinned) if pinned else sorted(self.nodes)

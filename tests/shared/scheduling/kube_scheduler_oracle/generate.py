@@ -1,0 +1,267 @@
+"""Random scheduling cases for the kube-scheduler differential, shared by the test and the bench.
+
+A case is plain Kubernetes JSON, as the oracle (main.go) reads it:
+    {"nodes": [Node], "pods": [Pod bound to a node], "pod": the pending Pod}
+Only what the apiserver accepts, with the defaults it writes (toleration operators, protocols,
+the topologyKey of every term), and none of what the apiserver rewrites before kube-scheduler
+sees it (matchLabelKeys in affinity terms are folded into the selector at creation, so they are
+not drawn). What is drawn: nodes with hostname, zone and rack labels, taints, unschedulable and
+small capacities (an extended resource on some); bound pods with labels, requests, host ports, required anti-affinity, some
+terminating, in two namespaces; a pending pod with any of nodeSelector, required node affinity
+(matchExpressions and matchFields), tolerations, requests (init containers and overhead
+included), host ports, required pod affinity and anti-affinity (namespaces, an empty
+namespaceSelector) and DoNotSchedule topology spread (minDomains, the inclusion policies,
+matchLabelKeys).
+
+`draw(lo, hi)` is the randomness: random.Random.randint for the bench, hypothesis' integers for
+the test (so a failure shrinks). `draplane_filter(case)` runs the same case through draplane.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from typing import Any
+
+import msgspec
+
+Draw = Callable[[int, int], int]  # an int in [lo, hi]
+
+HOSTNAME = "kubernetes.io/hostname"
+ZONE = "topology.kubernetes.io/zone"
+RACK = "example.com/rack"
+KEYS = (HOSTNAME, ZONE, RACK)
+APPS = ("web", "db", "cache")
+NAMESPACES = ("ns", "other")
+DEVICE_PLUGIN_RESOURCE = "example.com/foo"  # an extended resource a device plugin offers on some nodes
+
+
+def choice(draw: Draw, seq: Sequence[Any]) -> Any:
+    return seq[draw(0, len(seq) - 1)]
+
+
+def chance(draw: Draw, percent: int) -> bool:
+    """True with about `percent` % probability; shrinks to False."""
+    return draw(0, 99) >= 100 - percent
+
+
+def node(draw: Draw, i: int) -> dict:
+    name = f"node-{i}"
+    labels = {HOSTNAME: name}
+    if chance(draw, 80):
+        labels[ZONE] = choice(draw, ("z1", "z2", "z3"))
+    if chance(draw, 50):
+        labels[RACK] = choice(draw, ("r1", "r2"))
+    if chance(draw, 30):
+        labels["gpu"] = choice(draw, ("a100", "h100"))
+    taints = []
+    for key, effect in (("dedicated", "NoSchedule"), ("maintenance", "NoExecute"), ("soft", "PreferNoSchedule")):
+        if chance(draw, 7):
+            taint = {"key": key, "effect": effect}
+            if chance(draw, 50):
+                taint["value"] = choice(draw, ("x", "y"))
+            taints.append(taint)
+    spec: dict = {}
+    if taints:
+        spec["taints"] = taints
+    if chance(draw, 4):
+        spec["unschedulable"] = True
+    allocatable = {"cpu": choice(draw, ("2", "4", "8")), "memory": choice(draw, ("2Gi", "8Gi")),
+                   "pods": choice(draw, ("3", "110", "110"))}
+    if chance(draw, 30):
+        allocatable[DEVICE_PLUGIN_RESOURCE] = choice(draw, ("1", "2"))
+    return {"apiVersion": "v1", "kind": "Node", "metadata": {"name": name, "labels": labels}, "spec": spec,
+            "status": {"allocatable": allocatable, "capacity": allocatable}}
+
+
+def selector(draw: Draw) -> dict:
+    """A label selector over the apps: matchLabels, matchExpressions, both, or empty."""
+    kind = draw(-2, 4)
+    if kind <= 0:
+        return {"matchLabels": {"app": choice(draw, APPS)}}
+    if kind == 1:
+        operator = choice(draw, ("In", "NotIn", "Exists", "DoesNotExist"))
+        expression: dict = {"key": choice(draw, ("app", "tier")), "operator": operator}
+        if operator in ("In", "NotIn"):
+            expression["values"] = [choice(draw, APPS)]
+        return {"matchExpressions": [expression]}
+    if kind == 2:
+        return {"matchLabels": {"app": choice(draw, APPS)},
+                "matchExpressions": [{"key": "tier", "operator": choice(draw, ("Exists", "DoesNotExist"))}]}
+    if kind == 3:
+        return {}
+    return {"matchLabels": {"tier": choice(draw, ("front", "back"))}}
+
+
+def pod_labels(draw: Draw) -> dict:
+    labels = {}
+    if chance(draw, 80):
+        labels["app"] = choice(draw, APPS)
+    if chance(draw, 40):
+        labels["tier"] = choice(draw, ("front", "back"))
+    if chance(draw, 30):
+        labels["rev"] = choice(draw, ("1", "2"))
+    return labels
+
+
+def affinity_term(draw: Draw) -> dict:
+    term: dict = {"topologyKey": choice(draw, KEYS)}
+    if chance(draw, 90):
+        term["labelSelector"] = selector(draw)
+    scope = draw(0, 3)
+    if scope == 1:
+        term["namespaces"] = [choice(draw, NAMESPACES)]
+    elif scope == 2:
+        term["namespaceSelector"] = {}
+    return term
+
+
+def container(draw: Draw, name: str, *, ports: bool) -> dict:
+    requests = {}
+    if chance(draw, 70):
+        requests["cpu"] = choice(draw, ("100m", "500m", "1", "2"))
+    if chance(draw, 50):
+        requests["memory"] = choice(draw, ("256Mi", "1Gi", "3Gi"))
+    if chance(draw, 15):
+        requests[DEVICE_PLUGIN_RESOURCE] = choice(draw, ("1", "2"))
+    c: dict = {"name": name, "image": "busybox"}
+    if requests:
+        # an extended resource is requested with an equal limit, as the apiserver requires
+        c["resources"] = {"requests": requests}
+        if DEVICE_PLUGIN_RESOURCE in requests:
+            c["resources"]["limits"] = {DEVICE_PLUGIN_RESOURCE: requests[DEVICE_PLUGIN_RESOURCE]}
+    if ports and chance(draw, 25):
+        port = {"containerPort": 80, "hostPort": choice(draw, (8080, 9090)), "protocol": choice(draw, ("TCP", "UDP"))}
+        if chance(draw, 20):
+            port["hostIP"] = "10.0.0.1"
+        c["ports"] = [port]
+    return c
+
+
+def bound_pod(draw: Draw, i: int, nodes: list[dict]) -> dict:
+    spec: dict = {"nodeName": choice(draw, nodes)["metadata"]["name"],
+                  "containers": [container(draw, "c", ports=True)]}
+    if chance(draw, 30):
+        spec["affinity"] = {"podAntiAffinity": {"requiredDuringSchedulingIgnoredDuringExecution":
+                                                [affinity_term(draw)]}}
+    metadata: dict = {"name": f"bound-{i}", "namespace": choice(draw, NAMESPACES), "uid": f"uid-bound-{i}",
+                      "labels": pod_labels(draw)}
+    if chance(draw, 10):
+        metadata["deletionTimestamp"] = "2026-12-06T10:00:00Z"
+        metadata["deletionGracePeriodSeconds"] = 30
+    return {"apiVersion": "v1", "kind": "Pod", "metadata": metadata, "spec": spec,
+            "status": {"phase": "Running"}}
+
+
+def node_affinity(draw: Draw, nodes: list[dict]) -> dict:
+    terms = []
+    for _ in range(draw(1, 2)):
+        expressions = []
+        for _ in range(draw(0, 2)):
+            operator = choice(draw, ("In", "NotIn", "Exists", "DoesNotExist", "Gt", "Lt"))
+            if operator in ("Gt", "Lt"):
+                expressions.append({"key": "cores", "operator": operator, "values": [choice(draw, ("2", "8"))]})
+                continue
+            key = choice(draw, (ZONE, RACK, "gpu"))
+            expression: dict = {"key": key, "operator": operator}
+            if operator in ("In", "NotIn"):
+                expression["values"] = [choice(draw, ("z1", "z2", "r1", "a100"))]
+            expressions.append(expression)
+        term: dict = {}
+        if expressions:
+            term["matchExpressions"] = expressions
+        if not expressions or chance(draw, 20):
+            term["matchFields"] = [{"key": "metadata.name", "operator": choice(draw, ("In", "NotIn")),
+                                    "values": [choice(draw, nodes)["metadata"]["name"]]}
+                                   for _ in range(draw(1, 2))]
+        terms.append(term)
+    return {"requiredDuringSchedulingIgnoredDuringExecution": {"nodeSelectorTerms": terms}}
+
+
+def spread_constraint(draw: Draw) -> dict:
+    constraint: dict = {"maxSkew": draw(1, 2), "topologyKey": choice(draw, (ZONE, ZONE, HOSTNAME, RACK)),
+                        "whenUnsatisfiable": "DoNotSchedule"}
+    if chance(draw, 90):
+        constraint["labelSelector"] = selector(draw)
+    if chance(draw, 25):
+        constraint["minDomains"] = draw(1, 4)
+    if chance(draw, 30):
+        constraint["nodeAffinityPolicy"] = choice(draw, ("Honor", "Ignore"))
+    if chance(draw, 30):
+        constraint["nodeTaintsPolicy"] = choice(draw, ("Honor", "Ignore"))
+    if chance(draw, 20):
+        constraint["matchLabelKeys"] = ["rev"]
+    return constraint
+
+
+def pending_pod(draw: Draw, nodes: list[dict]) -> dict:
+    spec: dict = {"containers": [container(draw, "c", ports=True)]}
+    if chance(draw, 20):
+        spec["initContainers"] = [container(draw, "init", ports=False)]
+    if chance(draw, 10):
+        spec["overhead"] = {"cpu": "250m"}
+    if chance(draw, 20):
+        spec["nodeSelector"] = {choice(draw, (ZONE, "gpu")): choice(draw, ("z1", "h100"))}
+    affinity: dict = {}
+    if chance(draw, 25):
+        affinity["nodeAffinity"] = node_affinity(draw, nodes)
+    if chance(draw, 30):
+        affinity["podAffinity"] = {"requiredDuringSchedulingIgnoredDuringExecution":
+                                   [affinity_term(draw) for _ in range(draw(1, 2))]}
+    if chance(draw, 35):
+        affinity["podAntiAffinity"] = {"requiredDuringSchedulingIgnoredDuringExecution":
+                                       [affinity_term(draw) for _ in range(draw(1, 2))]}
+    if affinity:
+        spec["affinity"] = affinity
+    if chance(draw, 35):
+        spec["topologySpreadConstraints"] = [spread_constraint(draw) for _ in range(draw(1, 2))]
+    if chance(draw, 30):
+        tolerations = []
+        for _ in range(draw(1, 2)):
+            toleration: dict = {"key": choice(draw, ("dedicated", "maintenance", "soft")),
+                                "operator": choice(draw, ("Exists", "Equal"))}
+            if toleration["operator"] == "Equal":
+                toleration["value"] = choice(draw, ("x", "y"))
+            if chance(draw, 50):
+                toleration["effect"] = choice(draw, ("NoSchedule", "NoExecute"))
+            tolerations.append(toleration)
+        spec["tolerations"] = tolerations
+    return {"apiVersion": "v1", "kind": "Pod",
+            "metadata": {"name": "pending", "namespace": "ns", "uid": "uid-pending", "labels": pod_labels(draw)},
+            "spec": spec}
+
+
+def case(draw: Draw) -> dict:
+    nodes = [node(draw, i) for i in range(draw(1, 5))]
+    pods = [bound_pod(draw, i, nodes) for i in range(draw(0, 10))]
+    return {"nodes": nodes, "pods": pods, "pod": pending_pod(draw, nodes)}
+
+
+def draplane_filter(case: dict) -> dict:
+    """The case through draplane's filters (ClusterState.filter_nodes), in the oracle's shape:
+    {"feasible", "reasons" (node -> reasons), "message"}."""
+    from draplane.api.core import Node, Pod
+    from draplane.scheduling.placing import ClusterState
+
+    state = ClusterState()
+    for raw in case["nodes"]:
+        state.set_node(msgspec.convert(raw, Node))
+    for raw in case["pods"]:
+        state.set_pod(msgspec.convert(raw, Pod))
+    feasible, account = state.filter_nodes(msgspec.convert(case["pod"], Pod))
+    reasons = {f.node: list(f.reasons) for f in account.failures if f.node not in feasible}
+    return {"feasible": feasible, "reasons": reasons, "message": account.message}
+
+
+def compare(kube: dict, ours: dict) -> str | None:
+    """The first disagreement, None if none: feasible nodes, each refused node's reasons, and the
+    message where no node is feasible (kube-scheduler writes one only then)."""
+    if kube.get("error"):
+        return f"kube-scheduler error: {kube['error']}"
+    if sorted(kube["feasible"]) != ours["feasible"]:
+        return f"feasible: kube-scheduler {sorted(kube['feasible'])}, draplane {ours['feasible']}"
+    for name, reasons in sorted(kube["reasons"].items()):
+        if sorted(reasons) != sorted(ours["reasons"].get(name, [])):
+            return f"reasons on {name}: kube-scheduler {reasons}, draplane {ours['reasons'].get(name)}"
+    if not kube["feasible"] and kube["message"] != ours["message"]:
+        return f"message: kube-scheduler {kube['message']!r}, draplane {ours['message']!r}"
+    return None
