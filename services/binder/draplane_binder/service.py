@@ -32,6 +32,7 @@ import nats.errors
 import nats.js.errors
 from nats.aio.client import Client as NatsClient
 
+from draplane.allocation.nodefit import node_names_required
 from draplane.api.core import Node, Pod, PodResourceClaimStatus
 from draplane.api.meta import ObjectMeta
 from draplane.api.policy import PodDisruptionBudget
@@ -612,7 +613,9 @@ class Binder:
         if uid in self.in_flight or (uid in self.retry and self.retry[uid][0] > time.monotonic()):
             return
         volumes = None
-        if pod_claim_names(pod):
+        # kube-scheduler's NodeAffinity PreFilter runs before VolumeBinding's: a pod whose required
+        # node names cancel out is refused for that, by the shard, whatever its volumes
+        if pod_claim_names(pod) and node_names_required(pod) != frozenset():
             await self.volumes.wait_synced()
             try:
                 volumes = self.volumes.pre_filter(pod)

@@ -49,7 +49,7 @@ from draplane.scheduling import volume_binding
 from draplane.scheduling import preemption
 from draplane.scheduling.messages import NodeFailure
 from draplane.scheduling.placed_pods import PlacedPod, PlacedPods
-from draplane.scheduling.unschedulable import FailureReason, summarize
+from draplane.scheduling.unschedulable import FailureReason, pre_filter_problem, summarize
 
 _CLASS_OF_REASON = {
     Reason.NO_DEVICES: FailureReason.NO_MATCHING_DEVICE,
@@ -152,7 +152,7 @@ class PreFilterRejected(NodeFitError):
     its message is kube-scheduler's, `0/N nodes are available: <reason>.`"""
 
     def __init__(self, reason: str, nodes: int) -> None:
-        super().__init__(f"0/{nodes} nodes are available: {reason}.")
+        super().__init__(pre_filter_problem(nodes, reason))
         self.reason = reason
 
 

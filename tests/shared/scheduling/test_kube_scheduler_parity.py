@@ -8,9 +8,11 @@ draplane reads) must give, from both, the same feasible nodes, the same reasons 
 node, and, where no node is feasible, the same `0/N nodes are available: ...` message.
 
 Hypothesis (300 examples, derandomized, shrinking) plus a fixed sweep of 3,000 cases of the
-generator's own distribution, the one bench/scheduler_parity.py measures. Not compared: scores,
-PostFilter's preemption note, volumes (their PreFilter is the binder's), claims (the allocator
-parity test's), namespaceSelectors with labels (draplane refuses them in affinity terms).
+generator's own distribution, the one bench/scheduler_parity.py measures. Volumes go through the
+binder's PreFilter (volume_binding.pre_filter, where the binder calls it) and the shard's Filter.
+Not compared: scores, PostFilter's preemption note, claims (the allocator parity test's), CSI
+attach limits and storage capacity (not read yet), namespaceSelectors with labels (draplane refuses
+them in affinity terms).
 """
 
 from __future__ import annotations
@@ -81,6 +83,11 @@ def test_generator_reaches_every_filter(kube_scheduler):
         "node(s) didn't match pod topology spread constraints (missing required label)",
         "node(s) didn't match pod affinity rules", "node(s) didn't match pod anti-affinity rules",
         "node(s) didn't satisfy existing pods anti-affinity rules",
+        "pod has unbound immediate PersistentVolumeClaims", 'persistentvolumeclaim "missing" not found',
+        "node(s) didn't find available persistent volumes to bind",
+        "node(s) didn't match PersistentVolume's node affinity", "node(s) had no available volume zone",
+        "node(s) unavailable due to PersistentVolumeClaim with ReadWriteOncePod access mode already in-use by "
+        "another pod",
     }
     assert wanted <= seen, f"never provoked: {sorted(wanted - seen)}"
     assert feasible > 100 and refused_everywhere > 100

@@ -193,6 +193,68 @@ def spread_constraint(draw: Draw) -> dict:
     return constraint
 
 
+# --- volumes ---------------------------------------------------------------------------------------
+
+STORAGE_CLASSES = [
+    {"apiVersion": "storage.k8s.io/v1", "kind": "StorageClass", "metadata": {"name": "local"},
+     "provisioner": "kubernetes.io/no-provisioner", "volumeBindingMode": "WaitForFirstConsumer"},
+    {"apiVersion": "storage.k8s.io/v1", "kind": "StorageClass", "metadata": {"name": "zonal"},
+     "provisioner": "example.com/csi", "volumeBindingMode": "WaitForFirstConsumer",
+     "allowedTopologies": [{"matchLabelExpressions": [{"key": ZONE, "values": ["z1", "z2"]}]}]},
+    {"apiVersion": "storage.k8s.io/v1", "kind": "StorageClass", "metadata": {"name": "fast"},
+     "provisioner": "example.com/csi", "volumeBindingMode": "Immediate"},
+]
+
+
+def volume(draw: Draw, i: int, nodes: list[dict]) -> dict:
+    """A local PersistentVolume on one node (or a zone's nodes), Available until a claim binds it."""
+    if chance(draw, 70):
+        term = {"key": HOSTNAME, "operator": "In", "values": [choice(draw, nodes)["metadata"]["name"]]}
+    else:
+        term = {"key": ZONE, "operator": "In", "values": [choice(draw, ("z1", "z2", "z3"))]}
+    metadata: dict = {"name": f"pv-{i}"}
+    if chance(draw, 25):
+        metadata["labels"] = {ZONE: choice(draw, ("z1", "z2", "z3"))}
+    return {"apiVersion": "v1", "kind": "PersistentVolume", "metadata": metadata,
+            "spec": {"capacity": {"storage": choice(draw, ("1Gi", "10Gi"))},
+                     "accessModes": [choice(draw, ("ReadWriteOnce", "ReadWriteOncePod"))],
+                     "persistentVolumeReclaimPolicy": "Retain", "storageClassName": "local",
+                     "volumeMode": "Filesystem", "local": {"path": f"/mnt/disk-{i}"},
+                     "nodeAffinity": {"required": {"nodeSelectorTerms": [{"matchExpressions": [term]}]}}},
+            "status": {"phase": "Available"}}
+
+
+def claim(draw: Draw, i: int, volumes: list[dict]) -> dict:
+    """A PersistentVolumeClaim of namespace ns: bound to a free volume (both sides written, as the
+    PV controller leaves them), or unbound in a WaitForFirstConsumer or Immediate class."""
+    name = f"data-{i}"
+    free = [v for v in volumes if v["status"]["phase"] == "Available"]
+    spec: dict = {"accessModes": [choice(draw, ("ReadWriteOnce", "ReadWriteOncePod"))],
+                  "resources": {"requests": {"storage": choice(draw, ("1Gi", "5Gi"))}}, "volumeMode": "Filesystem"}
+    metadata: dict = {"name": name, "namespace": "ns", "uid": f"uid-{name}"}
+    status: dict = {"phase": "Pending"}
+    kind = draw(0, 3)
+    if kind <= 1 and free:
+        pv = choice(draw, free)
+        pv["spec"]["claimRef"] = {"kind": "PersistentVolumeClaim", "namespace": "ns", "name": name,
+                                  "uid": metadata["uid"], "apiVersion": "v1"}
+        pv["status"]["phase"] = "Bound"
+        spec["storageClassName"] = "local"
+        spec["volumeName"] = pv["metadata"]["name"]
+        spec["accessModes"] = pv["spec"]["accessModes"]
+        metadata["annotations"] = {"pv.kubernetes.io/bind-completed": "yes"}
+        status = {"phase": "Bound", "accessModes": pv["spec"]["accessModes"],
+                  "capacity": pv["spec"]["capacity"]}
+    else:
+        spec["storageClassName"] = choice(draw, ("local", "local", "zonal", "fast"))
+    return {"apiVersion": "v1", "kind": "PersistentVolumeClaim", "metadata": metadata, "spec": spec,
+            "status": status}
+
+
+def mount(names: list[str]) -> list[dict]:
+    return [{"name": f"v{j}", "persistentVolumeClaim": {"claimName": n}} for j, n in enumerate(names)]
+
+
 def pending_pod(draw: Draw, nodes: list[dict]) -> dict:
     spec: dict = {"containers": [container(draw, "c", ports=True)]}
     if chance(draw, 20):
@@ -233,21 +295,59 @@ def pending_pod(draw: Draw, nodes: list[dict]) -> dict:
 def case(draw: Draw) -> dict:
     nodes = [node(draw, i) for i in range(draw(1, 5))]
     pods = [bound_pod(draw, i, nodes) for i in range(draw(0, 10))]
-    return {"nodes": nodes, "pods": pods, "pod": pending_pod(draw, nodes)}
+    pod = pending_pod(draw, nodes)
+    found = {"nodes": nodes, "pods": pods, "pod": pod}
+    if chance(draw, 35):
+        volumes = [volume(draw, i, nodes) for i in range(draw(0, 4))]
+        claims = [claim(draw, i, volumes) for i in range(draw(1, 3))]
+        names = [c["metadata"]["name"] for c in claims]
+        wanted = [n for n in names if chance(draw, 70)] or names[:1]
+        if chance(draw, 5):
+            wanted.append("missing")
+        pod["spec"]["volumes"] = mount(wanted)
+        for other in pods:
+            if other["metadata"]["namespace"] == "ns" and chance(draw, 15):
+                other["spec"]["volumes"] = mount([choice(draw, names)])
+        found.update(volumes=volumes, claims=claims, storageClasses=STORAGE_CLASSES)
+    return found
 
 
 def draplane_filter(case: dict) -> dict:
     """The case through draplane's filters (ClusterState.filter_nodes), in the oracle's shape:
     {"feasible", "reasons" (node -> reasons), "message"}."""
+    from draplane.allocation.nodefit import node_names_required
     from draplane.api.core import Node, Pod
     from draplane.scheduling.placing import ClusterState
+
+    from draplane.api.storage import PersistentVolume, PersistentVolumeClaim, StorageClass
+    from draplane.scheduling import volume_binding
+    from draplane.scheduling.unschedulable import pre_filter_problem
 
     state = ClusterState()
     for raw in case["nodes"]:
         state.set_node(msgspec.convert(raw, Node))
-    for raw in case["pods"]:
-        state.set_pod(msgspec.convert(raw, Pod))
-    feasible, account = state.filter_nodes(msgspec.convert(case["pod"], Pod))
+    bound = [msgspec.convert(raw, Pod) for raw in case["pods"]]
+    for other in bound:
+        state.set_pod(other)
+    pod = msgspec.convert(case["pod"], Pod)
+    volumes = None
+    if volume_binding.pod_claim_names(pod) and node_names_required(pod) != frozenset():
+        # the binder's PreFilter (draplane_binder.volumes), over the same objects, where the binder
+        # runs it: not for a pod whose node names cancel out (NodeAffinity's PreFilter comes first)
+        claims = {c["metadata"]["name"]: msgspec.convert(c, PersistentVolumeClaim) for c in case.get("claims", ())}
+        pvs = {v["metadata"]["name"]: msgspec.convert(v, PersistentVolume) for v in case.get("volumes", ())}
+        classes = {c["metadata"]["name"]: msgspec.convert(c, StorageClass) for c in case.get("storageClasses", ())}
+
+        def used_by_other_pod(name: str) -> bool:
+            return any(other.metadata.namespace == pod.metadata.namespace and
+                       name in dict(volume_binding.pod_claim_names(other)) for other in bound)
+
+        try:
+            volumes = volume_binding.pre_filter(pod, claims, pvs, classes, used_by_other_pod)
+        except volume_binding.VolumeUnschedulable as exc:
+            return {"feasible": [], "reasons": {n["metadata"]["name"]: [exc.message] for n in case["nodes"]},
+                    "message": pre_filter_problem(len(case["nodes"]), exc.message)}
+    feasible, account = state.filter_nodes(pod, volumes=volumes)
     reasons = {f.node: list(f.reasons) for f in account.failures if f.node not in feasible}
     return {"feasible": feasible, "reasons": reasons, "message": account.message}
 

@@ -4,7 +4,8 @@
 //
 // Input (stdin): one JSON case per line:
 //
-//	{"nodes": [<v1 Node>], "pods": [<v1 Pod bound to a node>], "pod": <the pending v1 Pod>}
+//	{"nodes": [<v1 Node>], "pods": [<v1 Pod bound to a node>], "pod": <the pending v1 Pod>,
+//	 "volumes": [<PersistentVolume>], "claims": [<PersistentVolumeClaim>], "storageClasses": [<StorageClass>]}
 //
 // Output (stdout): one JSON line per case:
 //
@@ -28,6 +29,7 @@ import (
 	"time"
 
 	v1 "k8s.io/api/core/v1"
+	storagev1 "k8s.io/api/storage/v1"
 	"k8s.io/apimachinery/pkg/runtime"
 	"k8s.io/apimachinery/pkg/util/sets"
 	"k8s.io/apiserver/pkg/util/feature"
@@ -52,9 +54,12 @@ import (
 )
 
 type input struct {
-	Nodes []*v1.Node `json:"nodes"`
-	Pods  []*v1.Pod  `json:"pods"`
-	Pod   *v1.Pod    `json:"pod"`
+	Nodes          []*v1.Node                  `json:"nodes"`
+	Pods           []*v1.Pod                   `json:"pods"`
+	Pod            *v1.Pod                     `json:"pod"`
+	Volumes        []*v1.PersistentVolume      `json:"volumes"`
+	Claims         []*v1.PersistentVolumeClaim `json:"claims"`
+	StorageClasses []*storagev1.StorageClass   `json:"storageClasses"`
 }
 
 type output struct {
@@ -94,6 +99,15 @@ func run(ctx context.Context, profile *schedulerapi.KubeSchedulerProfile, in inp
 	}
 	for _, p := range in.Pods {
 		objects = append(objects, p)
+	}
+	for _, v := range in.Volumes {
+		objects = append(objects, v)
+	}
+	for _, c := range in.Claims {
+		objects = append(objects, c)
+	}
+	for _, c := range in.StorageClasses {
+		objects = append(objects, c)
 	}
 	client := fake.NewSimpleClientset(objects...)
 	informerFactory := informers.NewSharedInformerFactory(client, 0)
