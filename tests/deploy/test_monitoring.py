@@ -60,7 +60,8 @@ def test_every_metric_the_dashboard_queries_is_exported():
     assert not_shown <= {
         "draplane_allocator_placements_republished", "draplane_allocator_pods_gone",
         "draplane_binder_placements_abandoned", "draplane_binder_claims_created", "draplane_binder_pending_published",
-        "draplane_binder_pending_publish_failures", "draplane_inventory_messages_received",
+        "draplane_binder_pending_publish_failures", "draplane_binder_pending_withdrawn",
+        "draplane_inventory_messages_received",
         "draplane_inventory_messages_rejected", "draplane_inventory_snapshots_applied",
         "draplane_inventory_heartbeat_digest_mismatches", "draplane_inventory_stale_transitions",
         "draplane_inventory_nodes_without_node_object", "draplane_inventory_feed_updates",

@@ -15,7 +15,7 @@ import dataclasses
 import heapq
 import zlib
 from dataclasses import dataclass, field
-from typing import Callable, Iterable, Sequence
+from typing import Callable, Iterable, Mapping, Sequence
 
 import numpy as np
 
@@ -400,12 +400,14 @@ class Cluster:
         policy: ScoringPolicy | None = None,
         explain: bool = False,
         node_resources: NodeResources | None = None,
+        node_bonus: Mapping[str, float] | None = None,
     ) -> NodePlacement | Unallocatable:
         """The best node for all claims together, per the policy. Raises AllocationError (fatal input
         errors, or an evaluation error on any node, as kube-scheduler fails the whole attempt).
 
         With `node_resources`, a policy that reads them adds a term per node for its CPU and memory
-        (see `_best_with_resources`); which nodes are feasible does not change."""
+        (see `_best_with_resources`); which nodes are feasible does not change. `node_bonus` is taken
+        off the named nodes' scores (a pod's own preferences, draplane.scheduling.pod_scores)."""
         policy = policy or self.policy
         self._ensure_order()
         self._check_scarcity(policy)
@@ -422,7 +424,9 @@ class Cluster:
         with_resources = node_resources is not None and policy.reads_node_resources
         while True:
             if with_resources:
-                name = self._best_with_resources(index, node_filter, policy, node_resources)
+                name = self._best_with_resources(index, node_filter, policy, node_resources, node_bonus)
+            elif node_bonus:
+                name = self._best_with_bonus(index, node_filter, node_bonus)
             else:
                 name = self._best(index, node_filter)
             if name is None:
@@ -619,8 +623,21 @@ class Cluster:
             self._resource_changes.clear()
             self._resource_epoch += 1
 
+    def _best_with_bonus(self, index: _ShapeIndex, node_filter: NodeFilter | None,
+                         bonus: Mapping[str, float]) -> str | None:
+        """`_best` with `bonus` taken off the named nodes' scores: every feasible node sorted, as
+        only the few pods with preferences come here."""
+        ranked = []
+        for name, entry in index.entries.items():
+            if isinstance(entry.outcome, NodePlacement) and entry.stamp == self._stamp(name):
+                ranked.append((entry.outcome.score - bonus.get(name, 0.0), self._node_order.get(name, 0), name))
+        for _, _, name in sorted(ranked):
+            if node_filter is None or node_filter(self.nodes[name]):
+                return name
+        return None
+
     def _best_with_resources(self, index: _ShapeIndex, node_filter: NodeFilter | None, policy: ScoringPolicy,
-                             resources: NodeResources) -> str | None:
+                             resources: NodeResources, bonus: Mapping[str, float] | None = None) -> str | None:
         """The feasible node with the lowest device score plus the policy's CPU/memory term, ties
         by node order; the node filter (node fit) is asked in that order, as `_best` does.
 
@@ -644,6 +661,10 @@ class Cluster:
             size = scored.size
             total = scored.score[:size] + policy.node_resources_scores(
                 scored.device_free[:size], scored.taken[:size], scored.cpu_free[:size], scored.memory_free[:size], requests)
+            for name, amount in (bonus or {}).items():
+                slot = scored.slot.get(name)
+                if slot is not None and slot < size:
+                    total[slot] -= amount
             total[~scored.valid[:size] | np.isnan(total)] = np.inf  # a policy's NaN ranks last
             stale = False
             for i in _ranked(total, scored.order[:size], scored.valid[:size]):
@@ -698,17 +719,23 @@ class Cluster:
         return taken
 
     def rank_without_claims(self, names: Sequence[str], resources: NodeResources,
-                            policy: ScoringPolicy | None = None) -> list[str]:
+                            policy: ScoringPolicy | None = None, *,
+                            node_bonus: Mapping[str, float] | None = None) -> list[str]:
         """Nodes for a pod that claims no devices, best first: by the policy's CPU/memory term alone
-        (what the pod would strand of the node's free devices), then node order; as given when the
-        policy reads no node resources."""
+        (what the pod would strand of the node's free devices) less `node_bonus`, then node order;
+        as given (less the bonus) when the policy reads no node resources."""
         policy = policy or self.policy
+        bonus = node_bonus or {}
         if not policy.reads_node_resources:
-            return list(names)
+            if not bonus:
+                return list(names)
+            position = {name: i for i, name in enumerate(names)}
+            return sorted(names, key=lambda name: (-bonus.get(name, 0.0), position[name]))
         self._ensure_order()
         requests = (resources.cpu, resources.memory)
         return sorted(names, key=lambda name: (
-            policy.node_resources_score(self.device_free_milli(name), 0.0, resources.free(name), requests),
+            policy.node_resources_score(self.device_free_milli(name), 0.0, resources.free(name), requests)
+            - bonus.get(name, 0.0),
             self._node_order.get(name, 0)))
 
     def device_free_milli(self, name: str) -> float:

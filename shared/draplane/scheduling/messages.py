@@ -227,7 +227,8 @@ class Subjects(msgspec.Struct, frozen=True, kw_only=True):
 def partition_key(pending: PendingPod) -> str:
     """Pods that share a claim must land on one shard, or two shards could allocate that claim
     at once; the lexicographically first claim is shared by all its pods, so key on it.
-    Pods whose placement counts other pods (spread, required pod affinity) key on their namespace.
+    Pods whose placement counts other pods (spread, pod affinity, required or preferred) key on
+    their namespace.
 
     The members of a gang (the pods naming one PodGroup in spec.schedulingGroup) go to one shard,
     which places them together: they key on their PodGroup. A claim shared by a gang member and
@@ -248,12 +249,15 @@ def partition_key(pending: PendingPod) -> str:
 
 
 def _counts_other_pods(spec: PodSpec) -> bool:
+    """Required or preferred pod (anti-)affinity, or topology spread of either kind: where the pod
+    goes depends on the pods placed before it (preferences too, or replicas placed at once by two
+    shards stack where each saw an empty node)."""
     affinity = spec.affinity
-    required_terms = affinity is not None and any(
-        part is not None and part.required_during_scheduling_ignored_during_execution
+    terms = affinity is not None and any(
+        part is not None and (part.required_during_scheduling_ignored_during_execution
+                              or part.preferred_during_scheduling_ignored_during_execution)
         for part in (affinity.pod_affinity, affinity.pod_anti_affinity))
-    spreads = any(c.when_unsatisfiable == "DoNotSchedule" for c in spec.topology_spread_constraints or ())
-    return bool(required_terms or spreads)
+    return bool(terms or spec.topology_spread_constraints)
 
 
 def shard_for(key: str, shards: int) -> int:

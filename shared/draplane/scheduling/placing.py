@@ -44,6 +44,7 @@ from draplane.cel.errors import CELError
 from draplane.scheduling import reservations as rv
 from draplane.api.policy import PodDisruptionBudget
 from draplane.scheduling import inter_pod_affinity as ipa
+from draplane.scheduling import pod_scores
 from draplane.scheduling import pod_topology_spread as spread
 from draplane.scheduling import volume_binding
 from draplane.scheduling import preemption
@@ -683,6 +684,16 @@ class ClusterState:
 
         return node_filter, fit_failures
 
+    def _preferences(self, pod: Pod) -> dict[str, float] | None:
+        """What the pod's preferred pod affinity and ScheduleAnyway spread take off each node's
+        score (pod_scores); None for the pods without them (most)."""
+        if not pod_scores.has_preferences(pod):
+            return None
+        meta = pod.metadata
+        return pod_scores.node_bonus(pod_scores.preferences(pod, self.nodes, self.placed, now=time.time(),
+                                                            where=f"pod {meta.namespace}/{meta.name}",
+                                                            domains=self.node_domains))
+
     def filter_nodes(self, pod: Pod, *, volumes: volume_binding.PodVolumes | None = None) -> tuple[list[str], NotPlaced]:
         """Every node through the pod's filters but DynamicResources (a pod without claims is
         placed by these alone): the feasible nodes, sorted, and kube-scheduler's account of the
@@ -738,13 +749,15 @@ class ClusterState:
 
         try:
             node_filter, fit_failures = self._pod_filter(pod, requests, volumes=volumes, pinned=pinned)
+            bonus = self._preferences(pod)
         except (NodeFitError, ipa.PodAffinityError, spread.SpreadError) as exc:
             return NotPlaced(message=str(exc), failures=[], claim_error=str(exc))
 
         if not pending:
             candidates = sorted(pinned) if pinned else sorted(self.nodes)
             candidates = self.cluster.rank_without_claims(
-                candidates, NodeResources(requests.get(CPU, 0), requests.get(MEMORY, 0), self._free_cpu_memory))
+                candidates, NodeResources(requests.get(CPU, 0), requests.get(MEMORY, 0), self._free_cpu_memory),
+                node_bonus=bonus)
             for name in candidates:
                 node = self.nodes.get(name)
                 if node is not None and node_filter(node):
@@ -753,7 +766,8 @@ class ClusterState:
 
         resources = NodeResources(requests.get(CPU, 0), requests.get(MEMORY, 0), self._free_cpu_memory)
         try:
-            outcome = self.cluster.allocate(pending, node_filter=node_filter, explain=True, node_resources=resources)
+            outcome = self.cluster.allocate(pending, node_filter=node_filter, explain=True, node_resources=resources,
+                                            node_bonus=bonus)
         except AllocationError as exc:
             if exc.fatal:
                 return NotPlaced(message=exc.message, failures=[], claim_error=exc.message)

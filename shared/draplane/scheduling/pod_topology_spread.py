@@ -58,12 +58,12 @@ class Constraint:
         return s is not None and bool(s.match_labels or s.match_expressions)
 
 
-def constraints_of(pod: Pod) -> list[Constraint]:
-    """The pod's DoNotSchedule constraints (ScheduleAnyway ones only score)."""
+def constraints_of(pod: Pod, when_unsatisfiable: str = "DoNotSchedule") -> list[Constraint]:
+    """The pod's DoNotSchedule constraints, which filter (or its ScheduleAnyway ones, which score)."""
     labels = pod.metadata.labels or {}
     found = []
     for c in pod.spec.topology_spread_constraints or ():
-        if c.when_unsatisfiable != "DoNotSchedule":
+        if c.when_unsatisfiable != when_unsatisfiable:
             continue
         selector = c.label_selector
         keys = {k: labels[k] for k in c.match_label_keys or () if k in labels}

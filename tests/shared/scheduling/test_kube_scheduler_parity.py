@@ -10,7 +10,7 @@ node, and, where no node is feasible, the same `0/N nodes are available: ...` me
 Hypothesis (300 examples, derandomized, shrinking) plus a fixed sweep of 3,000 cases of the
 generator's own distribution, the one bench/scheduler_parity.py measures. Volumes go through the
 binder's PreFilter (volume_binding.pre_filter, where the binder calls it) and the shard's Filter.
-Not compared: scores, PostFilter's preemption note, claims (the allocator parity test's), CSI
+Not compared: the other scores (draplane ranks by its devices), PostFilter's preemption note, claims (the allocator parity test's), CSI
 attach limits and storage capacity (not read yet), namespaceSelectors with labels (draplane refuses
 them in affinity terms).
 """
@@ -69,10 +69,16 @@ def test_generator_reaches_every_filter(kube_scheduler):
     rng = random.Random(5)
     seen: set[str] = set()
     feasible = refused_everywhere = 0
+    scores_vary: set[str] = set()
     for _ in range(1500):
-        kube = kube_scheduler.filter(generate.case(rng.randint))
+        case = generate.case(rng.randint)
+        kube = kube_scheduler.filter(case)
         feasible += bool(kube["feasible"])
         refused_everywhere += not kube["feasible"]
+        if len(kube["feasible"]) == len(case["nodes"]):
+            for plugin in ("InterPodAffinity", "PodTopologySpread"):
+                if len({scores.get(plugin) for scores in kube["scores"].values()}) > 1:
+                    scores_vary.add(plugin)
         seen.update(reason for reasons in kube["reasons"].values() for reason in reasons)
     wanted = {
         "node(s) were unschedulable", "node(s) had untolerated taint(s)",
@@ -91,3 +97,4 @@ def test_generator_reaches_every_filter(kube_scheduler):
     }
     assert wanted <= seen, f"never provoked: {sorted(wanted - seen)}"
     assert feasible > 100 and refused_everywhere > 100
+    assert scores_vary == {"InterPodAffinity", "PodTopologySpread"}  # compared where every node is feasible

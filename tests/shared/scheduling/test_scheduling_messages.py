@@ -134,9 +134,15 @@ def test_pods_whose_placement_counts_other_pods_share_their_namespaces_partition
         {"topologyKey": "kubernetes.io/hostname", "labelSelector": {"matchLabels": {"app": "web"}}}]}}}
     assert {partition_key(replica(i, spread)) for i in range(8)} == {"constrained:ns"}
     assert {partition_key(replica(i, anti)) for i in range(8)} == {"constrained:ns"}
-    # ScheduleAnyway and preferred terms only score: the claims decide
+    # ScheduleAnyway and preferred terms score by the pods placed before (pod_scores): replicas on
+    # two shards at once would each see the same empty node, so they share the namespace's shard too
     soft = {"topologySpreadConstraints": [{**spread["topologySpreadConstraints"][0], "whenUnsatisfiable": "ScheduleAnyway"}]}
-    assert partition_key(replica(0, soft)) == "ns/web-0-gpu"
+    assert partition_key(replica(0, soft)) == "constrained:ns"
+    preferred = {"affinity": {"podAntiAffinity": {"preferredDuringSchedulingIgnoredDuringExecution": [
+        {"weight": 100, "podAffinityTerm": anti["affinity"]["podAntiAffinity"][
+            "requiredDuringSchedulingIgnoredDuringExecution"][0]}]}}}
+    assert partition_key(replica(0, preferred)) == "constrained:ns"
+    assert partition_key(replica(0, {})) == "ns/web-0-gpu"  # no constraint: the claims decide
     # a claim shared with other pods keeps the pod on the claim's shard
     shared = {**anti, "resourceClaims": [{"name": "gpu", "resourceClaimName": "web-0-gpu"}]}
     assert partition_key(replica(0, shared)) == "ns/web-0-gpu"

@@ -10,8 +10,9 @@ small capacities (an extended resource on some); bound pods with labels, request
 terminating, in two namespaces; a pending pod with any of nodeSelector, required node affinity
 (matchExpressions and matchFields), tolerations, requests (init containers and overhead
 included), host ports, required pod affinity and anti-affinity (namespaces, an empty
-namespaceSelector) and DoNotSchedule topology spread (minDomains, the inclusion policies,
-matchLabelKeys).
+namespaceSelector), preferred ones, and DoNotSchedule and ScheduleAnyway topology spread
+(minDomains, the inclusion policies, matchLabelKeys). Where every node is feasible the two
+scoring plugins that read other pods (InterPodAffinity, PodTopologySpread) are compared too.
 
 `draw(lo, hi)` is the randomness: random.Random.randint for the bench, hypothesis' integers for
 the test (so a failure shrinks). `draplane_filter(case)` runs the same case through draplane.
@@ -20,6 +21,7 @@ the test (so a failure shrinks). `draplane_filter(case)` runs the same case thro
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
+import time
 from typing import Any
 
 import msgspec
@@ -272,10 +274,20 @@ def pending_pod(draw: Draw, nodes: list[dict]) -> dict:
     if chance(draw, 35):
         affinity["podAntiAffinity"] = {"requiredDuringSchedulingIgnoredDuringExecution":
                                        [affinity_term(draw) for _ in range(draw(1, 2))]}
+    for kind in ("podAffinity", "podAntiAffinity"):
+        if chance(draw, 20):
+            affinity.setdefault(kind, {})["preferredDuringSchedulingIgnoredDuringExecution"] = [
+                {"weight": choice(draw, (1, 10, 100)), "podAffinityTerm": affinity_term(draw)}
+                for _ in range(draw(1, 2))]
     if affinity:
         spec["affinity"] = affinity
     if chance(draw, 35):
         spec["topologySpreadConstraints"] = [spread_constraint(draw) for _ in range(draw(1, 2))]
+    if chance(draw, 20):
+        soft = spread_constraint(draw)
+        soft["whenUnsatisfiable"] = "ScheduleAnyway"
+        soft.pop("minDomains", None)  # only with DoNotSchedule
+        spec.setdefault("topologySpreadConstraints", []).append(soft)
     if chance(draw, 30):
         tolerations = []
         for _ in range(draw(1, 2)):
@@ -292,7 +304,47 @@ def pending_pod(draw: Draw, nodes: list[dict]) -> dict:
             "spec": spec}
 
 
+def scoring_case(draw: Draw) -> dict:
+    """A case where every node is feasible, so that scores compare: roomy untainted nodes, bound
+    pods of the apps, and a pending pod with only preferred terms and ScheduleAnyway spread."""
+    nodes = []
+    for i in range(draw(2, 6)):
+        raw = node(draw, i)
+        raw["spec"] = {}
+        raw["status"]["allocatable"] = raw["status"]["capacity"] = {"cpu": "64", "memory": "256Gi", "pods": "110"}
+        nodes.append(raw)
+    pods = []
+    for i in range(draw(0, 12)):
+        pod = bound_pod(draw, i, nodes)
+        pod["spec"]["containers"] = [{"name": "c", "image": "busybox"}]
+        pod["spec"].pop("affinity", None)
+        pods.append(pod)
+    spec: dict = {"containers": [{"name": "c", "image": "busybox"}]}
+    affinity: dict = {}
+    for kind in ("podAffinity", "podAntiAffinity"):
+        if chance(draw, 50):
+            affinity[kind] = {"preferredDuringSchedulingIgnoredDuringExecution": [
+                {"weight": choice(draw, (1, 10, 100)), "podAffinityTerm": affinity_term(draw)}
+                for _ in range(draw(1, 2))]}
+    if affinity:
+        spec["affinity"] = affinity
+    constraints = []
+    for _ in range(draw(0 if affinity else 1, 2)):
+        soft = spread_constraint(draw)
+        soft["whenUnsatisfiable"] = "ScheduleAnyway"
+        soft.pop("minDomains", None)  # only with DoNotSchedule
+        constraints.append(soft)
+    if constraints:
+        spec["topologySpreadConstraints"] = constraints
+    pod = {"apiVersion": "v1", "kind": "Pod",
+           "metadata": {"name": "pending", "namespace": "ns", "uid": "uid-pending", "labels": pod_labels(draw)},
+           "spec": spec}
+    return {"nodes": nodes, "pods": pods, "pod": pod}
+
+
 def case(draw: Draw) -> dict:
+    if chance(draw, 20):
+        return scoring_case(draw)
     nodes = [node(draw, i) for i in range(draw(1, 5))]
     pods = [bound_pod(draw, i, nodes) for i in range(draw(0, 10))]
     pod = pending_pod(draw, nodes)
@@ -316,6 +368,7 @@ def draplane_filter(case: dict) -> dict:
     """The case through draplane's filters (ClusterState.filter_nodes), in the oracle's shape:
     {"feasible", "reasons" (node -> reasons), "message"}."""
     from draplane.allocation.nodefit import node_names_required
+    from draplane.scheduling import pod_scores
     from draplane.api.core import Node, Pod
     from draplane.scheduling.placing import ClusterState
 
@@ -349,7 +402,17 @@ def draplane_filter(case: dict) -> dict:
                     "message": pre_filter_problem(len(case["nodes"]), exc.message)}
     feasible, account = state.filter_nodes(pod, volumes=volumes)
     reasons = {f.node: list(f.reasons) for f in account.failures if f.node not in feasible}
-    return {"feasible": feasible, "reasons": reasons, "message": account.message}
+    found = {"feasible": feasible, "reasons": reasons, "message": account.message}
+    if feasible and len(feasible) == len(case["nodes"]):
+        # draplane normalizes over every node, kube-scheduler over the feasible ones: comparable here
+        found["scores"] = {name: {} for name in feasible}
+        for plugin, scores in (("InterPodAffinity", pod_scores.inter_pod_affinity(pod, state.nodes, state.placed,
+                                                                                   now=time.time())),
+                               ("PodTopologySpread", pod_scores.topology_spread(pod, state.nodes, state.placed,
+                                                                                now=time.time()))):
+            for name in feasible:
+                found["scores"][name][plugin] = int(pod_scores.PLUGIN_WEIGHT * (scores or {}).get(name, 0.0))
+    return found
 
 
 def compare(kube: dict, ours: dict) -> str | None:
@@ -364,4 +427,9 @@ def compare(kube: dict, ours: dict) -> str | None:
             return f"reasons on {name}: kube-scheduler {reasons}, draplane {ours['reasons'].get(name)}"
     if not kube["feasible"] and kube["message"] != ours["message"]:
         return f"message: kube-scheduler {kube['message']!r}, draplane {ours['message']!r}"
+    if "scores" in ours:
+        for name, by_plugin in sorted(ours["scores"].items()):
+            theirs = {plugin: kube["scores"].get(name, {}).get(plugin, 0) for plugin in by_plugin}
+            if theirs != by_plugin:
+                return f"scores on {name}: kube-scheduler {theirs}, draplane {by_plugin}"
     return None

@@ -66,7 +66,10 @@ type output struct {
 	Feasible []string            `json:"feasible"`
 	Reasons  map[string][]string `json:"reasons"`
 	Message  string              `json:"message,omitempty"`
-	Error    string              `json:"error,omitempty"`
+	// feasible node -> scoring plugin -> its normalized, weighted score (InterPodAffinity and
+	// PodTopologySpread only: the two that read other pods)
+	Scores map[string]map[string]int64 `json:"scores,omitempty"`
+	Error  string                      `json:"error,omitempty"`
 }
 
 // noNominations: no pod of a case is nominated to a node (the scheduling queue would say which).
@@ -193,6 +196,7 @@ func run(ctx context.Context, profile *schedulerapi.KubeSchedulerProfile, in inp
 		diagnosis.NodeToStatus.SetAbsentNodesStatus(fwk.NewStatus(fwk.UnschedulableAndUnresolvable,
 			fmt.Sprintf("node(s) didn't satisfy plugin(s) %v", sets.List(unschedulablePlugins))))
 	}
+	var feasibleInfos []fwk.NodeInfo
 	for _, nodeInfo := range nodes {
 		status := schedFramework.RunFilterPluginsWithNominatedPods(ctx, state, pod, nodeInfo)
 		name := nodeInfo.Node().Name
@@ -202,6 +206,7 @@ func run(ctx context.Context, profile *schedulerapi.KubeSchedulerProfile, in inp
 		}
 		if status.IsSuccess() {
 			out.Feasible = append(out.Feasible, name)
+			feasibleInfos = append(feasibleInfos, nodeInfo)
 			continue
 		}
 		diagnosis.NodeToStatus.Set(name, status)
@@ -210,6 +215,27 @@ func run(ctx context.Context, profile *schedulerapi.KubeSchedulerProfile, in inp
 	}
 	sort.Strings(out.Feasible)
 	out.Message = fitError()
+	if len(feasibleInfos) > 0 {
+		if s := schedFramework.RunPreScorePlugins(ctx, state, pod, feasibleInfos); !s.IsSuccess() {
+			out.Error = fmt.Sprintf("prescore: %v", s.AsError())
+			return out
+		}
+		scores, s := schedFramework.RunScorePlugins(ctx, state, pod, feasibleInfos)
+		if !s.IsSuccess() {
+			out.Error = fmt.Sprintf("score: %v", s.AsError())
+			return out
+		}
+		out.Scores = map[string]map[string]int64{}
+		for _, node := range scores {
+			byPlugin := map[string]int64{}
+			for _, score := range node.Scores {
+				if score.Name == "InterPodAffinity" || score.Name == "PodTopologySpread" {
+					byPlugin[score.Name] = score.Score
+				}
+			}
+			out.Scores[node.Name] = byPlugin
+		}
+	}
 	return out
 }
 
