@@ -32,6 +32,7 @@ from draplane.entrypoints import (
 )
 from draplane.messages.audit import DEFAULT_PREFIX
 from draplane.structured_logs import add_log_format_argument
+from draplane.tasks import guarded_task
 from draplane_audit.metrics import AuditMetrics, ClusterMetrics
 from draplane_audit.subscriber import AuditSubscriber
 
@@ -123,18 +124,7 @@ async def _recompute(view: ClusterView, changed: asyncio.Event, cluster: Cluster
 
 
 def _guarded(loop, name: str) -> asyncio.Task:
-    async def guarded():
-        while True:
-            try:
-                await loop()
-                return
-            except asyncio.CancelledError:
-                raise
-            except Exception:  # noqa: BLE001 - logged and restarted, never silently lost
-                log.exception("%s crashed; restarting it in 1 s", name)
-                await asyncio.sleep(1.0)
-
-    return asyncio.create_task(guarded(), name=name)
+    return guarded_task(loop, name, log)
 
 
 async def healthz(request: web.Request) -> web.Response:

@@ -41,6 +41,7 @@ from draplane.dashboard.device_map import DeviceMap, DeviceMapBuilder, RuleTaint
 from draplane.dashboard.scheduling_facts import SchedulingFacts, shard_of_subject
 from draplane.messages.audit import AuditEvent, AuditNames, MessageError as AuditMessageError, decode_event
 from draplane.scheduling.messages import MessageError, Subjects, decode_message
+from draplane.tasks import guarded_task
 
 log = logging.getLogger(__name__)
 
@@ -327,20 +328,7 @@ def message_for(snapshot: Snapshot, sent: dict[str, bytes]) -> bytes:
 
 
 def _guarded(loop, name: str) -> asyncio.Task:
-    async def guarded():
-        failures = 0
-        while True:
-            try:
-                await loop()
-                return
-            except asyncio.CancelledError:
-                raise
-            except Exception:  # noqa: BLE001 - logged and restarted with backoff, never lost
-                failures += 1
-                log.exception("dashboard: %s crashed; restarting it in %.0f s", name, backoff(failures))
-                await asyncio.sleep(backoff(failures))
-
-    return asyncio.create_task(guarded(), name=name)
+    return guarded_task(loop, name, log, owner="dashboard")
 
 
 # --- HTTP ------------------------------------------------------------------------------------------
