@@ -113,8 +113,9 @@ class Scheduling:
         binder = self.binder
         parts = []
         if binder is not None:
-            parts.append(f"binder counters={binder.counters} in_flight={len(binder.in_flight)} "
-                         f"retry={len(binder.retry)} reasons={list(binder.last_reason.values())[:3]}")
+            parts.append(f"binder counters={binder.counters} in_flight={len(binder.pending.in_flight)} "
+                         f"retry={len(binder.pending.backoff)} "
+                         f"reasons={list(binder.pending.last_reason.values())[:3]}")
         for shard in self.shards:
             parts.append(f"shard {shard.index} counters={shard.counters} ready={shard.ready}")
         return "; ".join(parts)

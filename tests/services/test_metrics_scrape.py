@@ -185,7 +185,7 @@ async def test_every_service_s_metrics_count_what_happened(kube, control_plane, 
                 pod = await kube.get(Pod, name, namespace)
                 entries = [entry for s in shards for _, entry in s.store.entries.values()]
                 confirmed = all(r.expires_at is None for entry in entries for r in entry.claims.values())
-                return pod.spec.node_name == node and confirmed and not binder[BINDER].to_confirm
+                return pod.spec.node_name == node and confirmed and not binder[BINDER].reservations.to_confirm
 
             await _eventually(bound_and_confirmed, 30, f"pod bound-{i} to be bound and its reservation confirmed")
         assert hit == [node]

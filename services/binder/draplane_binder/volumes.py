@@ -25,12 +25,13 @@ import logging
 import time
 from collections.abc import Awaitable, Callable
 
-from draplane.api.core import Pod
+from draplane.api.core import Node, Pod
 from draplane.api.storage import (
     ANNOTATION_BOUND_BY_CONTROLLER, ANNOTATION_SELECTED_NODE, PersistentVolume, PersistentVolumeClaim, StorageClass,
 )
 from draplane.kube import KubeApiError, KubeClient, watch_objects
 from draplane.scheduling import volume_binding as vb
+from draplane_binder.lifecycle import pod_is_done
 
 log = logging.getLogger(__name__)
 
@@ -113,18 +114,24 @@ class VolumeBinder:
             self.classes[storage_class.metadata.name or ""] = storage_class
         self._wake_all()
 
-    def set_node(self, name: str, labels: dict[str, str] | None) -> None:
-        if labels is None:
+    def node_changed(self, kind: str, node: Node, changed: bool) -> None:
+        """The cluster cache's listener: the node labels a volume's node affinity is matched to."""
+        name = node.metadata.name or ""
+        if kind == "DELETED":
             self.node_labels.pop(name, None)
         else:
-            self.node_labels[name] = labels
+            self.node_labels[name] = node.metadata.labels or {}
 
-    def track_pod(self, key: Key, old: Pod | None, new: Pod | None) -> None:
-        """Keep `pods_by_claim` in step with the pod cache (new None: the pod is gone)."""
-        for pod, add in ((old, False), (new, True)):
-            if pod is None:
+    def pod_changed(self, kind: str, old: Pod | None, pod: Pod) -> None:
+        """The cluster cache's listener: `pods_by_claim` kept in step with the pod cache. A pod
+        that goes wakes the other pods of its claims: a ReadWriteOncePod claim it held is free."""
+        key = (pod.metadata.namespace or "", pod.metadata.name or "")
+        if (kind == "DELETED" or pod_is_done(pod)) and pod.spec.volumes:
+            self._wake_pods(self._pods_sharing_claims(key, pod))
+        for tracked, add in ((old, False), (None if kind == "DELETED" else pod, True)):
+            if tracked is None:
                 continue
-            for claim, _ in vb.pod_claim_names(pod):
+            for claim, _ in vb.pod_claim_names(tracked):
                 pods = self.pods_by_claim.setdefault((key[0], claim), set())
                 if add:
                     pods.add(key)
@@ -150,7 +157,7 @@ class VolumeBinder:
 
         return vb.pre_filter(pod, self.claims.get(namespace, {}), self.volumes, self.classes, used_by_other_pod)
 
-    def pods_sharing_claims(self, key: Key, pod: Pod) -> list[Key]:
+    def _pods_sharing_claims(self, key: Key, pod: Pod) -> list[Key]:
         """The other pods that use a claim of this pod's (woken when it goes: a ReadWriteOncePod
         claim it held is free again)."""
         return sorted({other for claim, _ in vb.pod_claim_names(pod)

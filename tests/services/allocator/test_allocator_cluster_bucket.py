@@ -16,7 +16,8 @@ from draplane.api.resource import ResourceClaim
 from draplane.scheduling import cluster_feed, scenario, streams
 from draplane.scheduling import reservations as rv
 from draplane.scheduling.messages import Subjects
-from draplane_allocator.shard import PRUNE_INTERVAL_SECONDS, Shard
+from draplane_allocator.lease_pruner import PRUNE_INTERVAL_SECONDS
+from draplane_allocator.shard import Shard
 from draplane_binder.service import Binder
 from conftest import ensure_class, lapsed_reservation  # noqa: E402  (tests/services/conftest.py)
 
@@ -58,7 +59,7 @@ async def test_a_restarted_shard_rebuilds_from_the_bucket_and_a_restarted_binder
     await shard.wait_ready(timeout=30)
     cold_start = time.monotonic() - started
     assert cold_start < 10, f"rebuilding from the bucket took {cold_start:.1f} s"
-    assert first.metadata.uid in shard.pods
+    assert first.metadata.uid in shard.view.pods
     assert shard.state.claims[first_claim.metadata.uid].status.allocation is not None
     assert shard.state.pods_on_node.get(node, {}).get(first.metadata.uid) is not None
 
@@ -79,7 +80,7 @@ async def test_a_restarted_shard_rebuilds_from_the_bucket_and_a_restarted_binder
     await binder.wait_ready(timeout=30)
 
     async def swept():
-        return first.metadata.uid not in shard.pods and \
+        return first.metadata.uid not in shard.view.pods and \
             await _bucket_revision(kv, f"pod.{first.metadata.uid}") is None
     await scheduling.wait_for(swept, what="the gone pod's key deleted and the shard told")
     # what did not change is not written again

@@ -24,7 +24,7 @@ from draplane.api.core import Pod
 from draplane.scheduling import reservations as rv
 from draplane.scheduling import scenario, streams
 from draplane.scheduling.messages import Subjects
-from draplane_allocator.shard import FAILPOINT_ENV, GANG_COMMIT_FAILPOINT
+from draplane_allocator.gangs import FAILPOINT_ENV, GANG_COMMIT_FAILPOINT
 from conftest import audit, create_many, ensure_class  # noqa: E402  (tests/services/conftest.py)
 from test_gang_flows import gang_yaml, pod_group_yaml  # noqa: E402  (tests/services/test_gang_flows.py)
 

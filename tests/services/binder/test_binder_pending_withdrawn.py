@@ -32,7 +32,7 @@ async def test_a_pod_deleted_while_its_pending_pod_waits_is_never_placed(schedul
     uid = pod.metadata.uid
 
     async def published():
-        sent = binder.in_flight.get(uid)
+        sent = binder.pending.in_flight.get(uid)
         return sent is not None and sent.sequence is not None
 
     await scheduling.wait_for(published, what="the pod's PendingPod to be published")
@@ -41,7 +41,7 @@ async def test_a_pod_deleted_while_its_pending_pod_waits_is_never_placed(schedul
 
     async def deletion_handled():
         # the binder saw it go, and what it started then has finished
-        return uid not in binder.in_flight and not binder._one_offs
+        return uid not in binder.pending.in_flight and not binder._one_offs
 
     await scheduling.wait_for(deletion_handled, what="the binder to see the pod deleted")
 
@@ -76,7 +76,7 @@ async def test_a_pending_pod_its_shard_took_already_is_left_to_the_shard_quietly
     pod = scheduling.pod(namespace, "late")
     binder = scheduling.binder
     before = binder.counters["pending_withdrawn"]
-    await binder._withdraw_pending(pod, inf.InFlight(since=0.0, shard=0, sequence=sequence))
+    await binder.pending.withdraw_pending(pod, inf.InFlight(since=0.0, shard=0, sequence=sequence))
     assert binder.counters["pending_withdrawn"] == before
     assert not [r for r in caplog.records if r.name.startswith("draplane_binder") and r.levelname == "WARNING"
                 and "late" in r.getMessage()]

@@ -40,13 +40,13 @@ async def test_an_event_older_than_the_binders_own_write_neither_replaces_it_nor
     async def release(claim):
         released.append(claim.metadata.resource_version)
 
-    binder._release = release
-    binder._on_claim("MODIFIED", _claim("12", allocated=True))  # what _write_claim wrote
-    binder._on_claim("ADDED", _claim("10", allocated=False))  # the watch, behind: the claim as created
-    binder._on_claim("MODIFIED", _claim("12", allocated=True))  # the watch catches up
+    binder.reservations.release = release
+    binder.cache.apply_claim("MODIFIED", _claim("12", allocated=True))  # what the placement writer wrote
+    binder.cache.apply_claim("ADDED", _claim("10", allocated=False))  # the watch, behind: the claim as created
+    binder.cache.apply_claim("MODIFIED", _claim("12", allocated=True))  # the watch catches up
     await asyncio.sleep(0)  # a release would run now
-    assert binder.claims[("ns", "web-gpu")].metadata.resource_version == "12"
+    assert binder.cache.claims[("ns", "web-gpu")].metadata.resource_version == "12"
     assert released == []
-    binder._on_claim("MODIFIED", _claim("15", allocated=False))  # a real deallocation is still one
+    binder.cache.apply_claim("MODIFIED", _claim("15", allocated=False))  # a real deallocation is still one
     await asyncio.sleep(0)
     assert released == ["12"]

@@ -43,7 +43,7 @@ async def test_failed_placement_undoes_reserved_for_and_releases(scheduling, kub
     placed = state.place_pod(pod, [free])
     assert placed.allocations[free.metadata.uid].devices.results[0].device == other_gpu
     wrong_for_taken = placed.allocations[free.metadata.uid]
-    store = scheduling.binder.store
+    store = scheduling.binder.reservations.store
     revision, entry = await store.refresh(node)
     reservation = rv.Reservation(
         claim_uid=free.metadata.uid, claim_namespace=namespace, claim_name="free", pod_uid=pod.metadata.uid,
@@ -60,7 +60,7 @@ async def test_failed_placement_undoes_reserved_for_and_releases(scheduling, kub
         ],
         shard=0, first_seen=time.time(), expires_at=time.time() + 30,
     )
-    assert await scheduling.binder.write_placement(placement) is False
+    assert await scheduling.binder.writer.write_placement(placement) is False
 
     free_now = await kube.get(ResourceClaim, "free", namespace)
     assert free_now.status is None or (free_now.status.allocation is None and not free_now.status.reserved_for)
@@ -94,7 +94,7 @@ async def test_a_placement_delivered_again_for_a_bound_pod_binds_nothing_and_say
         shard=0, first_seen=time.time(), expires_at=time.time() + 30,
     )
     with caplog.at_level(logging.INFO, logger="draplane_binder"):
-        assert await scheduling.binder.write_placement(placement) is True
+        assert await scheduling.binder.writer.write_placement(placement) is True
     lines = [r.getMessage() for r in caplog.records if f"{namespace}/once" in r.getMessage()]
     assert any("was already bound to node" in line and "nothing rebound" in line for line in lines), lines
     assert not any(" bound to node " in line and "already" not in line for line in lines), lines

@@ -2,7 +2,7 @@
 
 import asyncio
 
-from draplane_binder.service import WorkQueue
+from draplane_binder.work_queue import WorkQueue
 
 
 async def test_a_key_queued_twice_before_it_is_taken_is_processed_once():

@@ -283,7 +283,7 @@ class ReservationProtocol(RuleBasedStateMachine):
             node = pick(which // 3, NODES)
             self.shards[i]["mirror"][node] = self.bucket[node]
         elif what == "a shard prunes lapsed leases" and self.live_shards():
-            # Shard._prune_expired: freed, or confirmed where the claim is allocated in its view
+            # LeasePruner.prune_once: freed, or confirmed where the claim is allocated in its view
             self.lapse_all(pick(which, self.live_shards()))
         elif what == "a shard's claim watch" and self.live_shards():
             self.shards[pick(which, self.live_shards())]["seen"] = len(self.claim_log)
@@ -299,7 +299,7 @@ class ReservationProtocol(RuleBasedStateMachine):
     @precondition(lambda self: self.binder_alive and self.claim_events)
     @rule()
     def binder_sees_claim_deleted(self) -> None:
-        """binder._release: an allocated claim is gone, so is its reservation."""
+        """ReservationKeeper.release: an allocated claim is gone, so is its reservation."""
         claim = self.claim_events.pop(0)
         for node in NODES:
             self.change(node, lambda entry: protocol.release(entry, [claim.uid]))
@@ -560,7 +560,7 @@ class ReservationProtocol(RuleBasedStateMachine):
                 self.send_pending(pod.uid)
 
     def reconcile(self) -> None:
-        """binder.reconcile_reservations, with Kubernetes as its live read."""
+        """ReservationKeeper.reconcile_reservations, with Kubernetes as its live read."""
         for node in NODES:
             def allocated(reservation: rv.Reservation):
                 claim = self.claims.get(reservation.claim_uid)

@@ -1,0 +1,347 @@
+"""A shard's view of the cluster, rebuilt on start from NATS alone (a shard holds no Kubernetes
+client): the inventory feed bucket, the cluster bucket the binder fills from its watches
+(DeviceClasses, Nodes, DeviceTaintRules, PodGroups, PodDisruptionBudgets, every ResourceClaim and
+the bound pods: draplane.scheduling.cluster_feed), and the reservation bucket, all kept in one
+ClusterState (draplane.scheduling.placing) that placing reads.
+
+Read by the placer and the gangs, which write only through the reservation store; the gangs
+learn of pods coming and going through `pod_listeners`.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import time
+from collections.abc import Awaitable, Callable, Iterable
+
+import nats.js.errors
+from nats.js import JetStreamContext
+
+from draplane.allocation.taintrules import rule_selects
+from draplane.api.core import Node, Pod
+from draplane.api.meta import ObjectMeta
+from draplane.api.policy import PodDisruptionBudget
+from draplane.api.resource import DeviceClass, DeviceTaintRule, ResourceClaim
+from draplane.api.scheduling import PodGroup
+from draplane.audit_publisher import AuditPublisher
+from draplane.messages import audit
+from draplane.messages.inventory import InventoryNames, decode_feed_entry
+from draplane.messages.inventory import MessageError as InventoryMessageError
+from draplane.scheduling import cluster_feed, streams
+from draplane.scheduling.gangs import pod_group_key
+from draplane.scheduling.messages import PendingPod, Subjects
+from draplane.scheduling.placing import ClusterState
+from draplane.scheduling.reservation_store import ReservationStore
+from draplane.structured_logs import fields
+from draplane_allocator.metrics import ShardMetrics
+from draplane_allocator.records import PodToPlace
+
+log = logging.getLogger(__name__)
+
+# How long a pending pod waits for this shard's watch of the cluster bucket to reach the revision
+# its PendingPod names (its claims in the bucket) before it goes back with backoff.
+CLUSTER_CATCH_UP_SECONDS = 10.0
+# How often a bucket another service creates is looked for while it does not exist yet.
+BUCKET_LOOKUP_SECONDS = 1.0
+
+PodListener = Callable[[Pod, bool], None]  # (the pod, deleted)
+
+
+class ShardView:
+    def __init__(self, js: JetStreamContext, subjects: Subjects, feed_names: InventoryNames, *, index: int,
+                 policy: str | None, stream_replicas: int, gang_scheduling: bool, audit_publisher: AuditPublisher,
+                 metrics: ShardMetrics, log: logging.LoggerAdapter | logging.Logger) -> None:
+        self.js, self.subjects, self.feed_names, self.index = js, subjects, feed_names, index
+        self.stream_replicas = stream_replicas
+        self.gang_scheduling = gang_scheduling
+        self.audit, self.m, self.log = audit_publisher, metrics, log
+        # Shards break ties between equal nodes each its own way: fewer races for one node.
+        self.state = ClusterState(policy=policy, tie_break=index)
+        self._store: ReservationStore | None = None
+        self.pods: dict[str, Pod] = {}  # uid -> pod
+        self.pod_groups: dict[str, PodGroup] = {}  # namespace/name -> PodGroup
+        self.pod_listeners: list[PodListener] = []
+        self.synced = {k: asyncio.Event() for k in ("cluster", "feed")}
+        # the cluster bucket: key -> the object it holds (what a delete marker deletes)
+        self.cluster: dict[str, object] = {}
+        self.cluster_revision = 0  # the last revision of the bucket taken in
+        self._cluster_replayed = False  # past the entries the bucket held when the watch started
+        self._cluster_filled_by: str | None = None  # the binder whose SYNCED_KEY is in the bucket
+        # The binder's last heartbeat (its clock): the bucket holds what Kubernetes held until
+        # about then. Leases are lapsed only up to it (see lapse_clock).
+        self.binder_heard_at = 0.0
+        self._cluster_moved = asyncio.Condition()
+        self._revision_waiters = 0
+        self._handlers = {DeviceClass: self._on_class, Node: self._on_node, DeviceTaintRule: self._on_taint_rule,
+                          PodGroup: self._on_pod_group, PodDisruptionBudget: self._on_budget,
+                          ResourceClaim: self._on_claim, Pod: self._on_pod}
+
+    async def open(self) -> None:
+        kv = await streams.reservation_bucket(self.js, self.subjects, replicas=self.stream_replicas)
+        self._store = ReservationStore(kv, on_change=self.reservations_changed)
+
+    @property
+    def store(self) -> ReservationStore:
+        if self._store is None:
+            raise RuntimeError("the reservation bucket is not open yet (ShardView.open)")
+        return self._store
+
+    def loops(self) -> list[tuple[str, Callable[[], Awaitable]]]:
+        return [("reservations watch", self.store.watch), ("inventory feed watch", self._watch_feed),
+                ("cluster bucket watch", self._watch_cluster)]
+
+    @property
+    def ready(self) -> bool:
+        return all(e.is_set() for e in self.synced.values()) and self._store is not None and self._store.synced
+
+    async def wait_ready(self, timeout: float = 60.0) -> None:
+        deadline = time.monotonic() + timeout
+        while not self.ready:
+            if time.monotonic() > deadline:
+                missing = [k for k, e in self.synced.items() if not e.is_set()]
+                raise TimeoutError(f"shard {self.index}: not synced: {missing}")
+            await asyncio.sleep(0.05)
+
+    # --- the cluster bucket ------------------------------------------------------------------------
+
+    async def _watch_cluster(self) -> None:
+        """Follow the cluster bucket the binder fills (draplane.scheduling.cluster_feed). The
+        bucket keeps the latest value per key, so watching it from the start replays the cluster
+        as it is now, then every change."""
+        bucket = self.subjects.cluster_bucket
+        while True:
+            try:
+                kv = await self.js.key_value(bucket)
+                break
+            except nats.js.errors.BucketNotFoundError:
+                self.log.info("shard %d: no cluster bucket %s yet (the binder creates it); looking again in %.0f s",
+                              self.index, bucket, BUCKET_LOOKUP_SECONDS)
+                await asyncio.sleep(BUCKET_LOOKUP_SECONDS)
+        # A watch restarted after a crash replays the bucket over the view it has: a key replayed
+        # replaces its object, and those not replayed were deleted meanwhile (taken out at the end).
+        # The view stays whole meanwhile, if older, rather than empty under a shard that places.
+        replayed: set[str] | None = set()
+        self._cluster_replayed = False
+        async with contextlib.aclosing(streams.bucket_entries(kv)) as entries:
+            async for update in entries:
+                if update is None:
+                    for key in [k for k in self.cluster if k not in replayed]:
+                        self.take_cluster_entry(key, None)
+                    replayed = None
+                    self._cluster_replayed = True
+                    self.log.info("shard %d: cluster bucket replayed: %d objects up to revision %d", self.index,
+                                  len(self.cluster), self.cluster_revision)
+                    self._mark_cluster_synced()
+                    continue
+                if replayed is not None:
+                    replayed.add(update.key)
+                self.take_cluster_entry(update.key, streams.entry_value(update))
+                self.cluster_revision = max(self.cluster_revision, update.revision or 0)
+                if self._revision_waiters:
+                    async with self._cluster_moved:
+                        self._cluster_moved.notify_all()
+
+    def _mark_cluster_synced(self) -> None:
+        """Ready once the replay is over *and* a binder has filled the bucket: the marker comes
+        early in the replay (written once per binder start), most claims and pods after it."""
+        if self._cluster_replayed and self._cluster_filled_by is not None and not self.synced["cluster"].is_set():
+            self.log.info("shard %d: the cluster bucket is complete (binder %s listed everything): %d objects",
+                          self.index, self._cluster_filled_by, len(self.cluster))
+            self.synced["cluster"].set()
+
+    def take_cluster_entry(self, key: str, value: bytes | None) -> None:
+        if key in (cluster_feed.SYNCED_KEY, cluster_feed.HEARTBEAT_KEY):
+            if value is None:
+                return
+            try:
+                marker = cluster_feed.decode_synced(value, key)
+            except cluster_feed.FeedError as exc:
+                self.log.error("shard %d: %s", self.index, exc)
+                return
+            if key == cluster_feed.HEARTBEAT_KEY:
+                self.binder_heard_at = max(self.binder_heard_at, marker.at)
+            else:
+                self._cluster_filled_by = marker.binder
+                self._mark_cluster_synced()
+            return
+        if value is None:
+            obj = self.cluster.pop(key, None)
+            if obj is not None:
+                self._handlers[type(obj)](obj, True)
+            return
+        try:
+            obj = cluster_feed.decode(key, value)
+        except cluster_feed.FeedError as exc:  # malformed, or a newer binder's kind: skip it, say so
+            self.m.errors.inc()
+            self.log.error("shard %d: unreadable cluster bucket entry: %s", self.index, exc)
+            return
+        self.cluster[key] = obj
+        self._handlers[type(obj)](obj, False)
+
+    async def _caught_up(self, revision: int) -> None:
+        """Wait until this shard's view of the cluster bucket holds `revision`."""
+        if self.cluster_revision >= revision:
+            return
+        self._revision_waiters += 1
+        try:
+            async with self._cluster_moved:
+                await asyncio.wait_for(self._cluster_moved.wait_for(lambda: self.cluster_revision >= revision),
+                                       CLUSTER_CATCH_UP_SECONDS)
+        finally:
+            self._revision_waiters -= 1
+
+    def _on_class(self, obj: DeviceClass, deleted: bool) -> None:
+        self.state.set_class(obj, deleted)
+
+    def _on_taint_rule(self, obj: DeviceTaintRule, deleted: bool) -> None:
+        effect = obj.spec.taint.effect
+        self.log.info("shard %d: devicetaintrule %s %s: taint %s=%s:%s", self.index, obj.metadata.name,
+                      "deleted" if deleted else "applied", obj.spec.taint.key, obj.spec.taint.value or "", effect)
+        self.state.set_taint_rule(obj, deleted)
+        if self._cluster_replayed:
+            # Every shard sees the rule; the event id (the rule's uid and generation) makes
+            # their publishes one event. Rules the bucket held when this shard started are not
+            # news: they were told when they changed.
+            self.audit.publish(self._taint_rule_event(obj, deleted))
+
+    def _taint_rule_event(self, rule: DeviceTaintRule, deleted: bool) -> audit.AuditEvent:
+        taint = rule.spec.taint
+        selected = [
+            audit.DeviceRef(driver=s.spec.driver, pool=s.spec.pool.name, device=d.name)
+            for s in self.state.cluster.inventory.slices() for d in s.spec.devices or ()
+            if rule_selects(rule, s.spec.driver, s.spec.pool.name, d.name)
+        ]
+        kind = "untainted" if deleted else "tainted"
+        return audit.AuditEvent(
+            # The generation, not the resourceVersion: a write to the rule's status is no news.
+            id=audit.taint_rule_id(kind, rule.metadata.uid or rule.metadata.name or "", str(rule.metadata.generation or 0)),
+            kind=kind, at=time.time(), by=[f"devicetaintrule {rule.metadata.name}", f"shard-{self.index}"],
+            devices=selected[:audit.MAX_DEVICES_NAMED], device_count=len(selected),
+            reason=f"devicetaintrule {rule.metadata.name} {'deleted' if deleted else 'applied'}: "
+                   f"{taint.key}={taint.value or ''}:{taint.effect}",
+        )
+
+    def _on_node(self, obj: Node, deleted: bool) -> None:
+        self.state.set_node(obj, deleted)
+
+    def _on_pod(self, obj: Pod, deleted: bool) -> None:
+        uid = obj.metadata.uid or ""
+        if deleted:
+            self.pods.pop(uid, None)
+        else:
+            self.pods[uid] = obj
+        self.state.set_pod(obj, deleted)
+        for listener in self.pod_listeners:
+            listener(obj, deleted)
+
+    def _on_pod_group(self, obj: PodGroup, deleted: bool) -> None:
+        key = f"{obj.metadata.namespace or ''}/{obj.metadata.name or ''}"
+        if deleted:
+            self.pod_groups.pop(key, None)
+        else:
+            self.pod_groups[key] = obj
+
+    def _on_claim(self, obj: ResourceClaim, deleted: bool) -> None:
+        self.state.set_claim(obj, deleted)
+
+    def _on_budget(self, obj: PodDisruptionBudget, deleted: bool) -> None:
+        self.state.set_budget(obj, deleted)
+
+    # --- the reservation bucket and the inventory feed ---------------------------------------------
+
+    def reservations_changed(self, node: str) -> None:
+        _, entry = self.store.entry(node)
+        self.state.set_reservations(node, entry)
+
+    async def refresh(self, nodes: Iterable[str]) -> None:
+        """Read these nodes' entries again and rebuild the view of them from what was read."""
+        for node in nodes:
+            await self.store.refresh(node)
+            self.reservations_changed(node)
+
+    async def _watch_feed(self) -> None:
+        bucket = self.feed_names.feed_bucket
+        while True:
+            try:
+                kv = await self.js.key_value(bucket)
+                break
+            except nats.js.errors.BucketNotFoundError:
+                # the inventory service creates it; until then there are no devices
+                self.synced["feed"].set()
+                await asyncio.sleep(BUCKET_LOOKUP_SECONDS)
+        async with contextlib.aclosing(streams.bucket_entries(kv)) as entries:
+            async for update in entries:
+                if update is None:
+                    self.synced["feed"].set()
+                    continue
+                if streams.entry_value(update) is None:
+                    self.state.set_feed_entry(update.key, [])
+                    continue
+                try:
+                    entry = decode_feed_entry(update.value)
+                except InventoryMessageError as exc:  # malformed, or another schema version
+                    self.log.error("shard %d: unreadable inventory feed entry %s: %s", self.index, update.key, exc)
+                    continue
+                self.state.set_feed_entry(update.key, entry.slices)
+
+    def lapse_clock(self) -> float:
+        """The time up to which leases may be taken as lapsed: now, but no later than the bucket is
+        known to mirror Kubernetes. A lapsed lease is released when its claim is not allocated;
+        if the binder wrote the allocation and died before the bucket had it, releasing would
+        give the devices twice. So while no binder is heard, nothing lapses."""
+        return min(time.time(), self.binder_heard_at - cluster_feed.HEARTBEAT_MARGIN_SECONDS)
+
+    # --- what a pending pod is placed with ---------------------------------------------------------
+
+    def _pod(self, pending: PendingPod) -> Pod | None:
+        """The pod to place, from its PendingPod (the bucket's copy of a pod is trimmed to what
+        node fit counts). None when it is bound already, or is a gang member the bucket says is
+        gone. A pod deleted while its PendingPod waited in the queue never gets here: the binder
+        withdraws the message. One deleted after this shard took it is placed all the same, and
+        the binder, which watches it, abandons that placement and its reservation."""
+        stored = self.pods.get(pending.pod.uid)
+        if stored is not None and stored.spec.node_name:
+            return None
+        if self.gang_scheduling and pod_group_key(pending.pod.namespace, pending.spec) is not None and (
+                stored is None or stored.metadata.deletion_timestamp is not None):
+            self.m.gone.inc()
+            self.log.info("shard %d: gang member %s is gone or being deleted: not placed", self.index,
+                          pending.pod.key(), extra=fields(pod=pending.pod.key()))
+            return None
+        return Pod(metadata=ObjectMeta(namespace=pending.pod.namespace, name=pending.pod.name, uid=pending.pod.uid,
+                                       labels=pending.labels), spec=pending.spec)
+
+    async def _claims(self, pending: PendingPod) -> list[ResourceClaim] | None:
+        try:
+            await self._caught_up(pending.cluster_revision)
+        except asyncio.TimeoutError:
+            raise TimeoutError(f"the cluster bucket did not reach revision {pending.cluster_revision} (the pod's "
+                               f"claims) within {CLUSTER_CATCH_UP_SECONDS:.0f} s; this shard is at "
+                               f"{self.cluster_revision}") from None
+        claims = []
+        for ref in pending.claims:
+            claim = self.state.claims.get(ref.uid)
+            if claim is None:
+                self.log.info("shard %d: pod %s: resourceclaim %s/%s (uid %s) is not in the cluster bucket: it was "
+                              "deleted; the binder sends the pod again once its claims exist", self.index,
+                              pending.pod.key(), ref.namespace, ref.name, ref.uid, extra=fields(pod=pending.pod.key()))
+                return None
+            claims.append(claim)
+        return claims
+
+    async def to_place(self, pending: PendingPod) -> PodToPlace | None:
+        """The pod and its claims; None when there is nothing to place: the pod bound meanwhile, a
+        gang member gone, or a claim vanished (the binder sends the pod again once its claims
+        exist). Raises TimeoutError when the view does not catch up with the PendingPod."""
+        claims = await self._claims(pending)  # first: it waits for the bucket to hold the pod's state
+        pod = self._pod(pending)
+        if pod is None or claims is None:
+            return None
+        return PodToPlace(pending, pod, claims)
+
+    def bound_meanwhile(self, pending: PendingPod) -> bool:
+        """The watch saw the pod bound while its inputs were read."""
+        current = self.pods.get(pending.pod.uid)
+        return current is not None and bool(current.spec.node_name)
