@@ -28,6 +28,7 @@ from pathlib import Path
 
 ALLOCATION_TESTS = Path(__file__).resolve().parents[1] / "tests" / "shared" / "allocation"
 sys.path.insert(0, str(ALLOCATION_TESTS))
+sys.path.insert(0, str(ALLOCATION_TESTS.parents[1]))  # tests/: go_oracle, the oracles' shared part
 
 from kubernetes_allocator import generate  # noqa: E402
 from kubernetes_allocator.oracle import KubernetesAllocator  # noqa: E402

@@ -24,6 +24,7 @@ from pathlib import Path
 
 SCHEDULING_TESTS = Path(__file__).resolve().parents[1] / "tests" / "shared" / "scheduling"
 sys.path.insert(0, str(SCHEDULING_TESTS))
+sys.path.insert(0, str(SCHEDULING_TESTS.parents[1]))  # tests/: go_oracle, the oracles' shared part
 
 from kube_scheduler_oracle import generate  # noqa: E402
 from kube_scheduler_oracle.oracle import KubeScheduler  # noqa: E402
