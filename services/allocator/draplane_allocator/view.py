@@ -127,10 +127,12 @@ class ShardView:
         async with contextlib.aclosing(streams.bucket_entries(kv)) as entries:
             async for update in entries:
                 if update is None:
+                    # past the replay first: what the sweep takes out was deleted while no watch
+                    # ran, which is news (a DeviceTaintRule's untainting is told)
+                    self._cluster_replayed = True
                     for key in [k for k in self.cluster if k not in replayed]:
                         self.take_cluster_entry(key, None)
                     replayed = None
-                    self._cluster_replayed = True
                     self.log.info("shard %d: cluster bucket replayed: %d objects up to revision %d", self.index,
                                   len(self.cluster), self.cluster_revision)
                     self._mark_cluster_synced()
