@@ -6,6 +6,7 @@ real etcd + kube-apiserver + NATS JetStream on free loopback ports, shut down at
 
 from __future__ import annotations
 
+import inspect
 import os
 import re
 import uuid
@@ -13,6 +14,7 @@ from pathlib import Path
 
 import pytest
 import uvloop
+from blockbuster import blockbuster_ctx
 
 from draplane.localenv import binaries
 from draplane.localenv.controllermanager import controller_manager
@@ -155,3 +157,42 @@ class Kubectl:
 @pytest.fixture(scope="session")
 def kubectl(control_plane) -> Kubectl:
     return Kubectl(binaries.require(binaries.KUBECTL), control_plane.kubeconfig)
+
+
+# --- no test's code may block the event loop -------------------------------------------------------
+#
+# As aiohttp's suite does with blockbuster: during every async test, a blocking call (a file read,
+# time.sleep, a socket call without the loop) made from draplane's code on the event loop's thread
+# fails the test with BlockingError, naming the call. One such call stalls every task of a
+# service: its watches, its heartbeats, its placements.
+BLOCKING_SCANNED = ["draplane", "draplane_allocator", "draplane_binder", "draplane_inventory",
+                    "draplane_node_agent", "draplane_audit"]
+# Harness code, not service code: starting servers and running one-shot commands block by design.
+BLOCKING_EXCLUDED = ["draplane.localenv", "draplane.cli"]
+# Blocking calls allowed, each bounded and made once at start-up, which tests make from their
+# async bodies too:
+# - kubernetes_asyncio reads the kubeconfig (and writes its certificates to temporary files)
+#   synchronously inside its async loader, which has no other form;
+# - nats-py reads the nkey seed file when it connects (and to sign the server's nonce);
+# - a node agent's hardware profile is read before its loop starts (draplane_node_agent.profile);
+# - argparse looks for its messages' translations (gettext) when a parser is built.
+BLOCKING_ALLOWED = {
+    "kubernetes_asyncio/config/kube_config.py": {
+        "load_kube_config", "load_kube_config_from_dict", "_get_kube_config_loader_for_yaml_file", "load_and_set",
+    },
+    "nats/aio/client.py": {"_get_nkeys_seed", "user_cb", "sig_cb", "_read_creds_user_nkey", "_read_creds_user_jwt"},
+    "draplane_node_agent/profile.py": {"load_profile"},
+    "gettext.py": {"find"},
+}
+
+
+@pytest.fixture(autouse=True)
+def no_blocking_calls(request):
+    if not inspect.iscoroutinefunction(getattr(request.node, "function", None)):
+        yield None
+        return
+    with blockbuster_ctx(BLOCKING_SCANNED, excluded_modules=BLOCKING_EXCLUDED) as buster:
+        for function in buster.functions.values():
+            for path, names in BLOCKING_ALLOWED.items():
+                function.can_block_in(path, names)
+        yield buster

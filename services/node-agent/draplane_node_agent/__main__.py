@@ -218,6 +218,12 @@ def start_xid_watch(board: HealthBoard, fleet: AgentFleet, stop: asyncio.Event) 
     from draplane_node_agent import nvml
 
     loop = asyncio.get_running_loop()
+    rescans: set[asyncio.Task] = set()  # the rescans in progress, kept until done
+
+    def _rescan_done(task: asyncio.Task) -> None:
+        rescans.discard(task)
+        if not task.cancelled() and task.exception() is not None:
+            logging.error("device discovery after an XID failed; keeping the last snapshot", exc_info=task.exception())
 
     def unhealthy(gpu_index: int, message: str) -> None:
         # The GPU and every MIG placement on it (hardware.py names them gpu-<index>-mig-...).
@@ -225,7 +231,9 @@ def start_xid_watch(board: HealthBoard, fleet: AgentFleet, stop: asyncio.Event) 
                  for d in e.devices if d.name == f"gpu-{gpu_index}" or d.name.startswith(f"gpu-{gpu_index}-mig-")]
         if sum(board.report(GPU_DRIVER, name, healthy=False, message=message) for name in names):
             logging.warning("GPU %d is unhealthy (%s): tainted NoSchedule, %d device(s)", gpu_index, message, len(names))
-            fleet.rescan_now()
+            rescan = loop.create_task(fleet.rescan(), name=f"rescan after gpu {gpu_index}'s xid")
+            rescans.add(rescan)
+            rescan.add_done_callback(_rescan_done)
 
     nvml.start_xid_watch(lambda index, message: loop.call_soon_threadsafe(unhealthy, index, message), stop_flag=stop)
 
@@ -264,7 +272,7 @@ async def serve_probes(fleet: AgentFleet, listen: str, *, board: HealthBoard | N
             if board.report(driver, device, healthy=report.healthy, message=report.message):
                 logging.warning("device %s/%s marked %s through the health switch: %s", driver, device,
                                 "healthy" if report.healthy else "unhealthy", report.message)
-                fleet.rescan_now()
+                await fleet.rescan()
             return web.Response(text="ok\n")
 
         app.router.add_put("/devices/{driver}/{device}/health", device_health)

@@ -73,8 +73,8 @@ class AgentFleet:
     # --- lifecycle -----------------------------------------------------------------------------
 
     async def start(self) -> None:
-        for agent in self.agents:
-            agent.state.observe(agent.discover())
+        for agent, devices in zip(self.agents, await self._discover_all()):
+            agent.state.observe(devices)
         self._tasks = [
             asyncio.create_task(self._connection_loop(), name="agent-connection"),
             asyncio.create_task(self._snapshot_loop(), name="agent-snapshots"),
@@ -110,9 +110,15 @@ class AgentFleet:
                 raise TimeoutError(f"{due} of {len(self.agents)} snapshots not acknowledged within {timeout}s")
             await asyncio.sleep(0.05)
 
-    def rescan_now(self) -> int:
+    async def _discover_all(self) -> list:
+        """Every agent's discovery, in a worker thread: it reads profile files or asks NVML, and
+        the loop keeps the heartbeats of every agent it runs going meanwhile."""
+        return await asyncio.to_thread(lambda: [agent.discover() for agent in self.agents])
+
+    async def rescan(self) -> int:
         """Run discovery for every agent now; returns how many found a change."""
-        changed = sum(agent.state.observe(agent.discover()) for agent in self.agents)
+        found = await self._discover_all()
+        changed = sum(agent.state.observe(devices) for agent, devices in zip(self.agents, found))
         if changed:
             self._snapshot_wake.set()
         return changed
@@ -223,6 +229,6 @@ class AgentFleet:
         while not self._stopping:
             await asyncio.sleep(self.rescan_interval)
             try:
-                self.rescan_now()
+                await self.rescan()
             except Exception:
                 log.exception("device discovery failed; keeping the last snapshot")

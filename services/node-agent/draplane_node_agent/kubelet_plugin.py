@@ -242,7 +242,7 @@ class DriverPlugin:
         self.registration = None
 
     async def start(self) -> None:
-        api = load()
+        api = await asyncio.to_thread(load)  # imports the generated stubs: file reads, not on the loop
         driver, node = self.preparer.driver, self.preparer.node
         restored, removed = await asyncio.to_thread(self._restore)
         log.info("driver %s: %d prepared claim(s) restored from the checkpoint, %d stale one(s) removed",

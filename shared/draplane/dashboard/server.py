@@ -341,8 +341,10 @@ STATIC_FILES = {"/": ("index.html", "text/html"), "/map.js": ("map.js", "text/ja
 
 async def static_file(request: web.Request) -> web.Response:
     name, content_type = STATIC_FILES[request.path]
-    return web.Response(body=(STATIC / name).read_bytes(), content_type=content_type, charset="utf-8",
-                        headers={"Cache-Control": "no-cache"})
+    # read in a worker thread, not on the loop that streams the map to every browser; read on each
+    # request, not once, so that an edited page shows on reload (no-cache)
+    body = await asyncio.to_thread((STATIC / name).read_bytes)
+    return web.Response(body=body, content_type=content_type, charset="utf-8", headers={"Cache-Control": "no-cache"})
 
 
 async def events(request: web.Request) -> web.StreamResponse:

@@ -158,13 +158,25 @@ class KubeClient:
         self._api = api_client
         self._max_retries = max_retries
         self._bucket = TokenBucket(qps, burst, now=time.monotonic())
-        self._proxy, self._proxy_auth = _environment_proxy_once(api_client)
+        # The environment's proxy for the apiserver, looked up by the first request in a worker
+        # thread (it reads ~/.netrc: not on the event loop), then kept (_environment_proxy_once).
+        self._proxy_lookup: asyncio.Future | None = None
+        self._proxy: str | None = None
+        self._proxy_auth: aiohttp.BasicAuth | None = None
         # Set by a service to count its requests in its own registry (draplane.kube.metrics).
         self.metrics: ApiserverMetrics | None = None
 
     def limit_rate(self, qps: float, burst: int) -> None:
         """From now on at most `qps` requests a second on average, `burst` at once (qps <= 0: no limit)."""
         self._bucket = TokenBucket(qps, burst, now=time.monotonic())
+
+    async def environment_proxy(self) -> str | None:
+        """The proxy requests to the apiserver go through (None: none), looked up once."""
+        if self._proxy_lookup is None:
+            self._proxy_lookup = asyncio.ensure_future(asyncio.to_thread(_environment_proxy_once, self._api))
+        # shielded: a request cancelled meanwhile must not cancel the lookup the others wait for
+        self._proxy, self._proxy_auth = await asyncio.shield(self._proxy_lookup)
+        return self._proxy
 
     async def _throttle(self, method: str, path: str, *, watch: bool) -> None:
         wait = self._bucket.reserve(time.monotonic())
@@ -213,6 +225,8 @@ class KubeClient:
         watch: bool = False,
     ) -> aiohttp.ClientResponse:
         await self._throttle(method, path, watch=watch)
+        if self._proxy_lookup is None or not self._proxy_lookup.done():
+            await self.environment_proxy()
         headers = dict(self._api.default_headers)
         headers["Content-Type"] = content_type
         headers["Accept"] = "application/json"

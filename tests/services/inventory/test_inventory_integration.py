@@ -143,7 +143,7 @@ async def test_three_profile_agents_become_valid_slices(kube, control_plane, sub
         # Nothing changes, nothing is written: heartbeats alone make no apiserver writes.
         writes = count(service, "slice_writes_total")
         assert writes == sum([len(await node_slices(kube, n)) for n in nodes])  # one write per slice
-        fleet.rescan_now()
+        await fleet.rescan()
         await asyncio.sleep(1.0)
         await service.wait_idle()
         assert count(service, "slice_writes_total") == writes
@@ -158,7 +158,7 @@ async def test_profile_change_bumps_generation(kube, control_plane, subject_pref
             running_fleet(control_plane.nats_url, subject_prefix, [agent]) as fleet:
         await eventually(lambda: _has_generation(kube, node, "gpu.nvidia.com", 1, 8))
         hardware["profile"] = "mixed"
-        assert fleet.rescan_now() == 1
+        assert await fleet.rescan() == 1
         await eventually(lambda: _has_generation(kube, node, "gpu.nvidia.com", 2, 26))
         slices = await node_slices(kube, node)
         gpu = [s for s in slices if s.spec.driver == "gpu.nvidia.com"]

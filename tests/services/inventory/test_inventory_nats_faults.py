@@ -167,7 +167,7 @@ async def test_nats_restart_under_load_loses_nothing(kube, tmp_path, store):
         await fleet.wait_all_sent(60)
         # Change every node's hardware and pull the server out from under the storm of snapshots.
         box["profile"] = "dgx-h100"
-        assert fleet.rescan_now() == len(nodes)
+        assert await fleet.rescan() == len(nodes)
         await asyncio.sleep(0.3)
         server.stop()
         await asyncio.sleep(2.0)

@@ -148,7 +148,7 @@ def short_tmp():
 async def test_the_kubelet_plugin_prepares_checkpoints_restarts_and_reports_health(kube, namespace, control_plane,
                                                                                    subject_prefix, short_tmp):
     tmp_path = short_tmp
-    api = load()
+    api = await asyncio.to_thread(load)  # imports the generated stubs: not on the loop
     node = f"kp-{uuid.uuid4().hex[:6]}"
     await kube.create(Node(metadata=ObjectMeta(name=node)))
     env = {**os.environ, "KUBECONFIG": str(control_plane.kubeconfig)}
