@@ -316,3 +316,51 @@ async def test_a_pod_groups_claim_template_gives_one_claim_its_members_share(sch
                          "uid": reserved[0]["uid"]}], reserved
     assert len(set(bound.values())) == 1  # one device, one node
     no_races_or_errors(scheduling)
+
+
+async def test_a_member_that_fails_before_binding_turns_its_gang_back_whole(scheduling, kube, kubectl, nats,
+                                                                           namespace):
+    """The binder passes a gang's members placed together through Permit all or none
+    (draplane_binder.gang_permits): here one member's pod goes after its shard placed the gang and
+    before the binder writes it. Without the barrier the other two were bound: a gang partly bound,
+    which its workload cannot use."""
+    from draplane.scheduling.messages import Subjects
+    from draplane_allocator.shard import Shard
+    from draplane_binder.service import Binder
+
+    class_name, _ = await gpu_cluster(scheduling, kube, nodes=2)
+    await scheduling.start()
+    subjects = Subjects(prefix=scheduling.prefix)
+    js = nats.jetstream()
+    await scheduling.shards[0].stop()  # the PendingPods wait in its queue
+    members = gang_yaml(namespace, "trio", scheduling.scheduler_name, class_name, pods=3, gpus=2)
+    await kubectl.apply(pod_group_yaml(namespace, "trio", 3) + "---" + "---".join(members))
+
+    async def published():
+        return sum(1 for sent in scheduling.binder.pending.in_flight.values() if sent.sequence is not None) == 3
+
+    await scheduling.wait_for(published, what="the three members' PendingPods")
+    settings = scheduling.binder.settings
+    await scheduling.binder.stop()  # the shard's answers wait in the results stream
+    scheduling.shards[0] = Shard(nats, index=0, prefix=scheduling.prefix, lease_seconds=30.0)
+    await scheduling.shards[0].start()
+
+    async def placed():
+        return (await js.stream_info(subjects.results_stream)).state.messages >= 3
+
+    await scheduling.wait_for(placed, what="the gang's three Placements")
+    await kube.request("DELETE", f"/api/v1/namespaces/{namespace}/pods/trio-2", query={"gracePeriodSeconds": 0})
+    scheduling.binder = Binder(settings, kube, nats)
+    await scheduling.binder.start()
+    await scheduling.binder.wait_ready()
+
+    async def all_turned_back():
+        return scheduling.binder.counters["placements_abandoned"] >= 3
+
+    await scheduling.wait_for(all_turned_back, what="the three placements abandoned")
+    for name in ("trio-0", "trio-1"):
+        message = await wait_unschedulable(scheduling, kubectl, namespace, name, "2 of 3")
+        assert message == f"waiting for the gang's minimum count: 2 of 3 pods of PodGroup {namespace}/trio exist"
+    assert await nodes_of(kubectl, namespace, "trio") == {"trio-0": None, "trio-1": None}
+    assert await allocated_claims(kubectl, namespace, "trio") == []
+    assert scheduling.binder.counters["pods_bound"] == 0

@@ -11,6 +11,7 @@ import logging
 import os
 import signal
 import time
+import uuid
 
 from draplane.allocation.errors import AllocationError
 from draplane.allocation.gang import GangError, GangUnplaceable
@@ -20,7 +21,7 @@ from draplane.scheduling import reservation_protocol as protocol
 from draplane.scheduling import reservations as rv
 from draplane.scheduling.gang_placing import GangPlaced, gang_preemption_for, place_gang_members
 from draplane.scheduling.gangs import GangSpec, GangSpecError, GangWaitingRoom, gang_spec, pod_group_key
-from draplane.scheduling.messages import PodRef, Preemption
+from draplane.scheduling.messages import GangCommit, PodRef, Preemption
 from draplane.scheduling.reservation_store import StaleRevision
 from draplane.scheduling.unschedulable import GANG_UNPLACEABLE, GANG_WAITING
 from draplane.structured_logs import fields
@@ -166,11 +167,13 @@ class GangPlacer:
             expires_at = await self._commit(members, outcome)
             if expires_at is None:
                 continue  # a node's entry changed under us: read again, place again
+            # the binder binds none of them until each has passed Permit (draplane_binder.gang_permits)
+            commit = GangCommit(key=spec.key, commit=uuid.uuid4().hex, members=len(members))
             placements = []
             for member in members:
                 placed = outcome.members[member.pending.pod.uid]
                 lease = expires_at if placed.new_claims else self.placer.lease_of(placed, expires_at)
-                placements.append(self.placer.placement(member, placed, lease))
+                placements.append(self.placer.placement(member, placed, lease, gang=commit))
             await asyncio.gather(*(self.answers.publish(m) for m in placements))
             for pending in pendings:
                 self.waiting.leave(pending.pod.uid)

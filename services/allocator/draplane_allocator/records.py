@@ -11,7 +11,7 @@ from draplane.api.resource import ResourceClaim
 from draplane.scheduling import reservation_protocol as protocol
 from draplane.scheduling import reservations as rv
 from draplane.scheduling.inter_pod_affinity import required_anti_affinity
-from draplane.scheduling.messages import ClaimPlacement, PendingPod, Placement
+from draplane.scheduling.messages import ClaimPlacement, GangCommit, PendingPod, Placement
 from draplane.scheduling.placing import NotPlaced, Placed
 
 
@@ -95,7 +95,7 @@ def pod_reservation(pending: PendingPod, requests, now: float, expires_at: float
 
 
 def placement_message(pending: PendingPod, claims: list[ResourceClaim], placed: Placed, expires_at: float, *,
-                      shard: int, policy: str) -> Placement:
+                      shard: int, policy: str, gang: GangCommit | None = None) -> Placement:
     claim_uids = {c.metadata.uid for c in claims}
     return Placement(
         pod=pending.pod,
@@ -110,4 +110,5 @@ def placement_message(pending: PendingPod, claims: list[ResourceClaim], placed: 
         expires_at=expires_at,
         policy=policy if placed.new_claims else None,
         score=placed.score if placed.new_claims else None,
+        gang=gang,
     )

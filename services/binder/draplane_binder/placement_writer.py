@@ -2,7 +2,8 @@
 cycle writes one, each extension point a named step:
 
 - Permit: the reservations are held again in the bucket (their leases renewed in the same
-  compare-and-set), and a claim whose reservation lapsed is checked against Kubernetes;
+  compare-and-set), and a claim whose reservation lapsed is checked against Kubernetes; a gang's
+  members then wait for each other (draplane_binder.gang_permits);
 - PreBind: VolumeBinding (the pod's claims bound or provisioned on the node), then
   DynamicResources (each claim's delete-protection finalizer and status: the allocation and the
   pod in reservedFor), then its wait for the devices' binding conditions;
@@ -37,6 +38,7 @@ from draplane.structured_logs import fields
 from draplane_binder import lifecycle as lc
 from draplane_binder.cache import ClusterCache
 from draplane_binder.events import EventRecorder
+from draplane_binder.gang_permits import GangPermits
 from draplane_binder.metrics import BinderMetrics, seconds_since
 from draplane_binder.objects import now_rfc3339
 from draplane_binder.pending import PendingQueue
@@ -72,9 +74,10 @@ class PlacementFailed(Exception):
 class PlacementWriter:
     def __init__(self, settings: BinderSettings, kube: KubeClient, *, cache: ClusterCache,
                  reservations: ReservationKeeper, pending: PendingQueue, volumes: VolumeBinder,
-                 events: EventRecorder, metrics: BinderMetrics) -> None:
+                 events: EventRecorder, metrics: BinderMetrics, gang_permits: GangPermits | None = None) -> None:
         self.settings, self.kube, self.cache, self.reservations = settings, kube, cache, reservations
         self.pending, self.volumes, self.events, self.metrics = pending, volumes, events, metrics
+        self.gang_permits = gang_permits if gang_permits is not None else GangPermits()
 
     @property
     def store(self) -> ReservationStore:
@@ -91,6 +94,8 @@ class PlacementWriter:
         try:
             self._check_pod_still_wants(placement, pod)
             await self._permit(placement, pod)
+            if placement.gang is not None and not pod.spec.node_name:
+                await self._wait_for_gang(placement, in_progress, slot)
             if not pod.spec.node_name:
                 await self._pre_bind_volumes(placement, pod, in_progress, slot)
             await self._pre_bind_claims(placement, pod, written)
@@ -141,6 +146,20 @@ class PlacementWriter:
             if item.claim.uid in plan.verify and not await self._written_already(item.claim, item.allocation):
                 self.metrics.lease_lapses.inc()
                 raise PlacementFailed(f"resourceclaim {item.claim.key()}: its reservation is no longer held")
+
+    async def _wait_for_gang(self, placement: Placement, in_progress: Callable[[], Awaitable] | None,
+                             slot: PlacementSlot | None) -> None:
+        """kube-scheduler's gang Permit: this member waits until every member its shard placed
+        with it has passed Permit too, its leases (and its results message) kept alive; one that
+        failed turns it back."""
+        keeper = LeaseKeeper(self.store, self.settings.lease_seconds, placement, in_progress,
+                             "its gang's other members pass Permit")
+        async with _aside(slot):  # a gang may be bigger than the binder's placement slots
+            why = await self.gang_permits.wait(placement.gang, placement.pod.uid, keeper.keep)
+        if why is None and keeper.failures:
+            why = f"the reservation of pod {placement.pod.key()} on node {placement.node} lapsed while it waited"
+        if why is not None:
+            raise PlacementFailed(f"gang {placement.gang.key}: {why}")
 
     async def _written_already(self, ref: ClaimRef, allocation) -> bool:
         try:
@@ -357,7 +376,10 @@ class PlacementWriter:
     async def _unreserve(self, placement: Placement, pod: Pod | None, written: list[ClaimRef],
                          failure: PlacementFailed) -> None:
         """The one failure path: the pod out of the claims written, the reservations released,
-        the pod retried (after `failure.backoff`) and told (`failure.error`)."""
+        the pod retried (after `failure.backoff`) and told (`failure.error`). A gang member that
+        fails before its gang passed Permit turns the other members back."""
+        if placement.gang is not None:
+            self.gang_permits.reject(placement.gang, f"member {placement.pod.key()} failed: {failure.why}")
         await self._take_pod_out_of(placement, written, failure.why)
         await self.abandon(placement, pod, failure.why)
         if failure.backoff is not None:

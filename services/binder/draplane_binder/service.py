@@ -10,7 +10,8 @@ together on shutdown). Each component owns its state:
   pre-filtered, a PendingPod published to its shard; retries with backoff; Unschedulable told;
 - draplane_binder.results: the shards' answers, Placements to the placement writer
   (draplane_binder.placement_writer: Permit, PreBind, Bind and their undo) and preemptions to
-  draplane_binder.preemption;
+  draplane_binder.preemption; a gang's members wait for each other after Permit
+  (draplane_binder.gang_permits);
 - draplane_binder.reservation_keeper: confirmations, releases, and the start-up reconcile of
   reservations;
 - draplane_binder.claim_reconciler: the claim lifecycle (reservedFor, deallocation, template
@@ -44,6 +45,7 @@ from draplane_binder.claim_reconciler import ClaimReconciler
 from draplane_binder.cluster_publisher import ClusterPublisher
 from draplane_binder.double_allocation_reporter import DoubleAllocationReporter
 from draplane_binder.events import EventRecorder
+from draplane_binder.gang_permits import GangPermits
 from draplane_binder.metrics import BinderMetrics
 from draplane_binder.pending import PendingQueue
 from draplane_binder.placement_writer import PlacementWriter
@@ -93,9 +95,10 @@ class Binder:
                                                 metrics=self.metrics, instance=self.instance,
                                                 spawn_once=self._spawn_once)
         self.cache.claim_listeners.append(self.doubles.claim_changed)
+        self.gang_permits = GangPermits()
         self.writer = PlacementWriter(settings, kube, cache=self.cache, reservations=self.reservations,
                                       pending=self.pending, volumes=self.volumes, events=self.events,
-                                      metrics=self.metrics)
+                                      metrics=self.metrics, gang_permits=self.gang_permits)
         self.results = ResultsConsumer(settings, self.js, self.subjects, cache=self.cache, writer=self.writer,
                                        pending=self.pending,
                                        preemptor=Preemptor(kube, events=self.events, audit_publisher=self.audit,

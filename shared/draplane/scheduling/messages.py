@@ -82,6 +82,15 @@ class ClaimPlacement(msgspec.Struct, kw_only=True):
     allocation: AllocationResult
 
 
+class GangCommit(msgspec.Struct, frozen=True, kw_only=True):
+    """The members of a gang that one shard placed together, by one commit: each member's
+    Placement carries it, and the binder binds none of them until all have passed Permit."""
+
+    key: str  # the PodGroup, namespace/name
+    commit: str  # the commit's id, the same in each member's Placement
+    members: int  # how many members the commit placed
+
+
 class Placement(msgspec.Struct, tag="placement", kw_only=True):
     """A committed reservation: the binder writes it to Kubernetes, or releases it."""
 
@@ -97,6 +106,8 @@ class Placement(msgspec.Struct, tag="placement", kw_only=True):
     # newly allocated, or a shard that predates them).
     policy: str | None = None
     score: float | None = None
+    # A gang member placed with others (None: a pod placed alone, or a shard that predates it).
+    gang: GangCommit | None = None
 
 
 class NodeFailure(msgspec.Struct, frozen=True, kw_only=True):

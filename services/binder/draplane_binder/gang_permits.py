@@ -1,0 +1,92 @@
+"""kube-scheduler's gang Permit, in the binder: the members a shard placed together by one commit
+(their Placements carry the same GangCommit) wait after Permit until every one of them has passed
+it, and only then go on to PreBind and Bind. One member that fails before that (its pod gone, its
+lease lapsed) rejects the others, which are unreserved and tried again, so the gang is bound
+whole or not at all, never in part. A member that fails later, in PreBind or Bind, fails alone,
+as in kube-scheduler.
+
+A barrier is kept a while after it opens or is rejected (bounded), so that a member whose
+Placement comes late (redelivered) learns the outcome instead of waiting for members that have
+gone on.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections import OrderedDict
+from collections.abc import Awaitable, Callable
+
+from draplane.scheduling.messages import GangCommit
+
+# How long the members wait for each other before the gang is rejected (the others' Placements
+# lost, or their binder gone): then all are unreserved and the shard places the gang again.
+GANG_PERMIT_TIMEOUT_SECONDS = 60.0
+# While they wait, their leases are renewed (and their results messages kept) this often.
+KEEP_ALIVE_SECONDS = 5.0
+# Barriers remembered after they open or are rejected, at most this many and this long.
+MAX_BARRIERS = 10_000
+RETAIN_SECONDS = 600.0
+
+
+class _Barrier:
+    __slots__ = ("members", "arrived", "rejected", "opened", "created")
+
+    def __init__(self, members: int, now: float) -> None:
+        self.members = members
+        self.arrived: set[str] = set()
+        self.rejected: str | None = None
+        self.opened = asyncio.Event()
+        self.created = now
+
+
+class GangPermits:
+    def __init__(self, *, timeout: float = GANG_PERMIT_TIMEOUT_SECONDS) -> None:
+        self.timeout = timeout
+        self._barriers: OrderedDict[str, _Barrier] = OrderedDict()
+
+    def _barrier(self, gang: GangCommit) -> _Barrier:
+        now = time.monotonic()
+        while self._barriers:
+            oldest = next(iter(self._barriers.values()))
+            if len(self._barriers) < MAX_BARRIERS and now - oldest.created < RETAIN_SECONDS:
+                break
+            self._barriers.popitem(last=False)
+        barrier = self._barriers.get(gang.commit)
+        if barrier is None:
+            barrier = self._barriers[gang.commit] = _Barrier(gang.members, now)
+        return barrier
+
+    async def wait(self, gang: GangCommit, pod_uid: str, keep_alive: Callable[[], Awaitable[None]]) -> str | None:
+        """This member passed Permit: wait for the others. None once all have; else why the gang
+        was rejected."""
+        barrier = self._barrier(gang)
+        if barrier.rejected is None:
+            barrier.arrived.add(pod_uid)
+            if len(barrier.arrived) >= barrier.members:
+                barrier.opened.set()
+        deadline = time.monotonic() + self.timeout
+        while not barrier.opened.is_set():
+            left = deadline - time.monotonic()
+            if left <= 0:
+                self.reject(gang, f"{len(barrier.arrived)} of its {barrier.members} members passed Permit within "
+                                  f"{self.timeout:g} s")
+                break
+            try:
+                await asyncio.wait_for(barrier.opened.wait(), min(left, KEEP_ALIVE_SECONDS))
+            except asyncio.TimeoutError:
+                await keep_alive()
+        return barrier.rejected
+
+    def reject(self, gang: GangCommit, why: str) -> None:
+        """A member failed before the gang's barrier opened: every member is turned back. After it
+        opened, nothing changes: the others are on their way to being bound."""
+        barrier = self._barrier(gang)
+        if barrier.opened.is_set() and barrier.rejected is None:
+            return
+        if barrier.rejected is None:
+            barrier.rejected = why
+        barrier.opened.set()
+
+    def __len__(self) -> int:
+        return len(self._barriers)

@@ -1,0 +1,65 @@
+"""draplane_binder.gang_permits: a gang's members, placed together, pass Permit all or none."""
+
+from __future__ import annotations
+
+import asyncio
+
+from draplane.scheduling.messages import GangCommit
+from draplane_binder import gang_permits as gp
+from draplane_binder.gang_permits import GangPermits
+
+
+async def _kept() -> None:
+    return None
+
+
+def _commit(members: int, commit: str = "c1") -> GangCommit:
+    return GangCommit(key="ns/workers", commit=commit, members=members)
+
+
+async def test_the_members_go_on_together_once_all_have_passed_permit():
+    permits = GangPermits(timeout=5)
+    first = asyncio.create_task(permits.wait(_commit(3), "a", _kept))
+    second = asyncio.create_task(permits.wait(_commit(3), "b", _kept))
+    await asyncio.sleep(0.05)
+    assert not first.done() and not second.done()  # two of three: they wait
+    assert await permits.wait(_commit(3), "c", _kept) is None
+    assert await first is None and await second is None
+
+
+async def test_one_member_failing_turns_the_waiting_ones_and_the_late_ones_back():
+    permits = GangPermits(timeout=5)
+    waiting = asyncio.create_task(permits.wait(_commit(3), "a", _kept))
+    await asyncio.sleep(0.01)
+    permits.reject(_commit(3), "member ns/b failed: the pod is gone")
+    assert await waiting == "member ns/b failed: the pod is gone"
+    # a member whose Placement is handled after that learns it at once
+    assert await permits.wait(_commit(3), "c", _kept) == "member ns/b failed: the pod is gone"
+
+
+async def test_a_failure_after_the_gang_went_on_changes_nothing():
+    permits = GangPermits(timeout=5)
+    assert await permits.wait(_commit(1), "a", _kept) is None
+    permits.reject(_commit(1), "member ns/a failed in PreBind")
+    assert await permits.wait(_commit(1), "a", _kept) is None  # redelivered: still open
+
+
+async def test_members_that_never_come_time_the_gang_out_and_keep_the_leases_meanwhile(monkeypatch):
+    monkeypatch.setattr(gp, "KEEP_ALIVE_SECONDS", 0.05)
+    kept = []
+
+    async def keep():
+        kept.append(1)
+
+    permits = GangPermits(timeout=0.3)
+    why = await permits.wait(_commit(2), "a", keep)
+    assert why == "1 of its 2 members passed Permit within 0.3 s"
+    assert len(kept) >= 3
+
+
+async def test_the_barriers_remembered_are_bounded(monkeypatch):
+    monkeypatch.setattr(gp, "MAX_BARRIERS", 3)
+    permits = GangPermits(timeout=5)
+    for i in range(10):
+        assert await permits.wait(_commit(1, f"c{i}"), "a", _kept) is None
+    assert len(permits) <= 3
