@@ -44,6 +44,13 @@ class GangPermits:
     def __init__(self, *, timeout: float = GANG_PERMIT_TIMEOUT_SECONDS) -> None:
         self.timeout = timeout
         self._barriers: OrderedDict[str, _Barrier] = OrderedDict()
+        # The most members that can wait at once: the results consumer's limit of messages
+        # delivered and not acknowledged (draplane_binder.results sets it). A bigger gang could
+        # never gather, as its last members would not be delivered while the first ones wait.
+        self.max_members: int | None = None
+
+    def can_gather(self, gang: GangCommit) -> bool:
+        return self.max_members is None or gang.members <= self.max_members
 
     def _barrier(self, gang: GangCommit) -> _Barrier:
         now = time.monotonic()

@@ -152,6 +152,12 @@ class PlacementWriter:
         """kube-scheduler's gang Permit: this member waits until every member its shard placed
         with it has passed Permit too, its leases (and its results message) kept alive; one that
         failed turns it back."""
+        if not self.gang_permits.can_gather(placement.gang):
+            log.warning("pod %s: its gang %s placed %d members together, more than the binder can hold at "
+                        "once (%d): it is bound without waiting for them", placement.pod.key(), placement.gang.key,
+                        placement.gang.members, self.gang_permits.max_members,
+                        extra=fields(pod=placement.pod.key(), gang=placement.gang.key))
+            return
         keeper = LeaseKeeper(self.store, self.settings.lease_seconds, placement, in_progress,
                              "its gang's other members pass Permit")
         async with _aside(slot):  # a gang may be bigger than the binder's placement slots

@@ -30,6 +30,10 @@ log = logging.getLogger(__name__)
 
 FETCH_BATCH = 64
 FETCH_WAIT_SECONDS = 1.0
+# Results delivered and not yet acknowledged, at most: above the concurrency, because a gang's
+# members wait for each other unacknowledged (draplane_binder.gang_permits), so a gang of up to
+# this many members can gather. A consumer made by an older binder keeps its own limit.
+RESULTS_MAX_ACK_PENDING = 16_384
 
 
 class ResultsConsumer:
@@ -43,11 +47,14 @@ class ResultsConsumer:
         self.placement_slots = asyncio.Semaphore(settings.concurrency)
 
     async def consume(self) -> None:
+        config = streams.work_consumer("binder")
+        config.max_ack_pending = RESULTS_MAX_ACK_PENDING
         sub = await self.js.pull_subscribe(
-            self.subjects.results, durable="binder", stream=self.subjects.results_stream,
-            config=streams.work_consumer("binder"),
+            self.subjects.results, durable="binder", stream=self.subjects.results_stream, config=config,
         )
         try:
+            limit = (await sub.consumer_info()).config.max_ack_pending
+            self.writer.gang_permits.max_members = limit if limit and limit > 0 else None
             await self.cache.wait_synced("pods", "claims")
             while True:
                 try:

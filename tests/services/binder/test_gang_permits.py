@@ -63,3 +63,11 @@ async def test_the_barriers_remembered_are_bounded(monkeypatch):
     for i in range(10):
         assert await permits.wait(_commit(1, f"c{i}"), "a", _kept) is None
     assert len(permits) <= 3
+
+
+def test_a_gang_bigger_than_the_binder_can_hold_unacknowledged_is_not_held_back():
+    permits = GangPermits()
+    assert permits.can_gather(_commit(50_000))  # no limit known yet
+    permits.max_members = 16_384  # the results consumer's max_ack_pending
+    assert permits.can_gather(_commit(16_384))
+    assert not permits.can_gather(_commit(16_385))  # its last members would never be delivered
