@@ -49,6 +49,7 @@ from draplane.allocation.inventory import (
     node_matches,
 )
 from draplane.allocation.state import AllocatedState
+from draplane.allocation.tolerations import tolerates
 
 if TYPE_CHECKING:
     from draplane.allocation.scarcity import DeviceScarcity
@@ -403,19 +404,6 @@ def consumed_capacity(record: DeviceRecord, requested: dict[str, Quantity] | Non
 
 
 # --- taints --------------------------------------------------------------------------------------
-
-
-def tolerates(toleration: DeviceToleration, taint) -> bool:
-    if toleration.effect and toleration.effect != taint.effect:
-        return False
-    if toleration.key and toleration.key != taint.key:
-        return False
-    operator = toleration.operator or "Equal"
-    if operator == "Exists":
-        return True
-    if operator == "Equal":
-        return (toleration.value or "") == (taint.value or "")
-    return False
 
 
 def taint_blocks(record: DeviceRecord, tolerations: list[DeviceToleration] | None) -> bool:

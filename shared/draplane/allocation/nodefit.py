@@ -26,6 +26,7 @@ import msgspec
 from draplane.api.core import Container, Node, Pod, PodSpec, Taint, Toleration
 from draplane.api.meta import NodeSelectorRequirement, NodeSelectorTerm
 from draplane.api.quantity import QuantityError, parse_quantity
+from draplane.allocation.tolerations import tolerates
 
 CPU = "cpu"
 MEMORY = "memory"
@@ -309,20 +310,6 @@ def matches_node_affinity(pod: Pod, node: Node) -> bool:
 
 
 # --- TaintToleration and NodeUnschedulable -------------------------------------------------------
-
-
-def tolerates(toleration: Toleration, taint: Taint) -> bool:
-    if toleration.effect and toleration.effect != taint.effect:
-        return False
-    # An empty key matches every key (validation only allows that together with Exists).
-    if toleration.key and toleration.key != taint.key:
-        return False
-    operator = toleration.operator or "Equal"
-    if operator == "Exists":
-        return True
-    if operator == "Equal":
-        return (toleration.value or "") == (taint.value or "")
-    return False
 
 
 def untolerated_taint(tolerations: Sequence[Toleration], taints: Sequence[Taint]) -> Taint | None:

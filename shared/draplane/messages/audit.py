@@ -40,6 +40,8 @@ from typing import Literal
 
 import msgspec
 
+from draplane.messages.refs import ObjectRef
+
 SCHEMA_VERSION = 1
 DEFAULT_PREFIX = "draplane."
 
@@ -85,13 +87,8 @@ class ClaimDevices(msgspec.Struct, frozen=True, kw_only=True, omit_defaults=True
         return f"{self.namespace}/{self.name}"
 
 
-class PodName(msgspec.Struct, frozen=True, kw_only=True):
-    namespace: str
-    name: str
-    uid: str
-
-    def key(self) -> str:
-        return f"{self.namespace}/{self.name}"
+# A pod, as the audit names it: the same reference as the scheduling messages'.
+PodName = ObjectRef
 
 
 class AuditEvent(msgspec.Struct, kw_only=True, omit_defaults=True):

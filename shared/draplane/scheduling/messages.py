@@ -16,6 +16,7 @@ import msgspec
 
 from draplane.api.core import PodSpec
 from draplane.api.resource import AllocationResult
+from draplane.messages.refs import ObjectRef
 from draplane.scheduling.volume_binding import PodVolumes
 
 SCHEMA_VERSION = 1
@@ -26,22 +27,9 @@ class MessageError(ValueError):
     """A message that is not one of ours: wrong version, wrong shape. The text names the field."""
 
 
-class PodRef(msgspec.Struct, frozen=True, kw_only=True):
-    namespace: str
-    name: str
-    uid: str
-
-    def key(self) -> str:
-        return f"{self.namespace}/{self.name}"
-
-
-class ClaimRef(msgspec.Struct, frozen=True, kw_only=True):
-    namespace: str
-    name: str
-    uid: str
-
-    def key(self) -> str:
-        return f"{self.namespace}/{self.name}"
+# A pod and a claim, as the messages name them (draplane.messages.refs: one struct for both).
+PodRef = ObjectRef
+ClaimRef = ObjectRef
 
 
 class PendingPod(msgspec.Struct, tag="pending", kw_only=True):
