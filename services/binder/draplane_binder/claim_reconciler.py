@@ -21,7 +21,7 @@ from draplane_binder.cache import ClusterCache
 from draplane_binder.metrics import BinderMetrics
 from draplane_binder.objects import Key, key_of
 from draplane_binder.settings import BinderSettings
-from draplane_binder.work_queue import WorkQueue
+from draplane_binder.work_queue import WorkQueue, work
 
 log = logging.getLogger(__name__)
 
@@ -56,24 +56,7 @@ class ClaimReconciler:
                 self.claim_queue.put(key)
 
     async def _work(self) -> None:
-        while True:
-            key = await self.claim_queue.get()
-            try:
-                await self.reconcile_claim(key)
-                self.claim_queue.forget(key)
-            except KubeApiError as exc:
-                if exc.is_conflict or exc.retryable:
-                    delay = self.claim_queue.retry_later(key)
-                    log.log(logging.DEBUG if exc.is_conflict else logging.WARNING,
-                            "resourceclaim %s/%s: %s; retrying in %.1f s", *key, exc, delay)
-                elif not exc.is_not_found:
-                    log.warning("resourceclaim %s/%s: %s", *key, exc)
-            except Exception:  # noqa: BLE001
-                self.metrics.errors.inc()
-                delay = self.claim_queue.retry_later(key)
-                log.exception("resourceclaim %s/%s: reconcile failed; retrying in %.1f s", *key, delay)
-            finally:
-                self.claim_queue.done(key)
+        await work(self.claim_queue, self.reconcile_claim, kind="resourceclaim", errors=self.metrics.errors)
 
     async def _pods_really_gone(self, claim: ResourceClaim, refs) -> list:
         """Confirm with a live read that pods missing from the cache are gone (the cache may lag)."""

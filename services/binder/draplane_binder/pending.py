@@ -44,7 +44,7 @@ from draplane_binder.metrics import BinderMetrics
 from draplane_binder.objects import Key, key_of, now_rfc3339
 from draplane_binder.settings import BinderSettings
 from draplane_binder.volumes import VolumeBinder
-from draplane_binder.work_queue import WorkQueue
+from draplane_binder.work_queue import WorkQueue, work
 
 log = logging.getLogger(__name__)
 
@@ -162,28 +162,14 @@ class PendingQueue:
     # --- preparing and publishing a pod ------------------------------------------------------------
 
     async def _work(self) -> None:
-        while True:
-            key = await self.pod_queue.get()
-            try:
-                await self.reconcile_pod(key)
-                self.pod_queue.forget(key)
-            except KubeApiError as exc:
-                if exc.is_conflict or exc.retryable:
-                    delay = self.pod_queue.retry_later(key)
-                    log.log(logging.DEBUG if exc.is_conflict else logging.WARNING,
-                            "pod %s/%s: %s; retrying in %.1f s", *key, exc, delay)
-                elif not exc.is_not_found:
-                    log.warning("pod %s/%s: %s", *key, exc)
-            except Exception as exc:  # noqa: BLE001 - one bad pod must not stop the worker
-                self.metrics.errors.inc()
-                delay = self.pod_queue.retry_later(key)
-                log.exception("pod %s/%s: reconcile failed; retrying in %.1f s", *key, delay)
-                pod = self.cache.pods.get(key)
-                if pod is not None:
-                    await self.report_error(pod.metadata.uid or "", f"draplane binder: preparing the pod failed: "
-                                            f"{exc!r}; retrying in {delay:.0f} s")
-            finally:
-                self.pod_queue.done(key)
+        await work(self.pod_queue, self.reconcile_pod, kind="pod", errors=self.metrics.errors,
+                   on_failure=self._tell_failure)
+
+    async def _tell_failure(self, key: Key, exc: Exception, delay: float) -> None:
+        pod = self.cache.pods.get(key)
+        if pod is not None:
+            await self.report_error(pod.metadata.uid or "", f"draplane binder: preparing the pod failed: "
+                                    f"{exc!r}; retrying in {delay:.0f} s")
 
     async def reconcile_pod(self, key: Key) -> None:
         """One pass over a pod: each step either lets the pod go on, or stops (the pod is queued

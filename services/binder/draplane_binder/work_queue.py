@@ -3,7 +3,12 @@
 from __future__ import annotations
 
 import asyncio
+import logging
+from collections.abc import Awaitable, Callable
 
+from draplane.kube import KubeApiError
+
+log = logging.getLogger(__name__)
 
 class WorkQueue:
     """A set-backed queue with client-go's workqueue guarantees: a key queued twice before it is
@@ -60,3 +65,31 @@ class WorkQueue:
 
     def __len__(self) -> int:
         return len(self._queued) + len(self._again)
+
+
+async def work(queue: WorkQueue, reconcile: Callable[[tuple[str, str]], Awaitable[None]], *, kind: str, errors,
+               on_failure: Callable[[tuple[str, str], Exception, float], Awaitable[None]] | None = None) -> None:
+    """A worker: reconcile each key taken from the queue. A conflict or an apiserver error worth
+    retrying puts the key back after its backoff; a 404 drops it (the watch brings what changed);
+    any other failure is counted in `errors`, logged, retried after its backoff and handed to
+    `on_failure`. One bad object never stops the worker. `kind` names the objects in the logs."""
+    while True:
+        key = await queue.get()
+        try:
+            await reconcile(key)
+            queue.forget(key)
+        except KubeApiError as exc:
+            if exc.is_conflict or exc.retryable:
+                delay = queue.retry_later(key)
+                log.log(logging.DEBUG if exc.is_conflict else logging.WARNING,
+                        "%s %s/%s: %s; retrying in %.1f s", kind, *key, exc, delay)
+            elif not exc.is_not_found:
+                log.warning("%s %s/%s: %s", kind, *key, exc)
+        except Exception as exc:  # noqa: BLE001 - one bad object must not stop the worker
+            errors.inc()
+            delay = queue.retry_later(key)
+            log.exception("%s %s/%s: reconcile failed; retrying in %.1f s", kind, *key, delay)
+            if on_failure is not None:
+                await on_failure(key, exc, delay)
+        finally:
+            queue.done(key)

@@ -2,6 +2,8 @@
 
 import asyncio
 
+import pytest
+
 from draplane_binder.work_queue import WorkQueue
 
 
@@ -48,3 +50,38 @@ async def test_a_failing_key_backs_off_exponentially_and_forget_resets_it():
     queue.done("pod")
     queue.forget("pod")
     assert queue.retry_later("pod") == 0.01
+
+
+@pytest.mark.tracebacks_expected
+async def test_a_worker_retries_a_failure_tells_it_and_goes_on_with_the_next_key(caplog):
+    from draplane.kube import KubeApiError
+    from draplane_binder.work_queue import work
+
+    class Errors:
+        count = 0
+
+        def inc(self):
+            self.count += 1
+
+    queue = WorkQueue(initial_backoff=5.0)
+    seen, told = [], []
+
+    async def reconcile(key):
+        seen.append(key)
+        if key[1] == "broken":
+            raise ValueError("a bug met by one object")
+        if key[1] == "gone":
+            raise KubeApiError(404, "NotFound", "not found", "GET", "/api/v1/namespaces/ns/pods/gone")
+
+    async def tell(key, exc, delay):
+        told.append((key, repr(exc), delay))
+
+    errors = Errors()
+    worker = asyncio.create_task(work(queue, reconcile, kind="pod", errors=errors, on_failure=tell))
+    for name in ("broken", "gone", "fine"):
+        queue.put(("ns", name))
+    await asyncio.sleep(0.05)
+    worker.cancel()
+    assert seen == [("ns", "broken"), ("ns", "gone"), ("ns", "fine")]  # the failure did not stop it
+    assert errors.count == 1 and told == [(("ns", "broken"), "ValueError('a bug met by one object')", 5.0)]
+    assert "pod ns/broken: reconcile failed; retrying in 5.0 s" in caplog.text
