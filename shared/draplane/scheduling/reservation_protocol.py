@@ -335,13 +335,6 @@ def release(entry: NodeReservations, claim_uids: Iterable[str]) -> NodeReservati
     return rv.release(entry, claim_uids)
 
 
-def extend(entry: NodeReservations, claim_uids: Iterable[str], until: float) -> NodeReservations | None:
-    changed = entry
-    for uid in claim_uids:
-        changed = rv.extend(changed, uid, until) or changed
-    return None if changed is entry else changed
-
-
 # --- reconcile (binder, at start and after a re-list) ----------------------------------------------------
 
 

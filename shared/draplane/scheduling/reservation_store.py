@@ -149,11 +149,6 @@ class ReservationStore:
         pod_uids = list(pods)
         return await self.change(node, lambda entry: protocol.abandon(entry, expected, pod_uids))
 
-    async def extend(self, node: str, claim_uids: Iterable[str], seconds: float) -> None:
-        uids = list(claim_uids)
-        until = time.time() + seconds
-        await self.change(node, lambda entry: protocol.extend(entry, uids, until))
-
     async def hold(
         self, node: str, expected: dict[str, list[rv.ReservedDevice]], seconds: float, pods: Iterable[str] = ()
     ) -> set[str]:
