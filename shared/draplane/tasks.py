@@ -37,6 +37,12 @@ RESTART_MAX_SECONDS = 30.0
 RESTART_RESET_SECONDS = 60.0
 
 
+def log_task_failure(task: asyncio.Task, log: logging.Logger) -> None:
+    """A done-callback's body for a one-off task: its exception logged, never lost unseen."""
+    if not task.cancelled() and task.exception() is not None:
+        log.error("task %s failed", task.get_name(), exc_info=task.exception())
+
+
 def restart_delay(crashes_in_a_row: int) -> float:
     return min(RESTART_MAX_SECONDS, RESTART_FIRST_SECONDS * 2 ** max(0, crashes_in_a_row - 1))
 

@@ -111,14 +111,9 @@ class ShardView:
         bucket keeps the latest value per key, so watching it from the start replays the cluster
         as it is now, then every change."""
         bucket = self.subjects.cluster_bucket
-        while True:
-            try:
-                kv = await self.js.key_value(bucket)
-                break
-            except nats.js.errors.BucketNotFoundError:
-                self.log.info("shard %d: no cluster bucket %s yet (the binder creates it); looking again in %.0f s",
-                              self.index, bucket, BUCKET_LOOKUP_SECONDS)
-                await asyncio.sleep(BUCKET_LOOKUP_SECONDS)
+        kv = await self._bucket(bucket, lambda: self.log.info(
+            "shard %d: no cluster bucket %s yet (the binder creates it); looking again in %.0f s",
+            self.index, bucket, BUCKET_LOOKUP_SECONDS))
         # A watch restarted after a crash replays the bucket over the view it has: a key replayed
         # replaces its object, and those not replayed were deleted meanwhile (taken out at the end).
         # The view stays whole meanwhile, if older, rather than empty under a shard that places.
@@ -263,16 +258,18 @@ class ShardView:
             await self.store.refresh(node)
             self.reservations_changed(node)
 
-    async def _watch_feed(self) -> None:
-        bucket = self.feed_names.feed_bucket
+    async def _bucket(self, name: str, while_missing: Callable[[], None]):
+        """The bucket another service creates, looked for every BUCKET_LOOKUP_SECONDS until it exists."""
         while True:
             try:
-                kv = await self.js.key_value(bucket)
-                break
+                return await self.js.key_value(name)
             except nats.js.errors.BucketNotFoundError:
-                # the inventory service creates it; until then there are no devices
-                self.synced["feed"].set()
+                while_missing()
                 await asyncio.sleep(BUCKET_LOOKUP_SECONDS)
+
+    async def _watch_feed(self) -> None:
+        # the inventory service creates it; until then there are no devices
+        kv = await self._bucket(self.feed_names.feed_bucket, self.synced["feed"].set)
         async with contextlib.aclosing(streams.bucket_entries(kv)) as entries:
             async for update in entries:
                 if update is None:

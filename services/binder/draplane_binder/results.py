@@ -18,6 +18,7 @@ from draplane.scheduling import reservations as rv
 from draplane.scheduling import streams
 from draplane.scheduling.messages import MessageError, Placement, Subjects, Unschedulable, decode_message
 from draplane.scheduling.unschedulable import CONDITION_REASON, ERROR_CONDITION_REASON, failure_label
+from draplane.tasks import log_task_failure
 from draplane_binder.cache import ClusterCache
 from draplane_binder.metrics import BinderMetrics
 from draplane_binder.pending import PendingQueue
@@ -166,5 +167,4 @@ def _stream_sequence(msg) -> str:
 
 
 def _log_failure(task: asyncio.Task) -> None:
-    if not task.cancelled() and task.exception() is not None:
-        log.error("binder task %s failed", task.get_name(), exc_info=task.exception())
+    log_task_failure(task, log)

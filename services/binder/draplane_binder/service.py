@@ -39,7 +39,7 @@ from draplane.kube import KubeClient
 from draplane.metrics import counter_value
 from draplane.scheduling import streams
 from draplane.scheduling.messages import Subjects
-from draplane.tasks import cancel_all, guarded_task
+from draplane.tasks import cancel_all, guarded_task, log_task_failure
 from draplane_binder.cache import ClusterCache
 from draplane_binder.claim_reconciler import ClaimReconciler
 from draplane_binder.cluster_publisher import ClusterPublisher
@@ -174,5 +174,4 @@ class Binder:
 
 
 def _log_failure(task: asyncio.Task) -> None:
-    if not task.cancelled() and task.exception() is not None:
-        log.error("binder task %s failed", task.get_name(), exc_info=task.exception())
+    log_task_failure(task, log)
