@@ -8,7 +8,7 @@
     8 GPUs, some with matchAttribute on resource.kubernetes.io/pcieRoot, some with firstAvailable.
 (c) scale_5000x8: the same mix on 5,000 nodes x 8 GPUs (40,000 devices), until 32,000 GPUs (80 %)
     are allocated.
-(d) shard_5000x8: the same claims through the shard's core, `ClusterState.place_pod`, one pod per
+(d) shard_5000x8: the same claims through the shard's core, `SchedulingState.place_pod`, one pod per
     claim asking 1-16 CPUs and 8-128 GiB on nodes of 224 CPUs and 2 TiB: node fit, the device
     search, and the shipped policy's CPU/memory term over every feasible node, then the claim's
     allocation and the pod's requests recorded as the shard's watches would. What one shard's
@@ -69,7 +69,7 @@ def _claim(name: str, requests: list[DeviceRequest], constraints=None) -> Resour
 
 
 def sched_perf(policy: str) -> tuple[int, float]:
-    from draplane.allocation import Cluster, NodePlacement
+    from draplane.allocation import DeviceAllocator, NodePlacement
 
     driver = "test-driver.cdi.k8s.io"
     slices = []
@@ -99,7 +99,7 @@ def sched_perf(policy: str) -> tuple[int, float]:
         ),
     )
     claims = [_claim(f"claim-{i:04d}", [request]) for i in range(5000)]
-    cluster = Cluster(slices=slices, classes=classes, policy=policy)
+    cluster = DeviceAllocator(slices=slices, classes=classes, policy=policy)
     cluster.ensure_nodes_from_slices()
     return _schedule("sched_perf", cluster, claims)
 
@@ -159,10 +159,10 @@ def _topology_inputs(nodes: int, gpus_wanted: int):
 
 
 def topology_mix(policy: str, nodes: int = 1000, gpus_wanted: int = 6400) -> tuple[int, float, float]:
-    from draplane.allocation import Cluster
+    from draplane.allocation import DeviceAllocator
 
     slices, classes, claims = _topology_inputs(nodes, gpus_wanted)
-    cluster = Cluster(slices=slices, classes=classes, policy=policy)
+    cluster = DeviceAllocator(slices=slices, classes=classes, policy=policy)
     cluster.ensure_nodes_from_slices()
     return _schedule("topology_mix", cluster, claims)
 
@@ -170,11 +170,11 @@ def topology_mix(policy: str, nodes: int = 1000, gpus_wanted: int = 6400) -> tup
 def shard_5000x8(policy: str, nodes: int = 5000, gpus_wanted: int = 32_000) -> tuple[int, float, float]:
     from draplane.allocation.scoring import get_policy
     from draplane.api.core import Node, NodeStatus
-    from draplane.scheduling import scenario
-    from draplane.scheduling.placing import ClusterState
+    from draplane.simulation import scenario
+    from draplane.scheduling.placing import SchedulingState
 
     slices, classes, claims = _topology_inputs(nodes, gpus_wanted)
-    state = ClusterState(policy=get_policy(policy))
+    state = SchedulingState(policy=get_policy(policy))
     for device_class in classes:
         state.set_class(device_class)
     for slice_ in slices:
@@ -196,7 +196,7 @@ def shard_5000x8(policy: str, nodes: int = 5000, gpus_wanted: int = 32_000) -> t
 
 
 def _place_each(state, pods, claims, case: str, seen_bound) -> tuple[float, float]:
-    """Each pod with its claim through `ClusterState.place_pod`, the allocation and the bound pod
+    """Each pod with its claim through `SchedulingState.place_pod`, the allocation and the bound pod
     then recorded (`seen_bound(pod, placed)`) as the shard's watches would. (CPU s, wall s)."""
     from draplane.api.resource import ResourceClaimStatus
     from draplane.scheduling.placing import Placed
@@ -229,11 +229,11 @@ def place_constrained(policy: str, nodes: int, gpus_wanted: int) -> tuple[list, 
     from draplane.api.core import (Affinity, Node, NodeStatus, PodAffinityTerm, PodAntiAffinity,
                                    TopologySpreadConstraint)
     from draplane.api.policy import LabelSelector
-    from draplane.scheduling import scenario
-    from draplane.scheduling.placing import ClusterState
+    from draplane.simulation import scenario
+    from draplane.scheduling.placing import SchedulingState
 
     slices, classes, claims = _topology_inputs(nodes, gpus_wanted)
-    state = ClusterState(policy=get_policy(policy))
+    state = SchedulingState(policy=get_policy(policy))
     for device_class in classes:
         state.set_class(device_class)
     for i, slice_ in enumerate(slices):

@@ -55,7 +55,7 @@ from draplane.kube import KubeClient, watch_objects  # noqa: E402
 from draplane.localenv.controllermanager import controller_manager  # noqa: E402
 from draplane.localenv.controlplane import ControlPlane  # noqa: E402
 from draplane.localenv.processes import free_port  # noqa: E402
-from draplane.scheduling import scenario  # noqa: E402
+from draplane.simulation import scenario  # noqa: E402
 from draplane.scheduling.messages import Subjects  # noqa: E402
 
 PREFIX = "draplane."

@@ -79,7 +79,7 @@ from draplane.localenv.kwok import KwokProcess, kwok_arguments
 from draplane.localenv.natscluster import NatsCluster
 from draplane.localenv.processes import ServerProcess, free_port
 from draplane.localenv.supervisor import describe_exit
-from draplane.scheduling import scenario
+from draplane.simulation import scenario
 from draplane.scheduling.reservations import DEFAULT_LEASE_SECONDS
 
 log = logging.getLogger("chaos")

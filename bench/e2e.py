@@ -83,7 +83,7 @@ from draplane.localenv.controlplane import ControlPlane
 from draplane.localenv.kwok import KWOK_ANNOTATION, kwok_arguments
 from draplane.localenv.processes import ServerProcess
 from draplane.messages.inventory import SCHEMA_VERSION, FeedEntry, InventoryNames, encode
-from draplane.scheduling import scenario
+from draplane.simulation import scenario
 
 PREFIX = "draplane."
 PCIE_ROOT = "resource.kubernetes.io/pcieRoot"

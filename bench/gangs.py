@@ -32,7 +32,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "shared"))
 
-from draplane.allocation import Cluster, NodePlacement  # noqa: E402
+from draplane.allocation import DeviceAllocator, NodePlacement  # noqa: E402
 from draplane.allocation.gang import (  # noqa: E402
     Gang, GangMember, GangPlacement, SearchBudget, commit_gang, place_gang, release_gang,
 )
@@ -99,7 +99,7 @@ def synthetic_trace(seed: int, jobs: int, capacity_gpus: int, load: float, gang_
     return out
 
 
-def make_cluster(nodes: int, policy: str) -> Cluster:
+def make_cluster(nodes: int, policy: str) -> DeviceAllocator:
     slices = [
         ResourceSlice(
             metadata=ObjectMeta(name=f"node-{n:03d}-gpus"),
@@ -110,7 +110,7 @@ def make_cluster(nodes: int, policy: str) -> Cluster:
     ]
     gpu_class = DeviceClass(metadata=ObjectMeta(name=CLASS), spec=DeviceClassSpec(
         selectors=[DeviceSelector(cel=CELDeviceSelector(expression=f'device.driver == "{DRIVER}"'))]))
-    cluster = Cluster(slices=slices, classes=[gpu_class], policy=policy)
+    cluster = DeviceAllocator(slices=slices, classes=[gpu_class], policy=policy)
     cluster.ensure_nodes_from_slices()
     return cluster
 
@@ -229,7 +229,7 @@ def run_gang(jobs: list[Job], nodes: int, policy: str, window_end: float, backfi
     return Outcome(mode, timeline, waits, len(unstarted), sum(j.is_gang for j in unstarted), seconds, attempts)
 
 
-def _slots_suffice(cluster: Cluster, job: Job) -> bool:
+def _slots_suffice(cluster: DeviceAllocator, job: Job) -> bool:
     """A necessary condition, in arithmetic: enough nodes with room for a pod each, counted."""
     slots = 0
     for name in cluster.nodes:

@@ -392,7 +392,7 @@ async def create_pods(run: Run, kube) -> dict:
     from draplane.api.core import Pod
     from draplane.api.resource import DeviceClass
     from draplane.localenv import environment
-    from draplane.scheduling import scenario
+    from draplane.simulation import scenario
 
     args = run.args
     gpus = args.nodes * args.gpus_per_node
@@ -467,7 +467,7 @@ async def publish_with_binder(run: Run, js, expected: int) -> tuple[dict, list[b
     from draplane.localenv.processes import free_port
     from draplane.scheduling import cluster_feed
     from draplane.scheduling.messages import Subjects
-    from draplane.scheduling import streams
+    from draplane.jetstream import streams
 
     subjects = Subjects(prefix=PREFIX)
     port = free_port()
@@ -518,7 +518,7 @@ async def reset_tier(js, captured: list[bytes], shards: int) -> None:
     partitioned for `shards` as the binder partitions them."""
     import nats.js.errors
 
-    from draplane.scheduling import streams
+    from draplane.jetstream import streams
     from draplane.scheduling.messages import Subjects, decode_message, partition_key, shard_for
 
     subjects = Subjects(prefix=PREFIX)
@@ -538,7 +538,7 @@ async def run_tier(run: Run, js, captured: list[bytes], shards: int) -> dict:
     import nats.errors
 
     from draplane.localenv.processes import free_port
-    from draplane.scheduling import streams
+    from draplane.jetstream import streams
     from draplane.scheduling.messages import Subjects, decode_message
 
     args = run.args

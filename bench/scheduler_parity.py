@@ -1,7 +1,7 @@
 """Differential bench: draplane's pod filters against kube-scheduler's framework.
 
 Runs N random cases (tests/shared/scheduling/kube_scheduler_oracle/generate.py, the generator of
-test_kube_scheduler_parity.py) through both: draplane's ClusterState.filter_nodes, and
+test_kube_scheduler_parity.py) through both: draplane's SchedulingState.filter_nodes, and
 kube-scheduler v1.37.2's framework (default profile) through the oracle program built from
 tests/shared/scheduling/kube_scheduler_oracle/main.go (needs Go; built once into the cache).
 

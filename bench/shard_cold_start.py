@@ -92,7 +92,8 @@ def cluster_values(nodes: int, claims: int, allocated: int, gpus: int) -> list[t
         ResourceClaimStatus,
     )
     from draplane.localenv import environment
-    from draplane.scheduling import cluster_feed, scenario
+    from draplane.scheduling import cluster_feed
+    from draplane.simulation import scenario
 
     values = []
     for raw in environment.standard_device_classes():
@@ -123,7 +124,7 @@ async def fill(nats_url: str, feed: list, cluster: list) -> None:
     from nats.js.api import KeyValueConfig
 
     from draplane.messages.inventory import InventoryNames
-    from draplane.scheduling import streams
+    from draplane.jetstream import streams
     from draplane.scheduling.messages import Subjects
 
     client = await nats.connect(nats_url)

@@ -76,7 +76,7 @@ from draplane.localenv.controlplane import ControlPlane
 from draplane.localenv.kubescheduler import kube_scheduler
 from draplane.localenv.processes import ServerProcess
 from draplane.messages.inventory import SCHEMA_VERSION, FeedEntry, InventoryNames, encode
-from draplane.scheduling import scenario
+from draplane.simulation import scenario
 
 KUBE_SCHEDULER, DRAPLANE = "kube-scheduler", "draplane"
 SCHEDULERS = (KUBE_SCHEDULER, DRAPLANE)

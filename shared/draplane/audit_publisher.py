@@ -20,7 +20,7 @@ import nats.js.errors
 from nats.js import JetStreamContext
 from nats.js.api import RetentionPolicy, StorageType, StreamConfig
 
-from draplane.jetstream_setup import JetStreamNotAnswering, until_answered
+from draplane.jetstream.setup import JetStreamNotAnswering, until_answered
 from draplane.messages.audit import (
     AUDIT_DUPLICATE_WINDOW_SECONDS,
     AUDIT_MAX_AGE_SECONDS,

@@ -9,8 +9,8 @@ from draplane.api.meta import Condition
 from draplane.api.resource import ResourceClaimConsumerReference, ResourceClaimStatus
 from draplane.cli import main
 from draplane.cli.explain import Snapshot, chosen_line, explain_claim, explain_pod, find_target, find_targets
-from draplane.scheduling import scenario
-from draplane.scheduling.placing import ClusterState
+from draplane.simulation import scenario
+from draplane.scheduling.placing import SchedulingState
 
 
 def seed_snapshot(taken: bool) -> Snapshot:
@@ -29,7 +29,7 @@ def seed_snapshot(taken: bool) -> Snapshot:
     if taken:
         other = scenario.claim("ns", "other", "high-memory-gpu")
         other.metadata.uid = "c0"
-        state = ClusterState()
+        state = SchedulingState()
         state.set_class(classes[0])
         for n, s in zip(nodes, slices):
             state.set_node(n)

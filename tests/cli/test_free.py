@@ -18,7 +18,7 @@ from draplane.cli.free import free_json, print_tables
 from draplane.localenv.environment import standard_device_classes
 from draplane.messages.inventory import SCHEMA_VERSION, FeedEntry, InventoryNames, encode
 from draplane.scheduling import reservations as rv
-from draplane.scheduling import streams
+from draplane.jetstream import streams
 from draplane.scheduling.messages import Subjects
 from draplane_inventory.slices import NodeRef, plan_node
 from draplane_node_agent.hardware import driver_devices

@@ -6,7 +6,7 @@ import msgspec
 import pytest
 import yaml
 
-from draplane.allocation import Cluster
+from draplane.allocation import DeviceAllocator
 from draplane.api.codec import decode_object
 from draplane.api.core import Node, Pod, PodSpec
 from draplane.api.meta import ObjectMeta
@@ -41,7 +41,7 @@ def _seed_claim(name="vllm-gpu-claim", uid="uid-seed"):
     return claim
 
 
-def _allocated(claim, cluster: Cluster, node: str | None = None):
+def _allocated(claim, cluster: DeviceAllocator, node: str | None = None):
     placement = cluster.allocate([claim]) if node is None else cluster.allocate_on_node([claim], node)
     cluster.commit([claim], placement)
     return msgspec.structs.replace(claim, status=ResourceClaimStatus(allocation=placement.allocations[0])), placement
@@ -53,7 +53,7 @@ def _bound_pod(node: str) -> Pod:
 
 def test_seed_claim_goes_to_the_h100_node_and_the_others_say_why():
     slices, classes, nodes = _cluster_objects()
-    cluster = Cluster(slices=slices, classes=classes, nodes=nodes)
+    cluster = DeviceAllocator(slices=slices, classes=classes, nodes=nodes)
     claim, placement = _allocated(_seed_claim(), cluster)
     assert placement.node == "dgx-h100-0000"
 
@@ -83,7 +83,7 @@ def test_seed_claim_goes_to_the_h100_node_and_the_others_say_why():
 
 def test_nodes_of_one_class_that_fare_the_same_share_a_row():
     slices, classes, nodes = _cluster_objects(per_profile=3)
-    cluster = Cluster(slices=slices, classes=classes, nodes=nodes)
+    cluster = DeviceAllocator(slices=slices, classes=classes, nodes=nodes)
     claim, placement = _allocated(_seed_claim(), cluster)
     report = report_placement(_bound_pod(placement.node), [claim], slices=slices, classes=classes, nodes=nodes,
                               all_claims=[claim])
@@ -97,7 +97,7 @@ def test_nodes_of_one_class_that_fare_the_same_share_a_row():
 
 def test_devices_held_by_other_claims_are_the_reason_a_node_is_out():
     slices, classes, nodes = _cluster_objects()
-    cluster = Cluster(slices=slices, classes=classes, nodes=nodes)
+    cluster = DeviceAllocator(slices=slices, classes=classes, nodes=nodes)
     others = []
     for i in range(8):  # every H100 of the dgx-h100 node
         other, _ = _allocated(_seed_claim(f"other-{i}", f"uid-other-{i}"), cluster, "dgx-h100-0000")
@@ -116,7 +116,7 @@ def test_devices_held_by_other_claims_are_the_reason_a_node_is_out():
 
 def test_a_replay_that_disagrees_says_so():
     slices, classes, nodes = _cluster_objects()
-    cluster = Cluster(slices=slices, classes=classes, nodes=nodes)
+    cluster = DeviceAllocator(slices=slices, classes=classes, nodes=nodes)
     claim, _ = _allocated(_seed_claim(), cluster, "mixed-0000")
     report = report_placement(_bound_pod("mixed-0000"), [claim], slices=slices, classes=classes, nodes=nodes,
                               all_claims=[claim])

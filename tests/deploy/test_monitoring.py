@@ -12,7 +12,7 @@ from prometheus_client import CollectorRegistry
 from draplane.kube.metrics import ApiserverMetrics
 from draplane.localenv import kustomize
 from draplane.localenv.kustomize import object_id
-from draplane.scheduling.placing import ClusterState
+from draplane.scheduling.placing import SchedulingState
 from draplane_allocator.metrics import AllocatorMetrics
 from draplane_binder.metrics import BinderMetrics
 from draplane_inventory.metrics import InventoryMetrics
@@ -29,7 +29,7 @@ SUFFIXES = {"counter": ("_total",), "histogram": ("_bucket", "_count", "_sum"), 
 def exported_names() -> set[str]:
     """Every sample name the four services can export, read from their registries."""
     allocator = AllocatorMetrics()
-    allocator.export_fragmentation(ClusterState())
+    allocator.export_fragmentation(SchedulingState())
     binder = BinderMetrics()
     binder.export_claims(lambda: [])
     inventory = InventoryMetrics()

@@ -30,7 +30,7 @@ from draplane.localenv.processes import ServerProcess, free_port
 from draplane.messages.audit import AuditNames
 from draplane.messages.inventory import InventoryNames
 from draplane.natsauth import AuthConfigError
-from draplane.scheduling import streams
+from draplane.jetstream import streams
 from draplane.scheduling.messages import Subjects
 
 TEMPLATES = Path(__file__).resolve().parents[2] / "deploy" / "nats"
@@ -341,8 +341,8 @@ async def test_the_reader_reads_the_feed_and_reservations_and_writes_nothing(nat
         cluster = await streams.cluster_bucket(binder.jetstream(), subjects)
         await cluster.put("taintrule.maintenance", b"a rule")
         await cluster.put(f"node.{NODE_A}", b"a node")
-        cluster_view = await (reader.jetstream()).key_value(subjects.cluster_bucket)
-        rules = await streams.bucket_snapshot(cluster_view, keys="taintrule.>")
+        device_view = await (reader.jetstream()).key_value(subjects.cluster_bucket)
+        rules = await streams.bucket_snapshot(device_view, keys="taintrule.>")
         assert [(e.key, e.value) for e in rules] == [("taintrule.maintenance", b"a rule")]
         for subject in (f"$KV.{subjects.reservations_bucket}.node.{NODE_A}", subjects.results, subjects.pending(0),
                         f"$KV.{subjects.cluster_bucket}.taintrule.maintenance",

@@ -24,7 +24,7 @@ from draplane.api.resource import (
 )
 from draplane.scheduling import reservations as rv
 from draplane.kube import KubeApiError
-from draplane.scheduling import scenario
+from draplane.simulation import scenario
 from draplane.messages.inventory import SCHEMA_VERSION, FeedEntry, InventoryNames, encode
 from draplane_allocator.shard import Shard
 from draplane_binder.service import Binder

@@ -33,7 +33,7 @@ from draplane.audit_publisher import ensure_audit_stream
 from draplane.localenv.processes import ServerProcess, free_port
 from draplane.messages import audit
 from draplane.messages.inventory import InventoryNames
-from draplane.scheduling import scenario
+from draplane.simulation import scenario
 from draplane_inventory.__main__ import build_app as inventory_app, parse_args as inventory_args
 from draplane_node_agent.__main__ import ProfileDiscovery
 from draplane_node_agent.agent import AgentFleet, SimulatedAgent
@@ -184,7 +184,7 @@ async def test_the_map_shows_every_device_follows_an_allocation_and_lists_a_pend
         # A DeviceTaintRule on one GPU: the shards tell the audit stream which devices it
         # selects (from their inventory, so once they have the nodes), the map taints them.
         await scheduling.wait_for(
-            lambda: _true(all(s.state.cluster.inventory.node_names() >= {h100, a100} for s in scheduling.shards)),
+            lambda: _true(all(s.state.devices.inventory.node_names() >= {h100, a100} for s in scheduling.shards)),
             30, "the shards to know both nodes' devices")
         tainted = f"gpu.nvidia.com/{h100}/gpu-7"
         await kube.create(msgspec.convert({

@@ -289,7 +289,7 @@ async def test_a_pod_groups_claim_template_gives_one_claim_its_members_share(sch
     """A PodGroup with a claim template (DRAWorkloadResourceClaims): kube-controller-manager makes
     one claim, owned by the group; every member binds on it, and the claim is reserved for the
     group, once, so 300 members pass the 256-entry reservedFor limit a claim per pod would hit."""
-    from draplane.scheduling import scenario
+    from draplane.simulation import scenario
     from test_user_flows import one_gpu_template_yaml
 
     class_name, nodes = await gpu_cluster(scheduling, kube, nodes=1)

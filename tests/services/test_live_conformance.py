@@ -196,8 +196,8 @@ class LiveCase:
 
         def known(shard) -> bool:
             state = shard.state
-            return (node in state.nodes and all(c in state.cluster.classes for c in classes)
-                    and all(state.cluster.inventory.has_slice(s) for s in slices)
+            return (node in state.nodes and all(c in state.devices.classes for c in classes)
+                    and all(state.devices.inventory.has_slice(s) for s in slices)
                     and all(state.claim_is_allocated(uid) for uid in in_use_uids))
 
         deadline = time.monotonic() + TIMEOUT

@@ -30,7 +30,8 @@ from draplane.api.resource import (
 )
 from draplane.messages.inventory import InventoryNames
 from draplane.scheduling import reservations as rv
-from draplane.scheduling import scenario, streams
+from draplane.jetstream import streams
+from draplane.simulation import scenario
 from draplane.scheduling.messages import NodeFailure, Subjects
 from draplane.scheduling.unschedulable import FailureReason, failure_label
 from draplane_allocator.__main__ import SHARDS, build_app as allocator_app, build_parser as allocator_parser
@@ -160,7 +161,7 @@ async def test_every_service_s_metrics_count_what_happened(kube, control_plane, 
 
         async def ready():
             return all(s.ready for s in shards) and binder[BINDER].ready and all(
-                s.state.cluster.nodes.get(node) is not None and s.state.cluster.inventory.node_names() >= {node}
+                s.state.devices.nodes.get(node) is not None and s.state.devices.inventory.node_names() >= {node}
                 for s in shards)
 
         await _eventually(ready, 60, "the shards and the binder to be synced and to know the node's devices")

@@ -33,7 +33,7 @@ from draplane.localenv.environment import _apply, _ready, _register_node, standa
 from draplane.localenv.natscluster import NatsCluster
 from draplane.localenv.processes import ServerProcess, free_port
 from draplane.nats_roles import fleet_inbox_prefix
-from draplane.scheduling import scenario
+from draplane.simulation import scenario
 from conftest import audit, create_many  # noqa: E402  (tests/services/conftest.py)
 
 pytestmark = pytest.mark.integration

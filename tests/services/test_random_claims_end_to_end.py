@@ -40,7 +40,7 @@ from draplane.api.resource import (
     ResourceClaimSpec,
 )
 from draplane.kube import KubeApiError
-from draplane.scheduling import scenario
+from draplane.simulation import scenario
 from conftest import ensure_class, pod_scheduled_false  # noqa: E402  (tests/services/conftest.py)
 
 pytestmark = pytest.mark.integration

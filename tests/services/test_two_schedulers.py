@@ -23,7 +23,7 @@ import yaml
 from draplane.api.core import Node, Pod, Toleration
 from draplane.api.resource import ResourceClaim
 from draplane.localenv.kubescheduler import kube_scheduler
-from draplane.scheduling import scenario
+from draplane.simulation import scenario
 
 from conftest import eventually  # noqa: E402  (tests/services/conftest.py)
 from test_preemption_flows import audit_events  # noqa: E402

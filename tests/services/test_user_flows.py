@@ -29,7 +29,7 @@ from draplane.api.resource import (
     ResourceSliceSpec,
 )
 from draplane.cli import explain
-from draplane.scheduling import scenario
+from draplane.simulation import scenario
 from conftest import ensure_class  # noqa: E402  (tests/services/conftest.py)
 
 pytestmark = pytest.mark.integration

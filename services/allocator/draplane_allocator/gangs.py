@@ -22,7 +22,7 @@ from draplane.scheduling import reservations as rv
 from draplane.scheduling.gang_placing import GangPlaced, gang_preemption_for, place_gang_members
 from draplane.scheduling.gangs import GangSpec, GangSpecError, GangWaitingRoom, gang_spec, pod_group_key
 from draplane.scheduling.messages import GangCommit, PodRef, Preemption
-from draplane.scheduling.reservation_store import StaleRevision
+from draplane.jetstream.reservation_store import StaleRevision
 from draplane.scheduling.unschedulable import GANG_UNPLACEABLE, GANG_WAITING
 from draplane.structured_logs import fields
 from draplane_allocator.answers import Answers

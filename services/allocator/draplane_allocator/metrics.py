@@ -15,7 +15,7 @@ from prometheus_client import CollectorRegistry, Counter, Histogram
 from prometheus_client.core import GaugeMetricFamily
 
 from draplane.metrics import ConsumerLag
-from draplane.scheduling.placing import ClusterState
+from draplane.scheduling.placing import SchedulingState
 
 log = logging.getLogger(__name__)
 
@@ -74,12 +74,12 @@ class AllocatorMetrics:
                                            "From fetching a pending pod to publishing its placement",
                                            ["shard"], buckets=PLACEMENT_BUCKETS, registry=r)
         self.consumer_lag = ConsumerLag(r)
-        self._fragmentation_of: ClusterState | None = None
+        self._fragmentation_of: SchedulingState | None = None
 
     def shard(self, index: int) -> ShardMetrics:
         return ShardMetrics(self, index)
 
-    def export_fragmentation(self, state: ClusterState) -> None:
+    def export_fragmentation(self, state: SchedulingState) -> None:
         """Publish `state`'s fragmented devices per DeviceClass, computed at each scrape."""
         if self._fragmentation_of is None:
             self.registry.register(_FragmentationCollector(self))

@@ -25,7 +25,7 @@ from draplane.scheduling import reservation_protocol as protocol
 from draplane.scheduling import reservations as rv
 from draplane.scheduling.messages import GangCommit, PendingPod, PodRef, Preemption, Unschedulable
 from draplane.scheduling.placing import NotPlaced, Placed
-from draplane.scheduling.reservation_store import StaleRevision
+from draplane.jetstream.reservation_store import StaleRevision
 from draplane.structured_logs import fields
 from draplane_allocator.answers import Answers
 from draplane_allocator.metrics import ShardMetrics
@@ -236,7 +236,7 @@ class BatchPlacer:
 
     def placement(self, item: PodToPlace, placed: Placed, lease_ends: float, gang: GangCommit | None = None):
         return placement_message(item.pending, item.claims, placed, lease_ends, shard=self.index,
-                                 policy=self.view.state.cluster.policy.name, gang=gang)
+                                 policy=self.view.state.devices.policy.name, gang=gang)
 
     def lease_of(self, placed: Placed, default: float) -> float:
         """The lease of a placement republished from what the bucket holds already."""

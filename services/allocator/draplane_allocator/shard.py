@@ -28,7 +28,7 @@ from draplane.audit_publisher import AuditPublisher
 from draplane.messages.inventory import InventoryNames
 from draplane.metrics import counter_value
 from draplane.scheduling import reservations as rv
-from draplane.scheduling import streams
+from draplane.jetstream import streams
 from draplane.scheduling.gangs import pod_group_key
 from draplane.scheduling.messages import MessageError, PendingPod, Subjects, decode_message
 from draplane.structured_logs import fields, with_fields
@@ -92,7 +92,7 @@ class Shard:
 
     @property
     def state(self):
-        """The view's ClusterState (what placing reads)."""
+        """The view's SchedulingState (what placing reads)."""
         return self.view.state
 
     @property

@@ -2,7 +2,7 @@
 client): the inventory feed bucket, the cluster bucket the binder fills from its watches
 (DeviceClasses, Nodes, DeviceTaintRules, PodGroups, PodDisruptionBudgets, every ResourceClaim and
 the bound pods: draplane.scheduling.cluster_feed), and the reservation bucket, all kept in one
-ClusterState (draplane.scheduling.placing) that placing reads.
+SchedulingState (draplane.scheduling.placing) that placing reads.
 
 Read by the placer and the gangs, which write only through the reservation store; the gangs
 learn of pods coming and going through `pod_listeners`.
@@ -29,11 +29,12 @@ from draplane.audit_publisher import AuditPublisher
 from draplane.messages import audit
 from draplane.messages.inventory import InventoryNames, decode_feed_entry
 from draplane.messages.inventory import MessageError as InventoryMessageError
-from draplane.scheduling import cluster_feed, streams
+from draplane.jetstream import streams
+from draplane.scheduling import cluster_feed
 from draplane.scheduling.gangs import pod_group_key
 from draplane.scheduling.messages import PendingPod, Subjects
-from draplane.scheduling.placing import ClusterState
-from draplane.scheduling.reservation_store import ReservationStore
+from draplane.scheduling.placing import SchedulingState
+from draplane.jetstream.reservation_store import ReservationStore
 from draplane.structured_logs import fields
 from draplane_allocator.metrics import ShardMetrics
 from draplane_allocator.records import PodToPlace
@@ -58,14 +59,14 @@ class ShardView:
         self.gang_scheduling = gang_scheduling
         self.audit, self.m, self.log = audit_publisher, metrics, log
         # Shards break ties between equal nodes each its own way: fewer races for one node.
-        self.state = ClusterState(policy=policy, tie_break=index)
+        self.state = SchedulingState(policy=policy, tie_break=index)
         self._store: ReservationStore | None = None
         self.pods: dict[str, Pod] = {}  # uid -> pod
         self.pod_groups: dict[str, PodGroup] = {}  # namespace/name -> PodGroup
         self.pod_listeners: list[PodListener] = []
         self.synced = {k: asyncio.Event() for k in ("cluster", "feed")}
         # the cluster bucket: key -> the object it holds (what a delete marker deletes)
-        self.cluster: dict[str, object] = {}
+        self.bucket_objects: dict[str, object] = {}
         self.cluster_revision = 0  # the last revision of the bucket taken in
         self._cluster_replayed = False  # past the entries the bucket held when the watch started
         self._cluster_filled_by: str | None = None  # the binder whose SYNCED_KEY is in the bucket
@@ -125,11 +126,11 @@ class ShardView:
                     # past the replay first: what the sweep takes out was deleted while no watch
                     # ran, which is news (a DeviceTaintRule's untainting is told)
                     self._cluster_replayed = True
-                    for key in [k for k in self.cluster if k not in replayed]:
+                    for key in [k for k in self.bucket_objects if k not in replayed]:
                         self.take_cluster_entry(key, None)
                     replayed = None
                     self.log.info("shard %d: cluster bucket replayed: %d objects up to revision %d", self.index,
-                                  len(self.cluster), self.cluster_revision)
+                                  len(self.bucket_objects), self.cluster_revision)
                     self._mark_cluster_synced()
                     continue
                 if replayed is not None:
@@ -145,7 +146,7 @@ class ShardView:
         early in the replay (written once per binder start), most claims and pods after it."""
         if self._cluster_replayed and self._cluster_filled_by is not None and not self.synced["cluster"].is_set():
             self.log.info("shard %d: the cluster bucket is complete (binder %s listed everything): %d objects",
-                          self.index, self._cluster_filled_by, len(self.cluster))
+                          self.index, self._cluster_filled_by, len(self.bucket_objects))
             self.synced["cluster"].set()
 
     def take_cluster_entry(self, key: str, value: bytes | None) -> None:
@@ -164,7 +165,7 @@ class ShardView:
                 self._mark_cluster_synced()
             return
         if value is None:
-            obj = self.cluster.pop(key, None)
+            obj = self.bucket_objects.pop(key, None)
             if obj is not None:
                 self._handlers[type(obj)](obj, True)
             return
@@ -174,7 +175,7 @@ class ShardView:
             self.m.errors.inc()
             self.log.error("shard %d: unreadable cluster bucket entry: %s", self.index, exc)
             return
-        self.cluster[key] = obj
+        self.bucket_objects[key] = obj
         self._handlers[type(obj)](obj, False)
 
     async def _caught_up(self, revision: int) -> None:
@@ -207,7 +208,7 @@ class ShardView:
         taint = rule.spec.taint
         selected = [
             audit.DeviceRef(driver=s.spec.driver, pool=s.spec.pool.name, device=d.name)
-            for s in self.state.cluster.inventory.slices() for d in s.spec.devices or ()
+            for s in self.state.devices.inventory.slices() for d in s.spec.devices or ()
             if rule_selects(rule, s.spec.driver, s.spec.pool.name, d.name)
         ]
         kind = "untainted" if deleted else "tainted"

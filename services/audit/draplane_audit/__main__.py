@@ -25,7 +25,7 @@ from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, generate_l
 
 from draplane.allocation.free_capacity import free_capacity
 from draplane.audit_log import DEFAULT_BACKUPS, DEFAULT_MAX_BYTES
-from draplane.cluster_view import ClusterView, follow_cluster
+from draplane.device_view import DeviceView, follow_cluster
 from draplane.entrypoints import (
     add_http_arguments, add_nats_arguments, add_stream_replicas_argument, require_nats_credentials,
     role_connect_options, serve,
@@ -92,7 +92,7 @@ async def subscribers(app: web.Application):
     await subscriber.start()
     app[SUBSCRIBER] = subscriber
     app[CLUSTER_SYNCED] = asyncio.Event()
-    view = ClusterView()
+    view = DeviceView()
     changed = asyncio.Event()
     app[TASKS] = [
         _guarded(subscriber.run, "audit subscriber"),
@@ -106,7 +106,7 @@ async def subscribers(app: web.Application):
     await subscriber.stop()
 
 
-async def _recompute(view: ClusterView, changed: asyncio.Event, cluster: ClusterMetrics, interval: float) -> None:
+async def _recompute(view: DeviceView, changed: asyncio.Event, cluster: ClusterMetrics, interval: float) -> None:
     """The free-capacity answer again after a change, at most once per `interval`: a burst of
     placements costs one computation, not one each."""
     while True:

@@ -4,7 +4,7 @@ Everything lives in one CollectorRegistry of this process (never the global defa
 tests can run several subscribers in one interpreter and each /metrics shows only its own.
 
 The cluster metrics are computed from NATS alone (the inventory feed and the reservation bucket,
-see draplane.cluster_view), so nobody needs to scrape every service to see the cluster:
+see draplane.device_view), so nobody needs to scrape every service to see the cluster:
 - ``draplane_cluster_devices{device_class,node,state}``: devices by state (free, allocated,
   shared, tainted, blocked: counters used by other partitions);
 - ``draplane_cluster_devices_free_whole{device_class,node}``: one-device claims that still fit;

@@ -24,7 +24,7 @@ import time
 from nats.js.kv import KeyValue
 
 from draplane.scheduling import cluster_feed as feed
-from draplane.scheduling import streams
+from draplane.jetstream import streams
 
 log = logging.getLogger(__name__)
 

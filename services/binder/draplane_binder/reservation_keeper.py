@@ -23,10 +23,10 @@ from draplane.kube import KubeApiError, KubeClient
 from draplane.messages import audit
 from draplane.scheduling import reservation_protocol as protocol
 from draplane.scheduling import reservations as rv
-from draplane.scheduling import streams
+from draplane.jetstream import streams
 from draplane.scheduling.messages import ClaimRef, ClaimReleased, Subjects, encode_message
 from draplane.scheduling.placing import allocation_node
-from draplane.scheduling.reservation_store import ReservationStore
+from draplane.jetstream.reservation_store import ReservationStore
 from draplane.structured_logs import fields
 from draplane_binder.cache import ClusterCache
 from draplane_binder.metrics import BinderMetrics

@@ -15,7 +15,7 @@ from nats.js import JetStreamContext
 from draplane.audit_publisher import AuditPublisher
 from draplane.messages import audit
 from draplane.scheduling import reservations as rv
-from draplane.scheduling import streams
+from draplane.jetstream import streams
 from draplane.scheduling.messages import MessageError, Placement, Subjects, Unschedulable, decode_message
 from draplane.scheduling.unschedulable import CONDITION_REASON, ERROR_CONDITION_REASON, failure_label
 from draplane.tasks import log_task_failure

@@ -34,10 +34,10 @@ from collections.abc import Awaitable
 from nats.aio.client import Client as NatsClient
 
 from draplane.audit_publisher import AuditPublisher
-from draplane.jetstream_setup import until_answered
+from draplane.jetstream.setup import until_answered
 from draplane.kube import KubeClient
 from draplane.metrics import counter_value
-from draplane.scheduling import streams
+from draplane.jetstream import streams
 from draplane.scheduling.messages import Subjects
 from draplane.tasks import cancel_all, guarded_task, log_task_failure
 from draplane_binder.cache import ClusterCache

@@ -30,7 +30,7 @@ from nats.js import api as js_api
 from draplane.api.core import Node
 from draplane.api.resource import DeviceClass, ResourceSlice
 from draplane.audit_publisher import AuditPublisher
-from draplane.jetstream_setup import until_answered
+from draplane.jetstream.setup import until_answered
 from draplane.kube import KubeClient
 from draplane.kube.client import KubeApiError
 from draplane.kube.watching import watch_objects

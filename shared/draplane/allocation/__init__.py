@@ -2,19 +2,19 @@
 
 - `Inventory` (ResourceSlices → pools of device records), `AllocatedState` (what is in use),
 - `NodeAllocator.allocate` (claims on one node, all-or-nothing, Kubernetes semantics),
-- `Cluster.allocate` (the best node per the scoring policy, cached per claim shape),
+- `DeviceAllocator.allocate` (the best node per the scoring policy, cached per claim shape),
 - `scoring` (the pluggable policies: `first-fit`, `draplane`).
 """
 
 from draplane.allocation.allocator import NodeAllocator, NodePlacement, SelectorMatcher
-from draplane.allocation.cluster import Cluster, Unallocatable
+from draplane.allocation.device_allocator import DeviceAllocator, Unallocatable
 from draplane.allocation.errors import AllocationError, NodeFailure, Reason
 from draplane.allocation.inventory import Inventory
 from draplane.allocation.scoring import ScoringPolicy, get_policy, policy_names, register_policy
 from draplane.allocation.state import AllocatedState, claim_key
 
 __all__ = [
-    "AllocatedState", "AllocationError", "Cluster", "Inventory", "NodeAllocator", "NodeFailure", "NodePlacement",
+    "AllocatedState", "AllocationError", "DeviceAllocator", "Inventory", "NodeAllocator", "NodeFailure", "NodePlacement",
     "Reason", "ScoringPolicy", "SelectorMatcher", "Unallocatable", "claim_key", "get_policy", "policy_names",
     "register_policy",
 ]

@@ -782,7 +782,7 @@ class NodeAllocator:
         self._classes_version = 0
         self._candidate_cache: dict[str, tuple[list[Pool], dict[tuple, list[Candidate]]]] = {}
         self._order_cache: dict[str, tuple[list[Pool], list[Pool]]] = {}
-        self.scarcity: DeviceScarcity | None = None  # set by a Cluster, which keeps it current
+        self.scarcity: DeviceScarcity | None = None  # set by a DeviceAllocator, which keeps it current
 
     def set_classes(self, classes: dict[str, DeviceClass]) -> None:
         self.classes = classes
@@ -980,7 +980,7 @@ class NodeAllocator:
 
     def place_like(self, template: NodePlacement, positions: tuple[tuple[int, ...], ...], node: Node,
                    pools: list[Pool]) -> NodePlacement:
-        """`template`, found on a node alike to `node` (see `Cluster._likeness`), as the search on
+        """`template`, found on a node alike to `node` (see `DeviceAllocator._likeness`), as the search on
         `node` finds it: the devices at the same `positions` (indices into the devices of the
         node's pools, in order), with this node's device and pool names and node selector. The
         search on an alike node goes the same way step by step, so this is its answer without

@@ -444,7 +444,7 @@ class FragmentationAwareDraplane(DraplanePolicy):
       remainder stays the most fillable, then in the base order;
     - node score (lower is better): the base score plus the chosen devices' sliver cost, and, when
       the caller passes the pod's CPU and memory and the nodes' free amounts
-      (`Cluster.allocate(node_resources=...)`, as the shard's `ClusterState.place_pod` does), the
+      (`DeviceAllocator.allocate(node_resources=...)`, as the shard's `SchedulingState.place_pod` does), the
       devices the placement newly strands, both in devices.
 
     Ordering never changes whether a claim fits. `place` is the same policy on the simulator's
@@ -465,7 +465,7 @@ class FragmentationAwareDraplane(DraplanePolicy):
 
     @property
     def version(self) -> int:
-        """Changes when scores computed before may no longer hold (the Cluster recomputes them)."""
+        """Changes when scores computed before may no longer hold (the DeviceAllocator recomputes them)."""
         return self.workload.version
 
     # --- learning --------------------------------------------------------------------------------
@@ -498,7 +498,7 @@ class FragmentationAwareDraplane(DraplanePolicy):
     @staticmethod
     def _share(candidate, consumed, view) -> tuple[int, int] | None:
         """(free milli, milli taken) of a share of a multi-allocatable device: by the capacity that
-        is most used, as `Cluster.device_free_milli` counts it."""
+        is most used, as `DeviceAllocator.device_free_milli` counts it."""
         record = candidate.record
         if not record.allow_multiple or not consumed:
             return None

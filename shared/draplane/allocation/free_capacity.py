@@ -20,7 +20,7 @@ from dataclasses import dataclass, field
 from fractions import Fraction
 
 from draplane.allocation.allocator import NodePlacement, taint_blocks
-from draplane.allocation.cluster import Cluster
+from draplane.allocation.device_allocator import DeviceAllocator
 from draplane.allocation.errors import AllocationError
 from draplane.allocation.inventory import DeviceRecord, Pool
 from draplane.allocation.scoring import FIRST_FIT
@@ -100,7 +100,7 @@ def free_capacity(
 ) -> FreeCapacity:
     """`allocations`: claim UID (or any unique key) -> what it holds: every device in use.
     `taint_rules`: the DeviceTaintRules in force, whose taints count as the devices' own."""
-    cluster = Cluster(slices=slices, classes=classes, taint_rules=taint_rules, policy=FIRST_FIT)
+    cluster = DeviceAllocator(slices=slices, classes=classes, taint_rules=taint_rules, policy=FIRST_FIT)
     cluster.ensure_nodes_from_slices()
     for key, allocation in allocations.items():
         cluster.add_allocated_claim(_holder(key, allocation))
@@ -116,7 +116,7 @@ def free_capacity(
                         nodes=rows)
 
 
-def device_state(cluster: Cluster, record: DeviceRecord, pool: Pool | None) -> str:
+def device_state(cluster: DeviceAllocator, record: DeviceRecord, pool: Pool | None) -> str:
     """One device's state (DEVICE_STATES) in `cluster`, as `draplane free`, the metrics and the
     device map count it. `pool` None: its counters are not looked at (it cannot be BLOCKED)."""
     state = cluster.state
@@ -161,16 +161,16 @@ def _profile(record: DeviceRecord) -> str | None:
 
 
 class _Counter:
-    def __init__(self, cluster: Cluster):
-        self.cluster = cluster
+    def __init__(self, cluster: DeviceAllocator):
+        self.devices = cluster
         self.allocator = cluster.allocator
         self.state = cluster.state
         # (what the node's pools hold and have in use, class, selector) -> placements that fit
         self._fits: dict[tuple, int] = {}
 
     def _local_pools(self, node_name: str) -> list[Pool]:
-        inventory = self.cluster.inventory
-        return [p for p in inventory.pools_for_node(self.cluster.node(node_name))
+        inventory = self.devices.inventory
+        return [p for p in inventory.pools_for_node(self.devices.node(node_name))
                 if p.usable and inventory.pool_is_node_local(p.id)]
 
     def class_on_node(self, class_name: str, node_name: str) -> ClassOnNode | None:
@@ -182,7 +182,7 @@ class _Counter:
         except AllocationError:
             return None  # a class the allocator cannot use (a selector that does not compile)
         request = plan.requests[0][0]
-        node = self.cluster.node(node_name)
+        node = self.devices.node(node_name)
         candidates = [c for c in self.allocator.candidates(node, pools, request) if c.error is None]
         reachable = {id(r) for p in pools for r in p.reachable}
         records = [(c.record, c.pool) for c in candidates if id(c.record) in reachable]
@@ -206,7 +206,7 @@ class _Counter:
         return row
 
     def device_state(self, record: DeviceRecord, pool: Pool) -> str:
-        return device_state(self.cluster, record, pool)
+        return device_state(self.devices, record, pool)
 
     def _shared(self, records: list[tuple[DeviceRecord, Pool]]) -> list[SharedCapacity]:
         by_name: dict[str, SharedCapacity] = {}
@@ -245,7 +245,7 @@ class _Counter:
         if known is not None:
             return known
         placed: list[ResourceClaim] = []
-        node = self.cluster.node(node_name)
+        node = self.devices.node(node_name)
         try:
             for index in range(limit):
                 probe = _probe(class_name, index, selector)
@@ -253,11 +253,11 @@ class _Counter:
                 outcome = self.allocator.allocate([probe], node, FIRST_FIT, diagnose=False)
                 if not isinstance(outcome, NodePlacement):
                     break
-                self.cluster.commit([probe], outcome)
+                self.devices.commit([probe], outcome)
                 placed.append(probe)
         finally:
             for probe in placed:
-                self.cluster.release_claim(probe)
+                self.devices.release_claim(probe)
         self._fits[key] = len(placed)
         return len(placed)
 

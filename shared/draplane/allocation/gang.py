@@ -46,7 +46,7 @@ import msgspec
 
 from draplane.api.resource import AllocationResult, CELDeviceSelector, DeviceSelector, ResourceClaim
 from draplane.allocation.allocator import ClaimPlan, NodePlacement
-from draplane.allocation.cluster import Cluster
+from draplane.allocation.device_allocator import DeviceAllocator
 from draplane.allocation.errors import AllocationError
 from draplane.allocation.nodefit import NodeFitError, node_fit, pod_requests, term_matches
 from draplane.allocation.scoring import ScoringPolicy
@@ -176,9 +176,9 @@ class _BudgetExhausted(Exception):
 
 
 class _GangSearch:
-    def __init__(self, cluster: Cluster, members: list[_Member], policy: ScoringPolicy,
+    def __init__(self, cluster: DeviceAllocator, members: list[_Member], policy: ScoringPolicy,
                  bound: BoundRequests | None, budget: SearchBudget, deadline: float, attempts: list[int]):
-        self.cluster = cluster
+        self.devices = cluster
         self.members = members
         self.policy = policy
         self.bound = bound
@@ -212,7 +212,7 @@ class _GangSearch:
         memo = self.memo_ok and not any(m.shared_claims for m in group_members)
         if memo and memo_key in self.failed:
             return False
-        node = self.cluster.nodes[node_name]
+        node = self.devices.nodes[node_name]
         if not member.admitted_by_allocated(node):
             return False
         if not self._node_fits(group_members, node):
@@ -305,7 +305,7 @@ class _GangSearch:
                 continue
             scored = []
             for order, name in enumerate(node_names):
-                node = self.cluster.nodes[name]
+                node = self.devices.nodes[name]
                 if not member.admitted_by_allocated(node) or not self._node_fits([member], node):
                     continue
                 if any(not _allocation_admits(o[1], node) for c in member.shared_claims
@@ -329,7 +329,7 @@ class _GangSearch:
             # and being refused after.
             claims = [self._restricted(c) for c in claims]
         plans = [self._plan(c) for c in claims]
-        outcome = self.cluster.allocator.allocate(claims, node, self.policy, plans=plans, diagnose=False)
+        outcome = self.devices.allocator.allocate(claims, node, self.policy, plans=plans, diagnose=False)
         return outcome if isinstance(outcome, NodePlacement) else None
 
     def _restricted(self, claim: ResourceClaim) -> ResourceClaim:
@@ -343,7 +343,7 @@ class _GangSearch:
         key = claim_key(claim)
         plan = self.plans.get(key)
         if plan is None:
-            plan = self.plans[key] = self.cluster.allocator.plan(claim)
+            plan = self.plans[key] = self.devices.allocator.plan(claim)
         return plan
 
     def _node_fits(self, group: list[_Member], node: Node) -> bool:
@@ -369,11 +369,11 @@ class _GangSearch:
 
     def _hold_claims(self, allocated: list[tuple[ResourceClaim, AllocationResult]]) -> None:
         for c, a in allocated:
-            self.cluster.state.add_claim(claim_key(c), a)
+            self.devices.state.add_claim(claim_key(c), a)
 
     def _take_back_claims(self, claims: list[ResourceClaim]) -> None:
         for c in claims:
-            self.cluster.state.remove_claim(claim_key(c))
+            self.devices.state.remove_claim(claim_key(c))
 
 
 def _allocation_admits(allocation: AllocationResult, node: Node) -> bool:
@@ -435,7 +435,7 @@ class _Domain:
     free: float  # free devices (milli), an upper bound
 
 
-def gang_domains(cluster: Cluster, topology: GangTopology | None) -> list[_Domain]:
+def gang_domains(cluster: DeviceAllocator, topology: GangTopology | None) -> list[_Domain]:
     """The domains to try, in order: tightest (fewest free devices) first, then the whole cluster
     when the topology is only preferred."""
     every = sorted(cluster.nodes)
@@ -505,7 +505,7 @@ def _members(gang: Gang) -> list[_Member]:
     return out
 
 
-def _largest_first(cluster: Cluster, members: list[_Member]) -> list[_Member]:
+def _largest_first(cluster: DeviceAllocator, members: list[_Member]) -> list[_Member]:
     """Members asking the most devices first (they have the fewest places to go); alike members
     next to each other, as the search's symmetry rule wants."""
     def devices(m: _Member) -> int:
@@ -517,7 +517,7 @@ def _largest_first(cluster: Cluster, members: list[_Member]) -> list[_Member]:
 
 
 def place_gang(
-    cluster: Cluster,
+    cluster: DeviceAllocator,
     gang: Gang,
     *,
     budget: SearchBudget = SearchBudget(),
@@ -563,20 +563,20 @@ def place_gang(
     return _explain(cluster, gang, members, best, policy, bound, exhausted, attempts[0], demand, too_small)
 
 
-def commit_gang(cluster: Cluster, placement: GangPlacement) -> None:
+def commit_gang(cluster: DeviceAllocator, placement: GangPlacement) -> None:
     """Record a placement's allocations in the cluster (its caches learn of every node touched)."""
     for group in placement.groups:
         cluster.commit(group.claims, NodePlacement(group.node, group.allocations, []))
 
 
-def release_gang(cluster: Cluster, placement: GangPlacement) -> None:
+def release_gang(cluster: DeviceAllocator, placement: GangPlacement) -> None:
     """Undo `commit_gang`: every claim the placement allocated is free again."""
     for group in placement.groups:
         for claim in group.claims:
             cluster.release_claim(claim)
 
 
-def _explain(cluster: Cluster, gang: Gang, members: list[_Member], best: _GangSearch | None,
+def _explain(cluster: DeviceAllocator, gang: Gang, members: list[_Member], best: _GangSearch | None,
              policy: ScoringPolicy, bound: BoundRequests | None, exhausted: bool, attempts: int,
              demand: int, too_small: list[_Domain]) -> GangUnplaceable:
     # Where each member fits alone, on the whole cluster's state as it is (the search took back

@@ -36,7 +36,7 @@ _encode = msgspec.json.Encoder().encode
 def _content_id(device) -> bytes:
     """A device's content, as a 128-bit digest of its encoding: two devices with equal content are
     interchangeable for allocation wherever they sit, which lets whole nodes be compared cheaply
-    (see Cluster._likeness). The digest, not the encoding itself (about 330 bytes a GPU), is kept:
+    (see DeviceAllocator._likeness). The digest, not the encoding itself (about 330 bytes a GPU), is kept:
     at 40,000 devices that was 26 MB of a shard's memory."""
     return hashlib.blake2b(_encode(device), digest_size=16).digest()
 

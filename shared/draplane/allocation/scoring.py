@@ -37,7 +37,7 @@ class ScoringPolicy:
         The default, the node's name, makes no two nodes alike: safe, and slower."""
         return node.metadata.name
 
-    # Changes when what the policy learned makes scores computed before stale; `Cluster` then
+    # Changes when what the policy learned makes scores computed before stale; `DeviceAllocator` then
     # searches every node again for the next claims.
     version = 0
 
@@ -48,7 +48,7 @@ class ScoringPolicy:
         return 0.0
 
     # Whether `node_resources_score` reads anything: when it does, and the caller passes the pod's
-    # CPU and memory and the nodes' free amounts (`Cluster.allocate(node_resources=...)`), the
+    # CPU and memory and the nodes' free amounts (`DeviceAllocator.allocate(node_resources=...)`), the
     # cluster adds it to each feasible node's score. Never consulted for feasibility.
     reads_node_resources = False
 

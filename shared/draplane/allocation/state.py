@@ -110,7 +110,7 @@ class AllocatedState:
 
     def exclusive_holders(self, device: DeviceID) -> int:
         """How many claims hold the device whole: more than one only while a preemptor's
-        reservation waits for its victims' claims to let go (see ClusterState.place_pod)."""
+        reservation waits for its victims' claims to let go (see SchedulingState.place_pod)."""
         return self._exclusive.get(device, 0)
 
     def in_use(self, device: DeviceID) -> bool:

@@ -67,7 +67,7 @@ def _error(message: str) -> None:
 
 
 def _run(args: argparse.Namespace) -> int:
-    from draplane.allocation import AllocationError, Cluster, NodeFailure, NodePlacement, get_policy
+    from draplane.allocation import AllocationError, DeviceAllocator, NodeFailure, NodePlacement, get_policy
 
     objects = load_inputs(args.files)
     classes = [o for o in objects if o.kind == "DeviceClass"]
@@ -80,7 +80,7 @@ def _run(args: argparse.Namespace) -> int:
     if not pending:
         raise InputError("no pending ResourceClaim in the input (every claim already has status.allocation)")
 
-    cluster = Cluster(slices=slices, classes=classes, nodes=nodes, taint_rules=taint_rules,
+    cluster = DeviceAllocator(slices=slices, classes=classes, nodes=nodes, taint_rules=taint_rules,
                       policy=get_policy(args.policy))
     cluster.ensure_nodes_from_slices()
     for claim in in_use:

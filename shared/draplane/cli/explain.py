@@ -22,7 +22,7 @@ from draplane.api.scheduling import PodGroup
 from draplane.api.storage import PersistentVolume, PersistentVolumeClaim, StorageClass
 from draplane.scheduling import preemption
 from draplane.scheduling.gangs import GangSpecError, gang_spec, pod_group_key
-from draplane.scheduling.placing import ClusterState, NotPlaced, Placed, allocation_node
+from draplane.scheduling.placing import SchedulingState, NotPlaced, Placed, allocation_node
 from draplane.scheduling.unschedulable import FailureReason
 from draplane.scheduling import extended_resources, volume_binding
 
@@ -54,9 +54,9 @@ class Snapshot:
             pod, {c.metadata.name: c for c in self.volume_claims if c.metadata.namespace == namespace},
             {v.metadata.name: v for v in self.volumes}, {c.metadata.name: c for c in self.storage_classes})
 
-    def state(self, *, without: set[str] = frozenset()) -> ClusterState:
+    def state(self, *, without: set[str] = frozenset()) -> SchedulingState:
         """The shards' view, minus the claims being explained (so they are placed afresh)."""
-        state = ClusterState()
+        state = SchedulingState()
         state.set_taint_rules(self.taint_rules)
         for c in self.classes:
             state.set_class(c)

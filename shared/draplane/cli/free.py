@@ -116,7 +116,7 @@ def run(args: argparse.Namespace) -> int:
 async def _read(args: argparse.Namespace) -> FreeCapacity:
     import nats
 
-    from draplane.cluster_view import read_cluster
+    from draplane.device_view import read_cluster
 
     async def quiet(exc: Exception) -> None:
         pass  # the failed connect is reported once, below, not as a traceback per attempt

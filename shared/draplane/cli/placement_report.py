@@ -16,7 +16,7 @@ from typing import Iterable, Sequence
 
 import msgspec
 
-from draplane.allocation import AllocationError, Cluster, NodeFailure, NodePlacement, Unallocatable
+from draplane.allocation import AllocationError, DeviceAllocator, NodeFailure, NodePlacement, Unallocatable
 from draplane.api.core import Node, Pod
 from draplane.api.resource import DeviceClass, ResourceClaim, ResourceSlice
 
@@ -112,7 +112,7 @@ def report_placement(
         if claim.status is None or claim.status.allocation is None:
             raise ReportError(f"ResourceClaim {_claim_key(claim)}: status.allocation is empty: the claim is not allocated")
 
-    cluster = Cluster(slices=slices, classes=classes, nodes=nodes, policy=policy)
+    cluster = DeviceAllocator(slices=slices, classes=classes, nodes=nodes, policy=policy)
     cluster.ensure_nodes_from_slices()
     own = {c.metadata.uid for c in pod_claims}
     for claim in all_claims:

@@ -24,7 +24,7 @@ from typing import Literal
 
 import msgspec
 
-from draplane.allocation.cluster import Cluster
+from draplane.allocation.device_allocator import DeviceAllocator
 from draplane.allocation.free_capacity import DEVICE_STATES, FREE, TAINTED, device_state
 from draplane.allocation.inventory import DeviceRecord, Pool
 from draplane.allocation.scoring import FIRST_FIT
@@ -258,7 +258,7 @@ def _held_claim(reservation: Reservation) -> ResourceClaim:
 
 
 def _row_states(entry: FeedEntry, reservations: tuple[Reservation, ...]) -> _RowStates:
-    cluster = Cluster(slices=entry.slices, policy=FIRST_FIT)
+    cluster = DeviceAllocator(slices=entry.slices, policy=FIRST_FIT)
     for reservation in reservations:
         cluster.add_allocated_claim(_held_claim(reservation))
     # The node's view of its pools: the current generation, complete and valid, with counters.
@@ -291,7 +291,7 @@ def _row_states(entry: FeedEntry, reservations: tuple[Reservation, ...]) -> _Row
     return _RowStates(entry=entry, reservations=reservations, devices=devices, note="; ".join(notes))
 
 
-def _counter_sets_in_use(cluster: Cluster, pool: Pool) -> set[str]:
+def _counter_sets_in_use(cluster: DeviceAllocator, pool: Pool) -> set[str]:
     state = cluster.state
     return {name for device, consumes in pool.counter_consumers.items() if state.is_allocated((*pool.id, device))
             for name, _ in consumes}

@@ -3,7 +3,7 @@
 Everything it shows comes from NATS (see `device_map` and `scheduling_facts` for which facts
 from where); it writes nothing there and never asks Kubernetes.
 
-- The inventory feed and reservation buckets are followed with draplane.cluster_view, the
+- The inventory feed and reservation buckets are followed with draplane.device_view, the
   view `draplane free` and the metrics subscriber read.
 - Plain subscriptions on ``{prefix}pending.*`` and ``{prefix}placement`` see every PendingPod,
   Placement and Unschedulable as it is published, without taking part in the work-queue streams.
@@ -36,7 +36,7 @@ from aiohttp import web
 from nats.js import JetStreamContext
 from nats.js.api import AckPolicy, ConsumerConfig, DeliverPolicy
 
-from draplane.cluster_view import ClusterView, follow_cluster
+from draplane.device_view import DeviceView, follow_cluster
 from draplane.dashboard.device_map import DeviceMap, DeviceMapBuilder, RuleTaints
 from draplane.dashboard.scheduling_facts import SchedulingFacts, shard_of_subject
 from draplane.messages.audit import AuditEvent, AuditNames, MessageError as AuditMessageError, decode_event
@@ -89,7 +89,7 @@ class Dashboard:
         self.prefix = prefix
         self.subjects = Subjects(prefix=prefix)
         self.audit_names = AuditNames(prefix=prefix)
-        self.view = ClusterView()
+        self.view = DeviceView()
         self.facts = SchedulingFacts()
         self.rules = RuleTaints()
         self.builder = DeviceMapBuilder()

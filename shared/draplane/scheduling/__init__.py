@@ -1,6 +1,8 @@
-"""Scheduling pods with claims through NATS: the messages between binder and allocator shards,
-the reservation protocol, the claim lifecycle, and the words used to explain an unschedulable pod.
+"""The pure pod-level core of scheduling: the messages between binder and allocator shards, the
+reservation protocol, the claim lifecycle, what a shard knows and how it places a pod or a gang
+(placing, gang_placing, preemption and kube-scheduler's pod plugins), and the words used to
+explain an unschedulable pod.
 
-messages, reservations, unschedulable, placing and scenario are pure (no I/O, no asyncio) so the services, the CLI
-and the tests share them; streams and reservation_store are the thin NATS edges both services use.
+No I/O and no asyncio, so the services, the CLI and the tests share it. The NATS edges that carry
+its decisions are in draplane.jetstream; simulated nodes and workloads in draplane.simulation.
 """

@@ -1,5 +1,5 @@
 """A gang placed from what a shard knows: the members' pods and claims through the gang core
-(`draplane.allocation.gang`) on the shard's `ClusterState`, answered as one `Placed` per member,
+(`draplane.allocation.gang`) on the shard's `SchedulingState`, answered as one `Placed` per member,
 the form in which the shard reserves and publishes a pod's placement. Pure: no I/O.
 
 The shard (draplane_allocator.shard) commits every member's `Placed` with one compare-and-set per
@@ -23,7 +23,7 @@ from draplane.api.core import Node, Pod
 from draplane.api.resource import ResourceClaim, ResourceClaimStatus
 from draplane.scheduling import preemption, volume_binding
 from draplane.scheduling.gangs import GangSpec
-from draplane.scheduling.placing import ClusterState, Placed
+from draplane.scheduling.placing import SchedulingState, Placed
 
 
 @dataclasses.dataclass(slots=True)
@@ -35,7 +35,7 @@ class GangPlaced:
     placement: GangPlacement
 
 
-def _as_allocated(state: ClusterState, claim: ResourceClaim) -> ResourceClaim:
+def _as_allocated(state: SchedulingState, claim: ResourceClaim) -> ResourceClaim:
     """A claim reserved in the bucket but not yet written to Kubernetes counts as allocated."""
     if claim.status is not None and claim.status.allocation is not None:
         return claim
@@ -52,7 +52,7 @@ def _volumes_allow(volumes: volume_binding.PodVolumes | None) -> Callable[[Node]
 
 
 def place_gang_members(
-    state: ClusterState,
+    state: SchedulingState,
     spec: GangSpec,
     members: Sequence[tuple[Pod, Sequence[ResourceClaim]]],
     *,
@@ -88,7 +88,7 @@ def place_gang_members(
                 used[resource] = used.get(resource, 0) + amount
         return used, count
 
-    outcome = place_gang(state.cluster, Gang(spec.key, tuple(gang_members), spec.topology), budget=budget, bound=bound)
+    outcome = place_gang(state.devices, Gang(spec.key, tuple(gang_members), spec.topology), budget=budget, bound=bound)
     if isinstance(outcome, GangUnplaceable):
         return outcome
     allocated = outcome.claims_allocated()
@@ -114,7 +114,7 @@ def place_gang_members(
 
 
 def gang_preemption_for(
-    state: ClusterState,
+    state: SchedulingState,
     spec: GangSpec,
     members: Sequence[tuple[Pod, Sequence[ResourceClaim]]],
     *,
@@ -136,7 +136,7 @@ def gang_preemption_for(
                 return None
     in_use = {f"{c.metadata.namespace}/{c.metadata.name}": c for c in state.claims.values()
               if c.status is not None and c.status.allocation is not None}
-    released = preemption.ReleasedClaims(state.cluster, in_use)
+    released = preemption.ReleasedClaims(state.devices, in_use)
     # each trial is a whole-gang search: a tenth of a normal one's, the plan has a second in all
     trial_budget = SearchBudget(node_attempts=min(budget.node_attempts, 500), seconds=min(budget.seconds, 0.2))
 

@@ -1,7 +1,7 @@
 """A shard's pure core, shared with `draplane explain`: the cluster as it is known, and where a pod
 with its claims can go.
 
-`ClusterState` is what a shard holds in memory: the inventory (from the inventory feed), device
+`SchedulingState` is what a shard holds in memory: the inventory (from the inventory feed), device
 classes, nodes, pods bound per node, every claim's allocation in the cluster (whoever made it) and
 every reservation in the bucket. The allocated set the allocator core searches against is the union
 of claim allocations and reservations, per claim UID, so a device reserved by another shard and
@@ -20,7 +20,7 @@ from collections.abc import Collection, Iterable, Sequence
 
 import msgspec
 
-from draplane.allocation.cluster import Cluster, NodeResources, Unallocatable
+from draplane.allocation.device_allocator import DeviceAllocator, NodeResources, Unallocatable
 from draplane.allocation.errors import AllocationError, Reason
 from draplane.allocation.fragmented_devices import (
     claim_demands, device_capacity, fragmented_devices, has_partly_used_devices,
@@ -157,16 +157,16 @@ class PreFilterRejected(NodeFitError):
         self.reason = reason
 
 
-class ClusterState:
+class SchedulingState:
     """Everything a shard knows, updated one object at a time by the shell.
 
-    The device search and its per-node caches are the allocator core's `Cluster`; this adds what a
+    The device search and its per-node caches are the allocator core's `DeviceAllocator`; this adds what a
     shard needs around it: pods per node for node fit, claims by UID, and reservations.
     """
 
     def __init__(self, policy: str | None = None, *, tie_break: int = 0) -> None:
-        self.cluster = Cluster(policy=policy, tie_break=tie_break)
-        self.nodes = self.cluster.nodes
+        self.devices = DeviceAllocator(policy=policy, tie_break=tie_break)
+        self.nodes = self.devices.nodes
         # node -> pod uid -> requests, for pods bound there (from the pod watch)
         self.pods_on_node: dict[str, dict[str, dict[str, int]]] = {}
         self._pod_node: dict[str, str] = {}
@@ -213,41 +213,41 @@ class ClusterState:
 
     def set_feed_entry(self, key: str, slices: Iterable[ResourceSlice]) -> None:
         for name in self._feed_slices.pop(key, ()):
-            self.cluster.remove_slice(name)
+            self.devices.remove_slice(name)
         names = []
         for s in slices:
-            self.cluster.apply_slice(s)
+            self.devices.apply_slice(s)
             names.append(s.metadata.name or "")
         if names:
             self._feed_slices[key] = names
 
     def set_taint_rules(self, rules: Iterable[DeviceTaintRule]) -> None:
-        self.cluster.set_taint_rules(rules)
+        self.devices.set_taint_rules(rules)
 
     def set_taint_rule(self, rule: DeviceTaintRule, deleted: bool = False) -> None:
-        rules = {r.metadata.name: r for r in self.cluster.inventory.taint_rules}
+        rules = {r.metadata.name: r for r in self.devices.inventory.taint_rules}
         if deleted:
             rules.pop(rule.metadata.name, None)
         else:
             rules[rule.metadata.name] = rule
-        self.cluster.set_taint_rules(rules.values())
+        self.devices.set_taint_rules(rules.values())
 
     def set_class(self, device_class: DeviceClass, deleted: bool = False) -> None:
-        classes = dict(self.cluster.classes)
+        classes = dict(self.devices.classes)
         name = device_class.metadata.name or ""
         if deleted:
             classes.pop(name, None)
         else:
             classes[name] = device_class
-        self.cluster.set_classes(classes.values())
+        self.devices.set_classes(classes.values())
 
     def set_node(self, node: Node, deleted: bool = False) -> None:
         name = node.metadata.name or ""
         before = self.nodes.get(name)
         if deleted:
-            self.cluster.remove_node(name)
+            self.devices.remove_node(name)
         else:
-            self.cluster.set_node(node)
+            self.devices.set_node(node)
         # which nodes a spread constraint counts reads their labels and taints only
         if deleted or before is None or (before.metadata.labels or {}) != (node.metadata.labels or {}) or \
                 _taints(before) != _taints(node):
@@ -322,7 +322,7 @@ class ClusterState:
     def _resources_changed(self, node: str) -> None:
         self._used.pop(node, None)
         self._fit_versions[node] = self._fit_versions.get(node, 0) + 1
-        self.cluster.node_resources_changed(node)
+        self.devices.node_resources_changed(node)
 
     def forget_pod(self, uid: str) -> None:
         node = self._pod_node.pop(uid, None)
@@ -425,13 +425,13 @@ class ClusterState:
             return
         if previous is not None:
             del self._held[uid]
-            self.cluster.release_claim(previous[0])
+            self.devices.release_claim(previous[0])
         if allocation is not None:
             holder = ResourceClaim(
                 metadata=ObjectMeta(namespace=namespace, name=name, uid=uid),
                 status=ResourceClaimStatus(allocation=allocation),
             )
-            self.cluster.add_allocated_claim(holder)
+            self.devices.add_allocated_claim(holder)
             self._held[uid] = (claim_key(holder), allocation)
 
     def claim_is_allocated(self, uid: str) -> bool:
@@ -441,7 +441,7 @@ class ClusterState:
     def fragmented_devices(self) -> dict[str, int]:
         """DeviceClass -> devices whose free part no claim of the class seen here can use
         (draplane.allocation.fragmented_devices), over every pool any node sees."""
-        cluster = self.cluster
+        cluster = self.devices
         pools = [pool for node in list(cluster.nodes.values()) for pool in cluster.inventory.pools_for_node(node)]
         if not has_partly_used_devices(pools, cluster.state):
             return {name: 0 for name in cluster.classes}
@@ -606,7 +606,7 @@ class ClusterState:
                 (affinity is not None and ipa.filter_node(affinity, labels) is not None) or \
                 bool(volume_binding.node_reasons(volumes, name, labels))
 
-        return preemption.plan_preemption(self.cluster, pod, claims, running=running, claims_in_use=in_use,
+        return preemption.plan_preemption(self.devices, pod, claims, running=running, claims_in_use=in_use,
                                           budgets=list(self.budgets.values()), in_use=used,
                                           ports_in_use=lambda node: self.ports_here(node, now), blocked=blocked,
                                           now=now)
@@ -615,7 +615,7 @@ class ClusterState:
         """A claim reserved (not yet written) on devices another claim still holds: a preemption
         holds them for this pod while its victims go. Placing it now would give Kubernetes two
         claims on one device, so it waits, and says for what."""
-        state = self.cluster.state
+        state = self.devices.state
         for claim in claims:
             uid = claim.metadata.uid or ""
             reservation = self.reserved.get(uid)
@@ -755,7 +755,7 @@ class ClusterState:
 
         if not pending:
             candidates = sorted(pinned) if pinned else sorted(self.nodes)
-            candidates = self.cluster.rank_without_claims(
+            candidates = self.devices.rank_without_claims(
                 candidates, NodeResources(requests.get(CPU, 0), requests.get(MEMORY, 0), self._free_cpu_memory),
                 node_bonus=bonus)
             for name in candidates:
@@ -766,7 +766,7 @@ class ClusterState:
 
         resources = NodeResources(requests.get(CPU, 0), requests.get(MEMORY, 0), self._free_cpu_memory)
         try:
-            outcome = self.cluster.allocate(pending, node_filter=node_filter, explain=True, node_resources=resources,
+            outcome = self.devices.allocate(pending, node_filter=node_filter, explain=True, node_resources=resources,
                                             node_bonus=bonus)
         except AllocationError as exc:
             if exc.fatal:

@@ -1,6 +1,6 @@
 """DRA-aware preemption: which lower-priority pods to evict so that a pod that fits nowhere fits.
 
-Pure: it reads the allocator core's `Cluster` and the pods bound to each node, and answers with a
+Pure: it reads the allocator core's `DeviceAllocator` and the pods bound to each node, and answers with a
 plan (the node, the victims, the placement the preemptor gets once they are gone) or with why
 preemption cannot help. The shell evicts, nominates and holds; nothing here writes.
 
@@ -48,7 +48,7 @@ from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 
 from draplane.allocation.allocator import NodePlacement
-from draplane.allocation.cluster import Cluster
+from draplane.allocation.device_allocator import DeviceAllocator
 from draplane.allocation.errors import AllocationError, NodeFailure
 from draplane.allocation.nodefit import (
     REASON_AFFINITY,
@@ -224,8 +224,8 @@ class ReleasedClaims:
 
     A claim frees its devices only when every consumer in its status.reservedFor is a victim."""
 
-    def __init__(self, cluster: Cluster, claims_in_use: Mapping[str, ResourceClaim]):
-        self.cluster = cluster
+    def __init__(self, cluster: DeviceAllocator, claims_in_use: Mapping[str, ResourceClaim]):
+        self.devices = cluster
         self.claims_in_use = claims_in_use
         self.released: dict[str, ResourceClaim] = {}
 
@@ -241,7 +241,7 @@ class ReleasedClaims:
                 if key in self.released or key not in self.claims_in_use:
                     continue
                 if self._consumers(key) <= victim_uids:
-                    self.cluster.release_claim(key)
+                    self.devices.release_claim(key)
                     self.released[key] = self.claims_in_use[key]
 
     def restore_used(self, victims: Iterable[RunningPod]) -> None:
@@ -249,16 +249,16 @@ class ReleasedClaims:
         victim_uids = {v.uid for v in victims}
         for key in list(self.released):
             if not self._consumers(key) <= victim_uids:
-                self.cluster.add_allocated_claim(self.released.pop(key))
+                self.devices.add_allocated_claim(self.released.pop(key))
 
     def restore_all(self) -> None:
         for claim in self.released.values():
-            self.cluster.add_allocated_claim(claim)
+            self.devices.add_allocated_claim(claim)
         self.released.clear()
 
 
 def plan_preemption(
-    cluster: Cluster,
+    cluster: DeviceAllocator,
     pod: Pod,
     claims: Sequence[ResourceClaim],
     *,

@@ -6,7 +6,7 @@ and the store. Like etcd's raft, the protocol here does no I/O: each step takes 
 (`NodeReservations`, the state) and what the caller knows (the time, what Kubernetes says), and
 returns the entry to write with compare-and-set (None: nothing to write) and what happened, for
 the shell to act on. The shells (`draplane_allocator.shard`, `draplane_binder.service`,
-`draplane.scheduling.reservation_store`) only read, write and retry; every decision is here, so
+`draplane.jetstream.reservation_store`) only read, write and retry; every decision is here, so
 `tests/shared/scheduling/test_reservation_protocol.py` drives the very functions the services
 call through crashes, lapses and redeliveries.
 
@@ -194,7 +194,7 @@ def nominate(
     reserved device is a ReservationConflict, as in `commit`. Every other shard then sees the
     devices taken, so none gives them away when the victims go; the preemptor's own placement,
     later, finds its claims reserved and waits until no other claim holds their devices
-    (`ClusterState.place_pod`). Undo: `abandon` (or the lease lapses)."""
+    (`SchedulingState.place_pod`). Undo: `abandon` (or the lease lapses)."""
     lapsed = lapse(entry, now, claim_is_allocated, pod_is_gone)
     base = lapsed.entry if lapsed.entry is not None else entry
     added = rv.add(base, reservations, pod, displacing=set(victims))

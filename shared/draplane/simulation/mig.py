@@ -3,7 +3,7 @@
 NVIDIA's DRA driver and kube-scheduler place a MIG request first-fit: the first placement of the
 profile, in the slice's device order, that the GPU's counters still allow (NVIDIA dra-driver issue
 932 reports the fragmented GPUs this leaves). Here a seeded stream of 1g/2g/3g/4g/7g requests, each
-living a random while, goes through the allocator core (`Cluster`) on nodes made from a node agent
+living a random while, goes through the allocator core (`DeviceAllocator`) on nodes made from a node agent
 profile with MIG (`a100-mig`, A100 40GB; `h100-mig`, H100 80GB), exactly as the agent and the
 inventory service publish them: one counter set per GPU (engines and one counter per memory slice),
 each MIG placement a device consuming from it. The placement rules come from the profile too.
@@ -31,7 +31,7 @@ from typing import Sequence
 import msgspec
 import numpy as np
 
-from draplane.allocation.cluster import Cluster
+from draplane.allocation.device_allocator import DeviceAllocator
 from draplane.allocation.allocator import NodePlacement
 from draplane.api.meta import ObjectMeta
 from draplane.api.resource import (
@@ -203,7 +203,7 @@ def replay(requests: Sequence[MigRequest], nodes: int, policy, seed: int = 0, no
 
     shape = gpu_shape(node_profile)
     k8s_nodes, slices = node_slices(nodes, node_profile)
-    cluster = Cluster(slices=slices, classes=[mig_device_class()], nodes=k8s_nodes, policy=policy)
+    cluster = DeviceAllocator(slices=slices, classes=[mig_device_class()], nodes=k8s_nodes, policy=policy)
     free = {(n.metadata.name, g): [True] * shape.memory_slices for n in k8s_nodes for g in range(shape.gpus_per_node)}
     holding: dict[str, tuple[str, int, int, int]] = {}
     leaving: list[tuple[float, str]] = []

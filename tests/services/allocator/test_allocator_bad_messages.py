@@ -11,7 +11,8 @@ import msgspec
 import pytest
 
 from draplane.messages.inventory import SCHEMA_VERSION, FeedEntry, encode
-from draplane.scheduling import scenario, streams
+from draplane.jetstream import streams
+from draplane.simulation import scenario
 from draplane.scheduling.messages import ClaimRef, PendingPod, PodRef, Subjects, encode_message
 from conftest import ensure_class  # noqa: E402  (tests/services/conftest.py)
 

@@ -13,7 +13,9 @@ import uuid
 import pytest
 
 from draplane.api.resource import ResourceClaim
-from draplane.scheduling import cluster_feed, scenario, streams
+from draplane.jetstream import streams
+from draplane.scheduling import cluster_feed
+from draplane.simulation import scenario
 from draplane.scheduling import reservations as rv
 from draplane.scheduling.messages import Subjects
 from draplane_allocator.lease_pruner import PRUNE_INTERVAL_SECONDS

@@ -30,7 +30,7 @@ from draplane.api.resource import (
     ResourceSlice,
     ResourceSliceSpec,
 )
-from draplane.scheduling import scenario
+from draplane.simulation import scenario
 from conftest import audit, create_many, ensure_class  # noqa: E402  (tests/services/conftest.py)
 
 pytestmark = pytest.mark.integration

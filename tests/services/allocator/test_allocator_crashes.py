@@ -22,7 +22,8 @@ from nats.js.errors import KeyNotFoundError
 from draplane.api.resource import DeviceConstraint, ResourceClaim
 from draplane.api.core import Pod
 from draplane.scheduling import reservations as rv
-from draplane.scheduling import scenario, streams
+from draplane.jetstream import streams
+from draplane.simulation import scenario
 from draplane.scheduling.messages import Subjects
 from draplane_allocator.gangs import FAILPOINT_ENV, GANG_COMMIT_FAILPOINT
 from conftest import audit, create_many, ensure_class  # noqa: E402  (tests/services/conftest.py)

@@ -17,7 +17,7 @@ from draplane.api.resource import (
     ResourceClaimConsumerReference,
     ResourceClaimStatus,
 )
-from draplane.scheduling import scenario
+from draplane.simulation import scenario
 from conftest import all_claims_devices, ensure_class, pod_scheduled_false  # noqa: E402
 
 pytestmark = pytest.mark.integration

@@ -7,7 +7,8 @@ import uuid
 import pytest
 
 from draplane.scheduling import reservations as rv
-from draplane.scheduling import scenario, streams
+from draplane.jetstream import streams
+from draplane.simulation import scenario
 from draplane.scheduling.messages import Subjects
 from conftest import ensure_class, lapsed_reservation  # noqa: E402  (tests/services/conftest.py)
 

@@ -11,7 +11,7 @@ import uuid
 import pytest
 
 from draplane.allocation.nodefit import pod_requests
-from draplane.scheduling import scenario
+from draplane.simulation import scenario
 from conftest import audit, create_many, ensure_class  # noqa: E402  (tests/services/conftest.py)
 
 pytestmark = pytest.mark.integration

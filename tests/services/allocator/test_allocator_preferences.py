@@ -12,7 +12,7 @@ import pytest
 
 from draplane.api.core import Affinity, TopologySpreadConstraint
 from draplane.api.policy import LabelSelector
-from draplane.scheduling import scenario
+from draplane.simulation import scenario
 from conftest import create_many, ensure_class  # noqa: E402  (tests/services/conftest.py)
 
 pytestmark = pytest.mark.integration

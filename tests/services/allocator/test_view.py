@@ -65,7 +65,7 @@ def _view(monkeypatch, replays: list[list]) -> tuple[ShardView, _Audit]:
 
 
 def _rules(view: ShardView) -> set[str]:
-    return {r.metadata.name for r in view.state.cluster.inventory.taint_rules}
+    return {r.metadata.name for r in view.state.devices.inventory.taint_rules}
 
 
 async def test_a_taint_rule_deleted_while_the_watch_restarts_is_taken_off_the_devices(monkeypatch):
@@ -81,7 +81,7 @@ async def test_a_taint_rule_deleted_while_the_watch_restarts_is_taken_off_the_de
 
     await view._watch_cluster()  # what the guarded loop does after the watch crashed
     assert _rules(view) == {"kept"}
-    assert cluster_feed.key_of(deleted) not in view.cluster
+    assert cluster_feed.key_of(deleted) not in view.bucket_objects
     # the deletion is news, told once, by the sweep at the end of the replay
     assert [(e.kind, e.by[0]) for e in audit.events] == [("untainted", "devicetaintrule deleted-meanwhile")]
 

@@ -28,7 +28,7 @@ from draplane.audit_publisher import ensure_audit_stream
 from draplane.localenv.processes import ServerProcess, free_port
 from draplane.messages import audit
 from draplane.messages.inventory import SCHEMA_VERSION, FeedEntry, InventoryNames, encode
-from draplane.scheduling import scenario
+from draplane.simulation import scenario
 from draplane.scheduling.placing import allocation_node
 from draplane_audit.metrics import AuditMetrics
 from draplane_audit.subscriber import AuditSubscriber

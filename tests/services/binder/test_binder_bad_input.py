@@ -8,7 +8,7 @@ import msgspec
 import pytest
 
 from draplane.api.core import Pod
-from draplane.scheduling import scenario
+from draplane.simulation import scenario
 from conftest import ensure_class, pod_scheduled_false  # noqa: E402  (tests/services/conftest.py)
 
 pytestmark = pytest.mark.integration

@@ -9,7 +9,7 @@ import uuid
 import msgspec
 import pytest
 
-from draplane.scheduling import scenario
+from draplane.simulation import scenario
 from draplane.scheduling.messages import PodRef, Subjects, Unschedulable, encode_message
 from conftest import ensure_class  # noqa: E402  (tests/services/conftest.py)
 

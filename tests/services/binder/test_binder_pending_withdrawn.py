@@ -10,7 +10,7 @@ import uuid
 
 import pytest
 
-from draplane.scheduling import scenario
+from draplane.simulation import scenario
 from draplane_allocator.shard import Shard
 from conftest import ensure_class  # noqa: E402  (tests/services/conftest.py)
 

@@ -14,7 +14,8 @@ import pytest
 from draplane.api.resource import ResourceClaim
 from draplane.kube import KubeApiError
 from draplane.scheduling import reservations as rv
-from draplane.scheduling import scenario, streams
+from draplane.jetstream import streams
+from draplane.simulation import scenario
 from draplane.scheduling.messages import Subjects
 from draplane_binder.service import Binder
 from conftest import ensure_class  # noqa: E402  (tests/services/conftest.py)

@@ -11,7 +11,7 @@ from draplane.api.core import Pod
 from draplane.api.resource import DeviceClass, ResourceClaim
 from draplane.cli import explain
 from draplane.kube import KubeApiError
-from draplane.scheduling import scenario
+from draplane.simulation import scenario
 from draplane_binder.lifecycle import DELETE_PROTECTION_FINALIZER, POD_CLAIM_NAME_ANNOTATION
 
 pytestmark = pytest.mark.integration

@@ -11,8 +11,8 @@ from draplane.api.core import Pod
 from draplane.api.resource import ResourceClaim
 from draplane.scheduling import reservations as rv
 from draplane.scheduling.messages import ClaimPlacement, ClaimRef, Placement, PodRef
-from draplane.scheduling.placing import ClusterState
-from draplane.scheduling import scenario
+from draplane.scheduling.placing import SchedulingState
+from draplane.simulation import scenario
 from conftest import ensure_class  # noqa: E402  (tests/services/conftest.py)
 
 pytestmark = pytest.mark.integration
@@ -35,7 +35,7 @@ async def test_failed_placement_undoes_reserved_for_and_releases(scheduling, kub
     free = await kube.create(scenario.claim(namespace, "free", class_name))
     pod = await kube.create(scenario.pod(namespace, "second", claim_name="free", scheduler_name="nobody"))
     other_gpu = "gpu-1" if taken.status.allocation.devices.results[0].device == "gpu-0" else "gpu-0"
-    state = ClusterState()
+    state = SchedulingState()
     state.set_class(scenario.device_class(class_name))
     state.set_node(scenario.gpu_node(node))
     state.set_feed_entry(node, [scenario.gpu_slice(node, 2, "80Gi")])

@@ -11,7 +11,8 @@ import pytest
 from draplane.api.core import Node, NodeStatus, Pod, PodSpec
 from draplane.api.meta import Condition, ObjectMeta
 from draplane.api.resource import DeviceClass, ResourceClaim
-from draplane.scheduling import cluster_feed, streams
+from draplane.jetstream import streams
+from draplane.scheduling import cluster_feed
 from draplane.scheduling.messages import Subjects
 from draplane_binder.cluster_publisher import ClusterPublisher
 

@@ -18,7 +18,7 @@ from draplane.api.meta import ObjectMeta
 from draplane.api.resource import DeviceClass
 from draplane.messages import audit
 from draplane.messages.inventory import InventoryNames, decode_feed_entry
-from draplane.scheduling import scenario
+from draplane.simulation import scenario
 from draplane_inventory.service import InventoryService, InventorySettings
 from draplane_inventory.slices import STALE_TAINT_KEY
 from draplane_node_agent.agent import AgentFleet, SimulatedAgent

@@ -192,11 +192,11 @@ def test_cluster_choices_match_direct_search(run, policy):
     """The per-shape cache and node likeness never change the answer: the cluster picks a node on
     which a fresh search succeeds, first-fit picks the first such node, and when it finds none no
     node has room."""
-    from draplane.allocation import Cluster, Inventory, NodeAllocator, get_policy
-    from draplane.allocation.cluster import Unallocatable
+    from draplane.allocation import DeviceAllocator, Inventory, NodeAllocator, get_policy
+    from draplane.allocation.device_allocator import Unallocatable
 
     slices, claims = run
-    cluster = Cluster(slices=slices, classes=CLASSES, policy=policy)
+    cluster = DeviceAllocator(slices=slices, classes=CLASSES, policy=policy)
     cluster.ensure_nodes_from_slices()
     held = set()
     for c in claims:

@@ -21,7 +21,7 @@ from allocation_builders import (
 )
 from draplane.allocation import (
     AllocationError,
-    Cluster,
+    DeviceAllocator,
     NodePlacement,
     Reason,
     ScoringPolicy,
@@ -42,13 +42,13 @@ def gpu_node(name: str, n: int = 4, roots=None) -> object:
     return slice_(f"{name}-slice", name, name, A, *[device(f"gpu-{i}", {ROOT: roots[i], NUMA: i // 2}) for i in range(n)])
 
 
-def cluster(*slices, policy="draplane", nodes=()) -> Cluster:
-    c = Cluster(slices=slices, classes=[device_class(CLASS_A, A)], nodes=nodes, policy=policy)
+def cluster(*slices, policy="draplane", nodes=()) -> DeviceAllocator:
+    c = DeviceAllocator(slices=slices, classes=[device_class(CLASS_A, A)], nodes=nodes, policy=policy)
     c.ensure_nodes_from_slices()
     return c
 
 
-def take(c: Cluster, name: str, count: int = 1, **kw) -> NodePlacement:
+def take(c: DeviceAllocator, name: str, count: int = 1, **kw) -> NodePlacement:
     cl = claim(name, request("gpu", CLASS_A, count))
     placement = c.allocate([cl], **kw)
     assert isinstance(placement, NodePlacement), placement
@@ -231,7 +231,7 @@ def test_draplane_partitions_an_already_partitioned_gpu_first():
 
 def test_partitioned_gpu_commit_invalidates_only_its_node():
     c = cluster(*mig_node("node-a"), *mig_node("node-b"))
-    take(c, "c0")  # the first allocation counts the classes' shares (see Cluster._check_scarcity)
+    take(c, "c0")  # the first allocation counts the classes' shares (see DeviceAllocator._check_scarcity)
     epoch = c._epoch
     for i in range(1, 16):
         take(c, f"c{i}")
@@ -299,7 +299,7 @@ def test_a_placement_taken_from_an_alike_node_is_what_the_search_on_the_picked_n
             for g in range(8)]))
     classes = [device_class(CLASS_A, A, config=[{"from": "class"}]),
                device_class("big", A, f'device.capacity["{A}"].memory.isGreaterThan(quantity("40Gi"))')]
-    c = Cluster(slices=slices, classes=classes, policy=policy)
+    c = DeviceAllocator(slices=slices, classes=classes, policy=policy)
     c.ensure_nodes_from_slices()
     rng = Random(3)
     for i in range(60):
@@ -342,7 +342,7 @@ def test_the_cpu_memory_term_picks_what_scoring_every_node_picks_as_pods_come_an
     when the node comes to the top), the node it picks is the one scoring every node picks."""
     import random
 
-    from draplane.allocation.cluster import NodeResources
+    from draplane.allocation.device_allocator import NodeResources
 
     rng = random.Random(seed)
     names = [f"n{i:02d}" for i in range(24)]
@@ -388,7 +388,7 @@ def test_the_cpu_memory_term_picks_what_scoring_every_node_picks_as_pods_come_an
 
 
 def test_a_node_that_fails_the_node_filter_is_asked_again_next_time():
-    from draplane.allocation.cluster import NodeResources
+    from draplane.allocation.device_allocator import NodeResources
 
     c = cluster(gpu_node("a", 2), gpu_node("b", 2), policy=_PrefersFreeCPU())
     free = {"a": 8_000, "b": 4_000}
@@ -406,7 +406,7 @@ def test_a_tie_break_number_orders_equal_nodes_its_own_way_and_never_overrides_a
     names = [f"n{i}" for i in range(8)]
     firsts = set()
     for tie_break in range(6):
-        c = Cluster(slices=[gpu_node(n, 2) for n in names], classes=[device_class(CLASS_A, A)], tie_break=tie_break)
+        c = DeviceAllocator(slices=[gpu_node(n, 2) for n in names], classes=[device_class(CLASS_A, A)], tie_break=tie_break)
         c.ensure_nodes_from_slices()
         first = take(c, f"first-{tie_break}").node
         firsts.add(first)
@@ -420,7 +420,7 @@ def test_a_tie_break_number_orders_equal_nodes_its_own_way_and_never_overrides_a
 def test_the_cpu_memory_term_never_picks_a_node_whose_outcome_stopped_being_a_placement():
     """`allocate` replaces a node's outcome in place when a search there finds no placement after
     all (no change log names the node): the arrays must not offer it again."""
-    from draplane.allocation.cluster import NodeResources
+    from draplane.allocation.device_allocator import NodeResources
     from draplane.allocation.errors import NodeFailure
 
     c = cluster(gpu_node("a", 2), gpu_node("b", 2), policy=_PrefersFreeCPU())
@@ -434,7 +434,7 @@ def test_the_cpu_memory_term_never_picks_a_node_whose_outcome_stopped_being_a_pl
 
 
 def test_the_cpu_memory_term_takes_a_nan_score_and_amounts_beyond_int64():
-    from draplane.allocation.cluster import NodeResources
+    from draplane.allocation.device_allocator import NodeResources
 
     class NaNOnA(_PrefersFreeCPU):
         name = "test-nan-on-a"

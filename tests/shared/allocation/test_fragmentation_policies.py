@@ -183,7 +183,7 @@ def test_fgd_fragmentation_measure():
 def test_service_policy_keeps_remainders_fillable():
     """The core's `draplane` (registered from fragmentation.py) puts a share where the remainder
     can still be filled by the sizes it has seen; Kubernetes' order takes the first device."""
-    from draplane.allocation import Cluster
+    from draplane.allocation import DeviceAllocator
     from draplane.allocation.allocator import NodePlacement
     from draplane.allocation.fragmentation import FragmentationAwareDraplane
     from draplane.allocation.scoring import get_policy
@@ -211,7 +211,7 @@ def test_service_policy_keeps_remainders_fillable():
         policy.observe_requests(1000, 1 << 30, size)
     outcomes = {}
     for name, chosen_policy in (("first-fit", None), ("draplane", policy)):
-        cluster = Cluster(slices=[slice_], classes=[gpu_device_class()], nodes=[node], policy=chosen_policy or "first-fit")
+        cluster = DeviceAllocator(slices=[slice_], classes=[gpu_device_class()], nodes=[node], policy=chosen_policy or "first-fit")
         cluster.add_allocated_claim(held("a", "gpu-0", 500))  # 500 free: a 470 leaves 30, lost
         cluster.add_allocated_claim(held("bb", "gpu-1", 400))  # 600 free: a 470 leaves 130, fillable
         _, claim = pod_objects(TracePod("p", 1000, 1024, 1, 470))
@@ -302,8 +302,8 @@ def test_two_mig_slices_of_one_claim_share_one_empty_gpu_and_keep_the_next_whole
 
     from draplane.api.resource import DeviceClass
     from draplane.localenv.environment import standard_device_classes
-    from draplane.scheduling import scenario
-    from draplane.scheduling.placing import ClusterState, Placed
+    from draplane.simulation import scenario
+    from draplane.scheduling.placing import SchedulingState, Placed
     from draplane_inventory.slices import NodeRef, plan_node
     from draplane_node_agent.hardware import driver_devices
     from draplane_node_agent.profile import load_profile, profile_hardware
@@ -312,7 +312,7 @@ def test_two_mig_slices_of_one_claim_share_one_empty_gpu_and_keep_the_next_whole
     slices = [s for plan in plan_node(NodeRef("a100-0", "uid"), drivers, []) for s in plan.creates]
     for count, expected in ((2, ["gpu-0-mig-3g-20gb-4", "gpu-0-mig-3g-20gb-0"]),
                             (3, ["gpu-0-mig-3g-20gb-4", "gpu-0-mig-3g-20gb-0", "gpu-1-mig-3g-20gb-4"])):
-        state = ClusterState()  # the shipped policy
+        state = SchedulingState()  # the shipped policy
         for c in standard_device_classes():
             state.set_class(msgspec.convert(c, DeviceClass))
         state.set_node(scenario.gpu_node("a100-0"))

@@ -1,4 +1,4 @@
-"""The fragmentation gauge's definition, on the shard's own core (ClusterState) with real CEL."""
+"""The fragmentation gauge's definition, on the shard's own core (SchedulingState) with real CEL."""
 
 from __future__ import annotations
 
@@ -10,7 +10,7 @@ from allocation_builders import (
 from draplane.api.quantity import parse_quantity
 from draplane.api.resource import AllocationResult, DeviceAllocationResult, DeviceRequestAllocationResult, ResourceClaimStatus
 from draplane.allocation.fragmented_devices import claim_demands, fits
-from draplane.scheduling.placing import ClusterState
+from draplane.scheduling.placing import SchedulingState
 
 SHARED = "shared-gpu"
 MIG = "mig"
@@ -41,9 +41,9 @@ def pending(name: str, cls: str, uid: str, capacity: dict | None = None):
     return c
 
 
-def shared_state(*claims) -> ClusterState:
+def shared_state(*claims) -> SchedulingState:
     """Two 80Gi GPUs that allow multiple allocations, selected by the shared class."""
-    state = ClusterState()
+    state = SchedulingState()
     state.set_class(device_class(SHARED, DRIVER_A, 'device.attributes["driver-a.example.com"].kind == "shared"'))
     state.set_node(node(NODE_1))
     policy = {"memory": capacity_policy(default="10Gi", min="1Gi")}
@@ -85,10 +85,10 @@ def test_a_claim_going_away_changes_the_answer():
     assert state.fragmented_devices() == {SHARED: 1}
 
 
-def mig_state(*claims) -> ClusterState:
+def mig_state(*claims) -> SchedulingState:
     """One partitionable GPU: a counter set of 4 memory slices and 40Gi, a whole-GPU device and
     four 1-slice (10Gi) and two 2-slice (20Gi) placements."""
-    state = ClusterState()
+    state = SchedulingState()
     state.set_class(device_class(MIG, DRIVER_A, 'device.attributes["driver-a.example.com"].kind == "mig"'))
     state.set_class(device_class(WHOLE, DRIVER_A, 'device.attributes["driver-a.example.com"].kind == "whole"'))
     state.set_class(device_class(OTHER, DRIVER_A, 'device.attributes["driver-a.example.com"].kind == "none"'))

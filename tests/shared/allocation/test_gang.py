@@ -7,7 +7,7 @@ import time
 
 import pytest
 
-from draplane.allocation import Cluster, NodePlacement, Unallocatable
+from draplane.allocation import DeviceAllocator, NodePlacement, Unallocatable
 from draplane.allocation.gang import (
     DomainKind,
     Gang,
@@ -48,8 +48,8 @@ def k8s_node(name: str, cpu: str = "64", **labels: str) -> Node:
                 spec=NodeSpec(), status=NodeStatus(allocatable={"cpu": cpu, "memory": "512Gi", "pods": "110"}))
 
 
-def make_cluster(slices, nodes=(), policy="draplane") -> Cluster:
-    c = Cluster(slices=slices, classes=[device_class(CLASS_A, A)], nodes=nodes, policy=policy, share_ids=share_ids)
+def make_cluster(slices, nodes=(), policy="draplane") -> DeviceAllocator:
+    c = DeviceAllocator(slices=slices, classes=[device_class(CLASS_A, A)], nodes=nodes, policy=policy, share_ids=share_ids)
     c.ensure_nodes_from_slices()
     return c
 
@@ -68,7 +68,7 @@ def gpu_gang(name: str, pods: int, gpus: int, topology: GangTopology | None = No
     return Gang(f"default/{name}", members, topology)
 
 
-def held_claims(c: Cluster) -> set[str]:
+def held_claims(c: DeviceAllocator) -> set[str]:
     return set(c.state.claims())
 
 
@@ -199,7 +199,7 @@ def test_a_claim_shared_by_members_is_allocated_once():
 # --- topology --------------------------------------------------------------------------------------
 
 
-def racked_cluster() -> Cluster:
+def racked_cluster() -> DeviceAllocator:
     # r1: 2 nodes, r2: 4 nodes, r3: 6 nodes, of 8 GPUs each.
     racks = ["r1"] * 2 + ["r2"] * 4 + ["r3"] * 6
     names = [f"node-{i:02d}" for i in range(len(racks))]

@@ -8,13 +8,13 @@ import random
 import msgspec
 import pytest
 
-from draplane.allocation.cluster import Cluster
+from draplane.allocation.device_allocator import DeviceAllocator
 from draplane.allocation.fragmentation import FragmentationAwareDraplane
 from draplane.allocation.scarcity import DeviceScarcity, unit_of
 from draplane.api.resource import DeviceClass, ResourceClaimStatus
 from draplane.localenv.environment import DEFAULT_PROFILES, node_names, standard_device_classes
-from draplane.scheduling import scenario
-from draplane.scheduling.placing import ClusterState, Placed
+from draplane.simulation import scenario
+from draplane.scheduling.placing import SchedulingState, Placed
 from draplane_inventory.slices import NodeRef, plan_node
 from draplane_node_agent.hardware import driver_devices
 from draplane_node_agent.profile import load_profile, profile_hardware
@@ -29,10 +29,10 @@ def standard_classes() -> list[DeviceClass]:
     return [msgspec.convert(c, DeviceClass) for c in standard_device_classes()]
 
 
-def up_cluster(nodes: int = 6, classes: list[DeviceClass] | None = None) -> ClusterState:
+def up_cluster(nodes: int = 6, classes: list[DeviceClass] | None = None) -> SchedulingState:
     """The nodes and classes of `draplane up --nodes N`, in the shard's core with the shipped policy,
     fresh: the registered one learns from every pod any test places."""
-    state = ClusterState(policy=FragmentationAwareDraplane())
+    state = SchedulingState(policy=FragmentationAwareDraplane())
     for c in standard_classes() if classes is None else classes:
         state.set_class(c)
     for profile, names in node_names(DEFAULT_PROFILES, nodes).items():
@@ -42,7 +42,7 @@ def up_cluster(nodes: int = 6, classes: list[DeviceClass] | None = None) -> Clus
     return state
 
 
-def place(state: ClusterState, name: str, class_name: str, count: int = 1, node: str | None = None, **kw):
+def place(state: SchedulingState, name: str, class_name: str, count: int = 1, node: str | None = None, **kw):
     """Place and keep a claim (as if bound): its node and (device, productName) pairs."""
     claim = scenario.claim("ns", name, class_name, count=count, **kw)
     claim.metadata.uid = name
@@ -52,9 +52,9 @@ def place(state: ClusterState, name: str, class_name: str, count: int = 1, node:
         placed = state.place_pod(pod, [claim])
         assert isinstance(placed, Placed), placed
         where, allocation = placed.node, placed.allocations[name]
-        chosen = state.cluster.allocate_on_node([claim], where).chosen  # the same search, for the records
+        chosen = state.devices.allocate_on_node([claim], where).chosen  # the same search, for the records
     else:
-        placement = state.cluster.allocate_on_node([claim], node)
+        placement = state.devices.allocate_on_node([claim], node)
         where, allocation, chosen = node, placement.allocations[0], placement.chosen
     claim.status = ResourceClaimStatus(allocation=allocation)
     state.set_claim(claim)
@@ -63,11 +63,11 @@ def place(state: ClusterState, name: str, class_name: str, count: int = 1, node:
 
 def test_the_shares_of_the_standard_classes_on_the_up_cluster_and_each_gpus_scarcity():
     state = up_cluster()
-    scarcity = state.cluster.scarcity
+    scarcity = state.devices.scarcity
     # 38 GPUs: 10 L4, 18 A100 that MIG can split, 10 H100 over 40Gi; shares in 1/32
     assert scarcity.describe() == {"gpu.nvidia.com": 1.0, "high-memory-gpu": 8 / 32, "mig.nvidia.com": 15 / 32}
     by_product = {}
-    for slice_ in state.cluster.inventory.slice_entries().values():
+    for slice_ in state.devices.inventory.slice_entries().values():
         for record in slice_.devices:
             product = record.attributes.get("productName")
             if product is not None:
@@ -80,13 +80,13 @@ def test_the_shares_of_the_standard_classes_on_the_up_cluster_and_each_gpus_scar
 def test_one_class_that_every_gpu_meets_makes_nothing_scarce():
     only_generic = [c for c in standard_classes() if c.metadata.name == "gpu.nvidia.com"]
     state = up_cluster(classes=only_generic)
-    records = [r for s in state.cluster.inventory.slice_entries().values() for r in s.devices]
-    assert {state.cluster.scarcity.of(r) for r in records} == {0.0}
+    records = [r for s in state.devices.inventory.slice_entries().values() for r in s.devices]
+    assert {state.devices.scarcity.of(r) for r in records} == {0.0}
 
 
 def test_counts_kept_across_slice_changes_equal_a_fresh_count():
     state = up_cluster(8)
-    cluster = state.cluster
+    cluster = state.devices
     rng = random.Random(3)
     names = [n for names in node_names(DEFAULT_PROFILES, 8).values() for n in names]
     profiles = {n: p for p, ns in node_names(DEFAULT_PROFILES, 8).items() for n in ns}
@@ -107,7 +107,7 @@ def test_counts_kept_across_slice_changes_equal_a_fresh_count():
 
 def test_the_version_moves_only_when_a_rounded_share_moves():
     state = up_cluster(8)
-    scarcity = state.cluster.scarcity
+    scarcity = state.devices.scarcity
     scarcity.refresh()
     version = scarcity.version
     # a node's slices published again, unchanged
@@ -126,7 +126,7 @@ def test_a_class_whose_selector_does_not_compile_counts_for_no_device():
     broken = msgspec.convert({"metadata": {"name": "broken"}, "spec": {"selectors": [{"cel": {"expression": "device.("}}]}},
                              DeviceClass)
     state = up_cluster(classes=[*standard_classes(), broken])
-    assert state.cluster.scarcity.describe()["broken"] == 0.0
+    assert state.devices.scarcity.describe()["broken"] == 0.0
     where, devices = place(state, "one", "gpu.nvidia.com")
     assert devices[0][1] == "NVIDIA L4", (where, devices)
 
@@ -160,12 +160,12 @@ def test_a_generic_gpu_goes_to_an_l4_node_before_a_busy_node_of_scarce_gpus():
 
 def test_the_unit_of_a_mig_partition_is_its_gpu():
     state = up_cluster(3)
-    records = {r.name: r for s in state.cluster.inventory.slice_entries().values() for r in s.devices
+    records = {r.name: r for s in state.devices.inventory.slice_entries().values() for r in s.devices
                if r.pool == "a100-mig-0000"}
     assert unit_of(records["gpu-0"]) == unit_of(records["gpu-0-mig-1g-5gb-0"]) != unit_of(records["gpu-1"])
     assert unit_of(records["gpu-0"])[:2] == ("gpu.nvidia.com", "a100-mig-0000")
 
 
 def test_first_fit_reads_no_scarcity():
-    cluster = Cluster(policy="first-fit")
+    cluster = DeviceAllocator(policy="first-fit")
     assert not cluster.policy.reads_scarcity

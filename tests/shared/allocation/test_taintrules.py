@@ -16,7 +16,7 @@ from allocation_builders import (
     slice_,
 )
 
-from draplane.allocation import Cluster, NodePlacement
+from draplane.allocation import DeviceAllocator, NodePlacement
 from draplane.allocation.taintrules import rule_selects, taint_slice
 from draplane.api.meta import ObjectMeta
 from draplane.api.resource import DeviceTaint, DeviceTaintRule, DeviceTaintRuleSpec, DeviceTaintSelector, DeviceToleration
@@ -52,7 +52,7 @@ def test_a_slice_no_rule_touches_is_the_same_object():
 
 
 def cluster_with(*rules):
-    return Cluster(slices=[two_gpus()], classes=[device_class(CLASS_A, DRIVER_A)], nodes=[node()], taint_rules=rules,
+    return DeviceAllocator(slices=[two_gpus()], classes=[device_class(CLASS_A, DRIVER_A)], nodes=[node()], taint_rules=rules,
                    policy="first-fit")
 
 

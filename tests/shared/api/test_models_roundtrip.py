@@ -143,7 +143,7 @@ async def test_claim_with_allocation_status_round_trip(kube, namespace):
     created = await kube.create(claim)
     # A pod that exists, names the claim and is bound: kube-controller-manager drops a reservedFor
     # entry naming any other pod, and a read racing it lost the entry (a CI run failed so).
-    from draplane.scheduling import scenario
+    from draplane.simulation import scenario
 
     consumer = scenario.pod(namespace, "pod-a", claim_name="gpu-claim", scheduler_name=None)
     consumer.spec.node_name = "node-a"

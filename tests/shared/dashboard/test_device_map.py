@@ -22,7 +22,7 @@ from draplane.dashboard.device_map import DeviceMapBuilder, RuleTaints
 from draplane.dashboard.scheduling_facts import SchedulingFacts
 from draplane.messages import audit
 from draplane.messages.inventory import SCHEMA_VERSION, FeedEntry
-from draplane.scheduling import scenario
+from draplane.simulation import scenario
 from draplane.scheduling.messages import ClaimPlacement, ClaimRef, Placement, PodRef
 from draplane.scheduling.reservations import NodeReservations, PodReservation, Reservation, devices_of
 from draplane_inventory.slices import NodeRef, plan_node

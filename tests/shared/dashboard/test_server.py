@@ -21,7 +21,8 @@ from draplane.dashboard.server import Dashboard, Snapshot, build_app, message_fo
 from draplane.entrypoints import nats_connect_options
 from draplane.messages import audit
 from draplane.messages.inventory import SCHEMA_VERSION, FeedEntry, InventoryNames, encode
-from draplane.scheduling import scenario, streams
+from draplane.jetstream import streams
+from draplane.simulation import scenario
 from draplane.scheduling.messages import PendingPod, PodRef, Subjects, Unschedulable, encode_message
 from draplane.scheduling.reservations import NodeReservations, Reservation, devices_of, encode_entry
 

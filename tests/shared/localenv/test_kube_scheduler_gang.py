@@ -45,7 +45,7 @@ from draplane.api.resource import (
 )
 from draplane.api.scheduling import GangSchedulingPolicy, PodGroup, PodGroupSchedulingPolicy, PodGroupSpec
 from draplane.localenv.kubescheduler import kube_scheduler
-from draplane.scheduling import scenario
+from draplane.simulation import scenario
 
 DRIVER = scenario.GPU_DRIVER
 # kube-scheduler retried the group at about 1, 3, 5, 9 and 15 s in every run seen: 30 s covers five

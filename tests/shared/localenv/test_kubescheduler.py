@@ -12,7 +12,7 @@ from draplane.api.core import Node, Pod, Toleration
 from draplane.api.resource import ResourceClaim
 from draplane.localenv import binaries
 from draplane.localenv.kubescheduler import kube_scheduler, scheduler_configuration
-from draplane.scheduling import scenario
+from draplane.simulation import scenario
 
 
 def test_configuration_is_one_instance_with_the_given_client_limits(tmp_path):

@@ -1,13 +1,13 @@
-"""A gang placed on a shard's ClusterState: one Placed per member, reservations counted, none held."""
+"""A gang placed on a shard's SchedulingState: one Placed per member, reservations counted, none held."""
 
 import time
 
 from draplane.allocation.gang import GangUnplaceable
 from draplane.scheduling import reservations as rv
-from draplane.scheduling import scenario
+from draplane.simulation import scenario
 from draplane.scheduling.gang_placing import GangPlaced, place_gang_members
 from draplane.scheduling.gangs import GangSpec
-from draplane.scheduling.placing import ClusterState, Placed
+from draplane.scheduling.placing import SchedulingState, Placed
 
 
 def with_uid(obj, uid):
@@ -15,8 +15,8 @@ def with_uid(obj, uid):
     return obj
 
 
-def eight_gpu_state(nodes: int) -> ClusterState:
-    state = ClusterState()
+def eight_gpu_state(nodes: int) -> SchedulingState:
+    state = SchedulingState()
     state.set_class(scenario.device_class())
     for i in range(nodes):
         name = f"node-{i:02d}"
@@ -49,11 +49,11 @@ def test_two_8_by_8_gangs_on_12_nodes_one_placed_the_other_refused_whole():
             devices=rv.devices_of(placed.allocations[claim_uid]), allocation=placed.allocations[claim_uid],
             reserved_at=now, expires_at=now + 30)
         state.set_reservations(placed.node, rv.add(rv.NodeReservations(node=placed.node), [reservation]))
-    before = dict(state.cluster.state.claims())
+    before = dict(state.devices.state.claims())
     second = place_gang_members(state, GangSpec("ns/b", 8), members("b", 8, 8))
     assert isinstance(second, GangUnplaceable)
     assert "the gang asks 64 devices; too few free: the cluster has 32" in second.message
-    assert state.cluster.state.claims() == before
+    assert state.devices.state.claims() == before
     # Four members of 8 do fit, on the four free nodes.
     four = place_gang_members(state, GangSpec("ns/b", 4), members("b", 4, 8))
     assert isinstance(four, GangPlaced)
@@ -67,7 +67,7 @@ from draplane.scheduling.gang_placing import gang_preemption_for  # noqa: E402
 from draplane.scheduling.preemption import GangPreemptionPlan, NoPreemption  # noqa: E402
 
 
-def full_state(nodes: int, *, priority: int = 0) -> ClusterState:
+def full_state(nodes: int, *, priority: int = 0) -> SchedulingState:
     """`nodes` 8-GPU nodes, every GPU allocated to a bound one-GPU pod of `priority`."""
     state = eight_gpu_state(nodes)
     for n in range(nodes):
@@ -98,14 +98,14 @@ def test_a_gang_of_two_8_gpu_pods_on_a_full_cluster_evicts_exactly_two_nodes_pod
     state = full_state(4)
     gang = high(members("big", 2, 8))
     assert isinstance(place_gang_members(state, GangSpec("ns/big", 2), gang), GangUnplaceable)
-    before = dict(state.cluster.state.claims())
+    before = dict(state.devices.state.claims())
     plan = gang_preemption_for(state, GangSpec("ns/big", 2), gang)
     assert isinstance(plan, GangPreemptionPlan), plan
     nodes = {v.node for v in plan.victims}
     assert len(plan.victims) == 16 and len(nodes) == 2, [v.key for v in plan.victims]
     assert {p.node for p in plan.placement.members.values()} == nodes
     assert "preempting 16 pod(s) on 2 node(s)" in plan.explain() and "for gang ns/big (priority 1000)" in plan.explain()
-    assert state.cluster.state.claims() == before, "the search must put every victim's claim back"
+    assert state.devices.state.claims() == before, "the search must put every victim's claim back"
 
 
 def test_a_gang_evicts_only_the_pods_it_needs_on_a_partly_full_node():

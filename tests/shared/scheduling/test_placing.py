@@ -4,13 +4,13 @@ import time
 
 from draplane.api.resource import ResourceClaimStatus
 from draplane.scheduling import reservations as rv
-from draplane.scheduling import scenario
+from draplane.simulation import scenario
 from draplane.scheduling.unschedulable import FailureReason
-from draplane.scheduling.placing import ClusterState, NotPlaced, Placed
+from draplane.scheduling.placing import SchedulingState, NotPlaced, Placed
 
 
-def seed_state() -> ClusterState:
-    state = ClusterState()
+def seed_state() -> SchedulingState:
+    state = SchedulingState()
     state.set_class(scenario.device_class("high-memory-gpu", scenario.HIGH_MEMORY_EXPRESSION))
     for name, memory in (("node-24", "24Gi"), ("node-40", "40Gi"), ("node-80", "80Gi")):
         state.set_node(scenario.gpu_node(name))
@@ -84,11 +84,11 @@ def test_node_fit_and_claim_errors():
     assert isinstance(outcome, NotPlaced) and "no-such-class" in outcome.claim_error
 
 
-def _cpu_poor_and_rich_t4_nodes(policy) -> ClusterState:
+def _cpu_poor_and_rich_t4_nodes(policy) -> SchedulingState:
     """Two 2-GPU T4 nodes alike but for CPU: a-poor 10 CPUs, b-rich 64."""
     from draplane.simulation.trace import TraceNode, gpu_device_class, node_objects
 
-    state = ClusterState(policy=policy)
+    state = SchedulingState(policy=policy)
     state.set_class(gpu_device_class())
     for trace_node in (TraceNode("a-poor", 10000, 65536, 2, "T4"), TraceNode("b-rich", 64000, 65536, 2, "T4")):
         node, slice_ = node_objects(trace_node)
@@ -136,7 +136,7 @@ def test_the_stranding_term_never_picks_a_node_the_pod_does_not_fit():
 def test_pods_reserved_by_another_shard_count_against_the_node_cpu():
     """Node fit across shards: the CPU of pods placed by another shard and not bound yet is in the
     node's reservation entry, and counts like a bound pod's (each pod once)."""
-    state = ClusterState()
+    state = SchedulingState()
     state.set_node(scenario.gpu_node("small", cpu="4"))
     pod = with_uid(scenario.pod("ns", "p", cpu="3"), "mine")
     assert isinstance(state.place_pod(pod, []), Placed)
@@ -157,7 +157,7 @@ def test_pods_reserved_by_another_shard_count_against_the_node_cpu():
 
 
 def test_a_lapsed_pod_reservation_no_longer_takes_cpu():
-    state = ClusterState()
+    state = SchedulingState()
     state.set_node(scenario.gpu_node("small", cpu="4"))
     lapsed = rv.PodReservation(pod_uid="gone", pod_namespace="ns", pod_name="gone", requests={"cpu": 3000},
                                reserved_at=0.0, expires_at=time.time() - 1)
@@ -165,8 +165,8 @@ def test_a_lapsed_pod_reservation_no_longer_takes_cpu():
     assert isinstance(state.place_pod(with_uid(scenario.pod("ns", "p", cpu="3"), "p"), []), Placed)
 
 
-def eight_gpu_nodes(count: int = 4) -> ClusterState:
-    state = ClusterState()
+def eight_gpu_nodes(count: int = 4) -> SchedulingState:
+    state = SchedulingState()
     state.set_class(scenario.device_class("gpu.nvidia.com"))
     for i in range(count):
         name = f"node-{i}"
@@ -215,7 +215,7 @@ def test_an_allocation_error_on_one_node_ends_the_attempt_as_kube_schedulers_fil
     # An `All` request on a node whose pool is being updated: Kubernetes' allocator errors with
     # the pool's name, and kube-scheduler's DynamicResources Filter returns that error, which
     # ends the pod's attempt (SchedulerError, backoff) although another node would fit.
-    state = ClusterState()
+    state = SchedulingState()
     state.set_class(scenario.device_class("gpu"))
     state.set_node(scenario.gpu_node("node-a"))
     half = scenario.gpu_slice("node-a", 2, "80Gi")
@@ -244,7 +244,7 @@ def test_node_fit_answers_kept_per_pod_shape_go_stale_when_the_node_or_its_pods_
     its pods change: a pod going, a cordon, a pod asking differently each get a fresh answer."""
     from draplane.api.core import NodeSpec, Taint, Toleration
 
-    state = ClusterState()
+    state = SchedulingState()
     state.set_node(scenario.gpu_node("small", cpu="4"))
 
     def pod(uid: str, cpu: str = "3"):
@@ -266,12 +266,12 @@ def test_node_fit_answers_kept_per_pod_shape_go_stale_when_the_node_or_its_pods_
     assert isinstance(state.place_pod(tolerant, []), Placed)  # tolerations are part of the shape
 
 
-def four_gpus_and_four_nics(taken: int = 0) -> ClusterState:
+def four_gpus_and_four_nics(taken: int = 0) -> SchedulingState:
     """One node: 4 GPUs, two per PCIe root, and 4 NICs of another driver; `taken` GPUs allocated."""
     from draplane.api.meta import ObjectMeta
     from draplane.api.resource import Device, ResourcePool, ResourceSlice, ResourceSliceSpec
 
-    state = ClusterState()
+    state = SchedulingState()
     state.set_class(scenario.device_class("gpu.nvidia.com"))
     state.set_node(scenario.gpu_node("l4-0"))
     nics = ResourceSlice(metadata=ObjectMeta(name="l4-0-nic"), spec=ResourceSliceSpec(
@@ -454,7 +454,7 @@ def test_replicas_with_hostname_anti_affinity_land_on_distinct_nodes_reserved_or
     assert state.place_pod(pod, [claim]).node == nodes[0]
 
 
-def state_entry_claims(state: ClusterState, node: str) -> dict:
+def state_entry_claims(state: SchedulingState, node: str) -> dict:
     return {uid: r for uid, r in state.reserved.items() if uid in state._reserved_by_node.get(node, set())}
 
 

@@ -7,9 +7,10 @@ import msgspec
 import pytest
 
 from draplane.api.core import Node, Pod
-from draplane.scheduling import pod_scores, scenario
+from draplane.scheduling import pod_scores
+from draplane.simulation import scenario
 from draplane.scheduling.placed_pods import PlacedPod, PlacedPods
-from draplane.scheduling.placing import ClusterState, Placed
+from draplane.scheduling.placing import SchedulingState, Placed
 
 NODES = {n.metadata.name: n for n in (
     msgspec.convert({"metadata": {"name": name, "labels": {"kubernetes.io/hostname": name, "zone": zone}}}, Node)
@@ -52,7 +53,7 @@ def test_a_schedule_anyway_spread_prefers_the_emptier_domain():
 
 @pytest.mark.parametrize("policy", ["draplane", "first-fit"])
 def test_the_shard_ranks_by_the_preference_whatever_the_policy(policy):
-    state = ClusterState(policy=policy)
+    state = SchedulingState(policy=policy)
     state.set_class(scenario.device_class("gpu.nvidia.com"))
     for name in ("node-0", "node-1"):
         state.set_node(scenario.gpu_node(name))

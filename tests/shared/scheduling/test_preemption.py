@@ -4,11 +4,11 @@ from __future__ import annotations
 
 import pytest
 
-from draplane.allocation import Cluster, NodePlacement
+from draplane.allocation import DeviceAllocator, NodePlacement
 from draplane.api.meta import ObjectMeta
 from draplane.api.policy import LabelSelector, PodDisruptionBudget, PodDisruptionBudgetSpec, PodDisruptionBudgetStatus
 from draplane.api.resource import ResourceClaimConsumerReference, ResourceClaimStatus
-from draplane.scheduling import scenario
+from draplane.simulation import scenario
 from draplane.scheduling.preemption import (
     NO_VICTIMS,
     NOT_ELIGIBLE_NEVER,
@@ -26,11 +26,11 @@ class Fleet:
     """Nodes of 8 GPUs, each GPU held by a running one-GPU pod of the given priority."""
 
     def __init__(self, nodes: int = 3, gpus: int = 8, cpu: str = "64"):
-        self.cluster = Cluster(classes=[scenario.device_class("gpu.nvidia.com")], policy="first-fit")
+        self.devices = DeviceAllocator(classes=[scenario.device_class("gpu.nvidia.com")], policy="first-fit")
         for i in range(nodes):
             name = f"node-{i}"
-            self.cluster.set_node(scenario.gpu_node(name, cpu=cpu, labels={"rack": f"r{i % 2}"}))
-            self.cluster.apply_slice(scenario.gpu_slice(name, gpus, "80Gi"))
+            self.devices.set_node(scenario.gpu_node(name, cpu=cpu, labels={"rack": f"r{i % 2}"}))
+            self.devices.apply_slice(scenario.gpu_slice(name, gpus, "80Gi"))
         self.running: dict[str, list[RunningPod]] = {}
         self.claims = {}
 
@@ -44,12 +44,12 @@ class Fleet:
         else:
             claim = scenario.claim("ns", f"claim-{name}", "gpu.nvidia.com", count=gpus)
             claim.metadata.uid = f"cuid-{name}"
-            placement = self.cluster.allocate_on_node([claim], node)
+            placement = self.devices.allocate_on_node([claim], node)
             assert isinstance(placement, NodePlacement), placement
             claim.status = ResourceClaimStatus(
                 allocation=placement.allocations[0],
                 reserved_for=[ResourceClaimConsumerReference(resource="pods", name=name, uid=uid)])
-            self.cluster.add_allocated_claim(claim)
+            self.devices.add_allocated_claim(claim)
             key = f"ns/claim-{name}"
             self.claims[key] = claim
         pod = RunningPod(namespace="ns", name=name, uid=uid, node=node, priority=priority,
@@ -58,13 +58,13 @@ class Fleet:
         return pod
 
     def fill(self, *, priority: int = 0, started_by_node: dict[str, float] | None = None, labels=None) -> None:
-        for node in sorted(self.cluster.nodes):
+        for node in sorted(self.devices.nodes):
             for g in range(8):
                 self.run(node, f"{node}-p{g}", priority=priority,
                          started=(started_by_node or {}).get(node, NOW - 3600), labels=labels)
 
     def plan(self, pod, claims, budgets=()):
-        return plan_preemption(self.cluster, pod, claims, running=self.running, claims_in_use=self.claims,
+        return plan_preemption(self.devices, pod, claims, running=self.running, claims_in_use=self.claims,
                                budgets=budgets, now=NOW)
 
 
@@ -90,7 +90,7 @@ def test_an_eight_gpu_pod_on_a_full_cluster_evicts_exactly_one_nodes_pods():
     # node-1's pods started last: evicting them loses the least work.
     fleet.fill(started_by_node={"node-1": NOW - 60})
     pod, claims = preemptor()
-    assert not isinstance(fleet.cluster.allocate(claims), NodePlacement)  # full
+    assert not isinstance(fleet.devices.allocate(claims), NodePlacement)  # full
     plan = fleet.plan(pod, claims)
     assert isinstance(plan, PreemptionPlan)
     assert plan.node == "node-1"
@@ -98,7 +98,7 @@ def test_an_eight_gpu_pod_on_a_full_cluster_evicts_exactly_one_nodes_pods():
     assert plan.placement.node == "node-1" and len(plan.placement.allocations[0].devices.results) == 8
     assert "preempting 8 pod(s) on node node-1 for ns/big (priority 1000)" in plan.explain()
     # The core's state is as it was: the cluster is still full.
-    assert not isinstance(fleet.cluster.allocate(claims), NodePlacement)
+    assert not isinstance(fleet.devices.allocate(claims), NodePlacement)
 
 
 def test_only_as_many_victims_as_needed_and_the_fewest_win():
@@ -251,12 +251,12 @@ def test_a_pod_that_fits_once_terminating_pods_are_gone_waits_for_them():
 
 
 def _shard_state_with_full_node():
-    """A shard's ClusterState: one 8-GPU node, each GPU allocated to a bound priority-0 pod."""
+    """A shard's SchedulingState: one 8-GPU node, each GPU allocated to a bound priority-0 pod."""
     import time as _time
 
-    from draplane.scheduling.placing import ClusterState, Placed
+    from draplane.scheduling.placing import SchedulingState, Placed
 
-    state = ClusterState()
+    state = SchedulingState()
     state.set_class(scenario.device_class("gpu.nvidia.com"))
     state.set_node(scenario.gpu_node("node-0"))
     state.set_feed_entry("node.node-0", [scenario.gpu_slice("node-0", 8, "80Gi")])

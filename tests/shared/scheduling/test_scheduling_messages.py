@@ -107,7 +107,7 @@ def test_subject_names_are_valid_stream_names():
 
 
 def test_pending_pod_carries_the_scheduling_spec_and_reads_without_it():
-    from draplane.scheduling import scenario
+    from draplane.simulation import scenario
 
     spec = scenario.pod("ns", "p", template_name="t", cpu="2").spec
     decoded = decode_message(encode_message(PendingPod(pod=POD, claims=[], first_seen=0.0, spec=spec)))

@@ -6,7 +6,7 @@ import dataclasses
 
 import pytest
 
-from draplane.allocation import Cluster, NodePlacement
+from draplane.allocation import DeviceAllocator, NodePlacement
 from draplane.allocation.fragmentation import FragmentationAwareDraplane
 from draplane.cli import main
 from draplane.simulation import mig
@@ -27,9 +27,9 @@ def test_the_a100_rules_come_from_the_node_agent_profile():
     assert not any(a != b and all(x >= y for x, y in zip(a, b)) for a in configs for b in configs)
 
 
-def one_node_cluster(policy) -> Cluster:
+def one_node_cluster(policy) -> DeviceAllocator:
     nodes, slices = mig.node_slices(1)
-    return Cluster(slices=slices, classes=[mig.mig_device_class()], nodes=nodes, policy=policy)
+    return DeviceAllocator(slices=slices, classes=[mig.mig_device_class()], nodes=nodes, policy=policy)
 
 
 def test_draplane_keeps_the_4g_placement_that_first_fit_blocks():
@@ -139,7 +139,7 @@ def placed_at(profile: str, gpu: int, start: int):
 
 def test_h100_counters_refuse_invalid_starts_and_overlaps():
     nodes, slices = mig.node_slices(1, "h100-mig")
-    cluster = Cluster(slices=slices, classes=[mig.mig_device_class()], nodes=nodes, policy="first-fit")
+    cluster = DeviceAllocator(slices=slices, classes=[mig.mig_device_class()], nodes=nodes, policy="first-fit")
 
     def place(profile, start):
         claim = placed_at(profile, 0, start)

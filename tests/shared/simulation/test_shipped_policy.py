@@ -1,7 +1,7 @@
 """`draplane simulate --policy draplane` measures the policy the allocator shards run.
 
 The simulator replays the shipped `FragmentationAwareDraplane` on its array engine (node states, no
-device search); the shard runs it through `ClusterState.place_pod` (node fit, the allocator core's
+device search); the shard runs it through `SchedulingState.place_pod` (node fit, the allocator core's
 search over ResourceSlices, the policy's device order and node scores). Both learn online from the
 pods as they come. Here one arrival sequence goes through both, pod by pod, and every pod must land
 on the same node and the same GPUs, or fail in both.
@@ -21,7 +21,7 @@ import pytest
 from draplane.allocation.fragmentation import FragmentationAwareDraplane
 from draplane.allocation.scoring import get_policy
 from draplane.api.resource import ResourceClaimStatus
-from draplane.scheduling.placing import ClusterState, Placed
+from draplane.scheduling.placing import SchedulingState, Placed
 from draplane.simulation.engine import Replay, build_arrays
 from draplane.simulation.experiment import shape_of, tie_order
 from draplane.simulation.trace import gpu_device_class, node_objects, pod_objects, read_nodes, read_pods
@@ -53,7 +53,7 @@ def engine_run(arrivals, nodes):
 
 def shard_run(arrivals, nodes):
     policy = FragmentationAwareDraplane()
-    state = ClusterState(policy=policy)
+    state = SchedulingState(policy=policy)
     state.set_class(gpu_device_class())
     for trace_node in nodes:
         node, slice_ = node_objects(trace_node)

@@ -392,11 +392,11 @@ def draplane_outcome(c: dict) -> dict:
     the node, where kube-scheduler fails the attempt); "unallocatable": a NodeFailure."""
     import msgspec
 
-    from draplane.allocation import AllocationError, Cluster, NodePlacement
+    from draplane.allocation import AllocationError, DeviceAllocator, NodePlacement
     from draplane.api.codec import decode_object
 
     node = decode_object(c["node"])
-    cluster = Cluster(slices=[decode_object(s) for s in c["slices"]], classes=[decode_object(k) for k in c["classes"]],
+    cluster = DeviceAllocator(slices=[decode_object(s) for s in c["slices"]], classes=[decode_object(k) for k in c["classes"]],
                       nodes=[node], policy="first-fit")
     for a in c["allocated"]:
         cluster.add_allocated_claim(decode_object(a))
@@ -411,7 +411,7 @@ def draplane_outcome(c: dict) -> dict:
 
 def draplane_path_outcomes(c: dict, workdir) -> dict[str, str]:
     """The outcome class on draplane's two other paths for the same input: the shard's
-    (`Cluster.allocate` over every node, as `ClusterState.place_pod` calls it) and
+    (`DeviceAllocator.allocate` over every node, as `SchedulingState.place_pod` calls it) and
     `draplane allocate` (its exit code: 0 allocated, 1 unallocatable, 2 error). Both must agree
     with `allocate_on_node`: an error ends kube-scheduler's attempt, it is not "unallocatable"."""
     import contextlib
@@ -419,11 +419,11 @@ def draplane_path_outcomes(c: dict, workdir) -> dict[str, str]:
     import json
     from pathlib import Path
 
-    from draplane.allocation import AllocationError, Cluster, NodePlacement
+    from draplane.allocation import AllocationError, DeviceAllocator, NodePlacement
     from draplane.api.codec import decode_object
     from draplane.cli import main
 
-    cluster = Cluster(slices=[decode_object(s) for s in c["slices"]], classes=[decode_object(k) for k in c["classes"]],
+    cluster = DeviceAllocator(slices=[decode_object(s) for s in c["slices"]], classes=[decode_object(k) for k in c["classes"]],
                       nodes=[decode_object(c["node"])], policy="first-fit")
     for a in c["allocated"]:
         cluster.add_allocated_claim(decode_object(a))

@@ -365,18 +365,18 @@ def case(draw: Draw) -> dict:
 
 
 def draplane_filter(case: dict) -> dict:
-    """The case through draplane's filters (ClusterState.filter_nodes), in the oracle's shape:
+    """The case through draplane's filters (SchedulingState.filter_nodes), in the oracle's shape:
     {"feasible", "reasons" (node -> reasons), "message"}."""
     from draplane.allocation.nodefit import node_names_required
     from draplane.scheduling import pod_scores
     from draplane.api.core import Node, Pod
-    from draplane.scheduling.placing import ClusterState
+    from draplane.scheduling.placing import SchedulingState
 
     from draplane.api.storage import PersistentVolume, PersistentVolumeClaim, StorageClass
     from draplane.scheduling import volume_binding
     from draplane.scheduling.unschedulable import pre_filter_problem
 
-    state = ClusterState()
+    state = SchedulingState()
     for raw in case["nodes"]:
         state.set_node(msgspec.convert(raw, Node))
     bound = [msgspec.convert(raw, Pod) for raw in case["pods"]]

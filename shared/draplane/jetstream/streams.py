@@ -22,7 +22,7 @@ from nats.js.api import (
 )
 from nats.js.kv import KeyValue
 
-from draplane.jetstream_setup import until_answered
+from draplane.jetstream.setup import until_answered
 from draplane.scheduling.messages import Subjects
 
 log = logging.getLogger(__name__)

@@ -9,7 +9,7 @@ from types import SimpleNamespace
 import nats.errors
 import pytest
 
-from draplane.scheduling import streams
+from draplane.jetstream import streams
 
 
 class _Watcher:

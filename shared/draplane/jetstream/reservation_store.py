@@ -17,7 +17,7 @@ from nats.js.kv import KeyValue
 
 from draplane.scheduling import reservation_protocol as protocol
 from draplane.scheduling import reservations as rv
-from draplane.scheduling import streams
+from draplane.jetstream import streams
 
 log = logging.getLogger(__name__)
 

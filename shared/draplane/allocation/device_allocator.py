@@ -1,6 +1,6 @@
 """Allocation across nodes: the inventory, the allocated state, and the best node for a set of claims.
 
-`Cluster` is what the allocator service, the simulator and `draplane allocate` hold. It answers
+`DeviceAllocator` is what the allocator service, the simulator and `draplane allocate` hold. It answers
 "where do these claims go?" with the scoring policy, and remembers the answer per node for claims of
 the same shape: the per-node result stays valid until that node's version changes (a slice on it or
 an allocation from one of its pools), so after one commit only that node is recomputed. Nodes alike
@@ -91,7 +91,7 @@ class _NodeEntry:
 
 @dataclass(slots=True, eq=False)
 class _NodeLooks:
-    """What one node's devices look like (see `Cluster._likeness`), for one list of its pools: a
+    """What one node's devices look like (see `DeviceAllocator._likeness`), for one list of its pools: a
     new list (a slice changed) starts afresh. One object per node, not one per cached part: the
     garbage collector walks every object a busy cluster keeps."""
 
@@ -105,7 +105,7 @@ class _NodeLooks:
 class _ScoredNodes:
     """One claim shape's feasible nodes as arrays (device score, free and taken milli-devices,
     free CPU and memory, node order), for `ScoringPolicy.node_resources_scores` over all of them
-    at once (see `Cluster._best_with_resources`). A node that stops being feasible leaves a hole."""
+    at once (see `DeviceAllocator._best_with_resources`). A node that stops being feasible leaves a hole."""
 
     def __init__(self, resource_epoch: int, capacity: int):
         self.resource_epoch = resource_epoch
@@ -182,7 +182,7 @@ class _ShapeIndex:
         # pool for `All`, a constraint an `All` request's device breaks): kube-scheduler's
         # DynamicResources Filter returns it as an error, which ends the pod's attempt.
         self.node_errors: dict[str, NodeFailure] = {}
-        # Nodes alike in devices and use (see Cluster._likeness) share one search:
+        # Nodes alike in devices and use (see DeviceAllocator._likeness) share one search:
         # likeness -> (outcome, the positions of a placement's devices on the node searched).
         self.by_likeness: dict[tuple, tuple[object, tuple | None]] = {}
         self.policy = policy
@@ -193,7 +193,7 @@ class _ShapeIndex:
         self.scored: _ScoredNodes | None = None  # for policies that read node resources
 
 
-class Cluster:
+class DeviceAllocator:
     def __init__(
         self,
         *,

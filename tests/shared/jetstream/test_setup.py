@@ -13,7 +13,7 @@ import nats.errors
 import nats.js.errors
 import pytest
 
-from draplane.jetstream_setup import (
+from draplane.jetstream.setup import (
     FIRST_WAIT_SECONDS,
     LONGEST_WAIT_SECONDS,
     JetStreamNotAnswering,
@@ -22,7 +22,7 @@ from draplane.jetstream_setup import (
 )
 from draplane.localenv import binaries
 from draplane.localenv.natscluster import NatsCluster
-from draplane.scheduling import streams
+from draplane.jetstream import streams
 from draplane.scheduling.messages import Subjects
 
 log = logging.getLogger("test")
@@ -124,7 +124,7 @@ async def test_streams_and_bucket_made_while_the_cluster_has_no_quorum_wait_for_
                 await streams.ensure_streams(js, subjects, replicas=3)
                 return await streams.reservation_bucket(js, subjects, replicas=3)
 
-            with caplog.at_level(logging.WARNING, logger="draplane.scheduling.streams"):
+            with caplog.at_level(logging.WARNING, logger="draplane.jetstream.streams"):
                 setup = asyncio.create_task(set_up())
                 deadline = time.monotonic() + 30
                 while not any("did not answer" in r.getMessage() for r in caplog.records):

@@ -1,8 +1,8 @@
-"""The cluster as NATS tells it: the inventory feed bucket (slices, DeviceClasses), the
+"""The devices as NATS tells them: the inventory feed bucket (slices, DeviceClasses), the
 reservation bucket (what draplane allocated) and the DeviceTaintRules of the binder's cluster
 bucket, for `draplane free`, the dashboard and the metrics subscriber.
 
-`ClusterView` holds the decoded entries and turns them into `free_capacity`'s inputs;
+`DeviceView` holds the decoded entries and turns them into `free_capacity`'s inputs;
 `read_cluster` fills one from the buckets once, `follow_cluster` keeps one current. Neither asks
 Kubernetes anything: a claim another scheduler allocated, which only the claim's status in
 Kubernetes records, is not seen here (the shards read those from the binder's cluster bucket).
@@ -26,14 +26,14 @@ from draplane.api.resource import AllocationResult, DeviceClass, DeviceTaintRule
 from draplane.messages.inventory import FeedEntry, InventoryNames, decode_feed_entry
 from draplane.scheduling import cluster_feed
 from draplane.scheduling import reservations as rv
-from draplane.scheduling import streams
+from draplane.jetstream import streams
 from draplane.scheduling.messages import Subjects
 
 log = logging.getLogger(__name__)
 
 
 @dataclasses.dataclass(slots=True)
-class ClusterView:
+class DeviceView:
     feed: dict[str, FeedEntry] = dataclasses.field(default_factory=dict)
     reservations: dict[str, rv.NodeReservations] = dataclasses.field(default_factory=dict)
     # DeviceTaintRules, from the binder's cluster bucket: their taints are in no slice, yet a
@@ -103,7 +103,7 @@ TAINT_RULE_PREFIX = f"{cluster_feed.PREFIXES[DeviceTaintRule]}."
 TAINT_RULE_KEYS = f"{TAINT_RULE_PREFIX}>"
 
 
-def _buckets(prefix: str, view: ClusterView) -> list[tuple[str, str, Callable[[str, bytes | None], None]]]:
+def _buckets(prefix: str, view: DeviceView) -> list[tuple[str, str, Callable[[str, bytes | None], None]]]:
     """(bucket, keys, apply) of what a view reads."""
     subjects = Subjects(prefix=prefix)
     return [(InventoryNames(prefix=prefix).feed_bucket, ">", view.apply_feed),
@@ -111,9 +111,9 @@ def _buckets(prefix: str, view: ClusterView) -> list[tuple[str, str, Callable[[s
             (subjects.cluster_bucket, TAINT_RULE_KEYS, view.apply_cluster)]
 
 
-async def read_cluster(js: JetStreamContext, prefix: str, *, timeout: float = 10.0) -> ClusterView:
+async def read_cluster(js: JetStreamContext, prefix: str, *, timeout: float = 10.0) -> DeviceView:
     """The buckets as they are now. A bucket not created yet is an empty one."""
-    view = ClusterView()
+    view = DeviceView()
     for name, keys, apply in _buckets(prefix, view):
         kv = await _bucket(js, name)
         if kv is not None:
@@ -122,7 +122,7 @@ async def read_cluster(js: JetStreamContext, prefix: str, *, timeout: float = 10
     return view
 
 
-async def follow_cluster(js: JetStreamContext, prefix: str, view: ClusterView, on_change: Callable[[], None],
+async def follow_cluster(js: JetStreamContext, prefix: str, view: DeviceView, on_change: Callable[[], None],
                          synced: asyncio.Event | None = None) -> None:
     """Keep `view` current from the buckets, forever; `synced` is set once each was read."""
     buckets = _buckets(prefix, view)
