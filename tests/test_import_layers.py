@@ -43,6 +43,8 @@ def test_the_code_keeps_every_import_contract():
     ("draplane/allocation/nodefit.py", "import nats", "The pure cores do no I/O"),
     # the pod-level core hands its decisions to the NATS edges; it never calls them
     ("draplane/scheduling/placing.py", "from draplane.jetstream import reservation_store", "The pure cores do no I/O"),
+    ("draplane/allocation/scoring.py", "from draplane.allocation.allocator import NodeView",
+     "The scoring policies sit below the search"),
     ("draplane/messages/__init__.py", "import draplane_binder.service", "The common library imports no service"),
     ("draplane_allocator/shard.py", "from draplane_binder import volumes", "The services do not import each other"),
 ])

@@ -51,9 +51,10 @@ from draplane.allocation.inventory import (
 from draplane.allocation.state import AllocatedState
 from draplane.allocation.tolerations import tolerates
 
+from draplane.allocation.scoring import FIRST_FIT, ScoringPolicy
+
 if TYPE_CHECKING:
     from draplane.allocation.scarcity import DeviceScarcity
-    from draplane.allocation.scoring import ScoringPolicy
 
 MAX_REQUESTS = 32  # resourceapi.DeviceRequestsMaxSize
 MAX_RESULTS = 32  # resourceapi.AllocationResultsMaxSize
@@ -874,8 +875,6 @@ class NodeAllocator:
 
         Without `diagnose`, a failure says only that the claims do not fit (reason NOT_DIAGNOSED);
         callers that search many nodes ask for the reason only when they need to show it."""
-        from draplane.allocation.scoring import FIRST_FIT
-
         policy = policy or FIRST_FIT
         node_name = node.metadata.name or ""
         if plans is None:
