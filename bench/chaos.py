@@ -154,14 +154,14 @@ class PoolFacts:
 
 @functools.lru_cache(maxsize=None)
 def _profile(profile: str):
-    from draplane_node_agent.profile import load_profile
+    from draplane.nodes.profile import load_profile
 
     return load_profile(PROFILE_PATHS.get(profile, profile))
 
 
 def agent_devices(profile: str, node: str) -> dict:
     """driver -> the DriverDevices the node's agent publishes (what the slices must hold)."""
-    from draplane_node_agent.hardware import driver_devices
+    from draplane.nodes.hardware import driver_devices
 
     return {d.driver: d for d in driver_devices(_profile(profile).hardware(node))}
 

@@ -305,7 +305,7 @@ class Run:
 
 def scale_profile(path: Path, gpus: int) -> Path:
     """The shipped dgx-h100 profile with `gpus` GPUs and no NICs: `gpus` devices a node."""
-    from draplane_node_agent.profile import load_profile
+    from draplane.nodes.profile import load_profile
 
     profile = load_profile("dgx-h100")
     roots = min(profile.pcie_roots, gpus)

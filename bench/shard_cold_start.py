@@ -58,9 +58,9 @@ def ready(port: int) -> bool:
 
 def feed_values(nodes: int, gpus: int) -> list[tuple[str, bytes]]:
     """The inventory's feed entries for `nodes` dgx-h100 nodes, as it encodes them."""
-    from draplane_inventory.slices import desired_specs
-    from draplane_node_agent.hardware import driver_devices
-    from draplane_node_agent.profile import load_profile, profile_hardware
+    from draplane.nodes.slices import desired_specs
+    from draplane.nodes.hardware import driver_devices
+    from draplane.nodes.profile import load_profile, profile_hardware
 
     from draplane.api.meta import ObjectMeta
     from draplane.api.resource import ResourceSlice

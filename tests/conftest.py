@@ -174,14 +174,14 @@ BLOCKING_EXCLUDED = ["draplane.localenv", "draplane.cli"]
 # - kubernetes_asyncio reads the kubeconfig (and writes its certificates to temporary files)
 #   synchronously inside its async loader, which has no other form;
 # - nats-py reads the nkey seed file when it connects (and to sign the server's nonce);
-# - a node agent's hardware profile is read before its loop starts (draplane_node_agent.profile);
+# - a node agent's hardware profile is read before its loop starts (draplane.nodes.profile);
 # - argparse looks for its messages' translations (gettext) when a parser is built.
 BLOCKING_ALLOWED = {
     "kubernetes_asyncio/config/kube_config.py": {
         "load_kube_config", "load_kube_config_from_dict", "_get_kube_config_loader_for_yaml_file", "load_and_set",
     },
     "nats/aio/client.py": {"_get_nkeys_seed", "user_cb", "sig_cb", "_read_creds_user_nkey", "_read_creds_user_jwt"},
-    "draplane_node_agent/profile.py": {"load_profile"},
+    "draplane/nodes/profile.py": {"load_profile"},
     "gettext.py": {"find"},
 }
 

@@ -230,8 +230,8 @@ def profile_drivers(profile: str = "a100-mig", node: str = "gpu-node-1", devices
     large tree is slow, and a few of each kind exercise the same decoders)."""
     import msgspec
 
-    from draplane_node_agent.hardware import driver_devices
-    from draplane_node_agent.profile import load_profile
+    from draplane.nodes.hardware import driver_devices
+    from draplane.nodes.profile import load_profile
 
     drivers = driver_devices(load_profile(profile).hardware(node))
     return tuple(msgspec.structs.replace(d, devices=d.devices[:devices], counter_sets=d.counter_sets[:2])
@@ -243,7 +243,7 @@ def _manifests() -> tuple[dict, ...]:
     import msgspec
     import yaml
 
-    from draplane_inventory.slices import NodeRef, plan_node
+    from draplane.nodes.slices import NodeRef, plan_node
 
     objects = []
     for name in sorted(os.listdir(SEED_FIXED)):

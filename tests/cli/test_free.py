@@ -20,9 +20,9 @@ from draplane.messages.inventory import SCHEMA_VERSION, FeedEntry, InventoryName
 from draplane.scheduling import reservations as rv
 from draplane.jetstream import streams
 from draplane.scheduling.messages import Subjects
-from draplane_inventory.slices import NodeRef, plan_node
-from draplane_node_agent.hardware import driver_devices
-from draplane_node_agent.profile import load_profile, profile_hardware
+from draplane.nodes.slices import NodeRef, plan_node
+from draplane.nodes.hardware import driver_devices
+from draplane.nodes.profile import load_profile, profile_hardware
 
 CLASSES = [msgspec.convert(c, DeviceClass) for c in standard_device_classes()]
 MIG_SLICE = "gpu-0-mig-3g-20gb-0"

@@ -13,9 +13,9 @@ from draplane.api.meta import ObjectMeta
 from draplane.api.resource import ResourceClaimStatus, ResourceSlice
 from draplane.cli.placement_report import ReportError, format_memory, format_report, group_outcomes, report_placement
 from draplane.localenv.environment import standard_device_classes
-from draplane_inventory.slices import desired_specs
-from draplane_node_agent.hardware import driver_devices
-from draplane_node_agent.profile import load_profile
+from draplane.nodes.slices import desired_specs
+from draplane.nodes.hardware import driver_devices
+from draplane.nodes.profile import load_profile
 
 FIXED = Path(__file__).resolve().parents[2] / "examples" / "seed-vllm-fixed"
 

@@ -909,9 +909,9 @@ async def test_a_device_plugin_style_gpu_request_binds_on_dra_devices_through_a_
 async def profile_node(scheduling, kube, profile: str, name: str) -> None:
     """A node of one of the node agent's profiles, its slices planned as the inventory plans them."""
     from draplane.api.core import Node as NodeObject
-    from draplane_inventory.slices import NodeRef, plan_node
-    from draplane_node_agent.hardware import driver_devices
-    from draplane_node_agent.profile import load_profile, profile_hardware
+    from draplane.nodes.slices import NodeRef, plan_node
+    from draplane.nodes.hardware import driver_devices
+    from draplane.nodes.profile import load_profile, profile_hardware
 
     node = scenario.gpu_node(name)
     await kube.create(node)

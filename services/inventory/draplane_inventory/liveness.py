@@ -15,7 +15,7 @@ import enum
 
 from draplane.api.resource import DeviceTaint
 from draplane.messages.inventory import DriverDevices, Heartbeat, MessageError, NodeSnapshot
-from draplane_inventory.slices import stale_taint
+from draplane.nodes.slices import stale_taint
 
 
 class Liveness(enum.Enum):

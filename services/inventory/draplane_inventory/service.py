@@ -50,7 +50,7 @@ from draplane_inventory.liveness import Liveness, NodeLivenessTable
 from draplane.structured_logs import error_text, fields
 from draplane_inventory.metrics import InventoryMetrics
 from draplane_inventory.slicecache import SliceCache
-from draplane_inventory.slices import (
+from draplane.nodes.slices import (
     STALE_TAINT_KEY,
     NodeRef,
     PoolPlan,

@@ -10,7 +10,7 @@ import collections
 
 from draplane.api.resource import ResourceSlice
 from draplane.messages.inventory import InventoryNames
-from draplane_inventory.slices import is_managed
+from draplane.nodes.slices import is_managed
 
 
 class SliceCache:

@@ -21,11 +21,11 @@ from draplane.nats_roles import fleet_inbox_prefix
 from draplane.structured_logs import add_log_format_argument, configure_logging
 from draplane.messages.inventory import DEFAULT_PREFIX, InventoryNames
 from draplane_node_agent.agent import AgentFleet, SimulatedAgent
-from draplane_node_agent.hardware import GPU_DRIVER, driver_devices
+from draplane.nodes.hardware import GPU_DRIVER, driver_devices
 from draplane_node_agent.health import HealthBoard, HealthReport, with_health_taints
 from draplane_node_agent.claim_store import CheckpointError
 from draplane_node_agent.kubelet_api import KubeletApiMissing
-from draplane_node_agent.profile import ProfileError, load_profile, profile_names
+from draplane.nodes.profile import ProfileError, load_profile, profile_names
 
 
 class ProfileDiscovery:

@@ -13,7 +13,7 @@ import os
 from pathlib import Path
 from types import ModuleType
 
-from draplane_node_agent.hardware import GpuInfo, MigCapability, MigProfile, NodeHardware
+from draplane.nodes.hardware import GpuInfo, MigCapability, MigProfile, NodeHardware
 
 _ARCHITECTURES = {
     # nvmlDeviceGetArchitecture values (nvml.h NVML_DEVICE_ARCH_*)

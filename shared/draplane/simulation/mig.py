@@ -97,7 +97,7 @@ class MigGpuShape:
 @lru_cache(maxsize=None)
 def gpu_shape(node_profile: str = PROFILE) -> MigGpuShape:
     """One GPU's MIG rules as the node agent's profile states them (its GPUs are all alike)."""
-    from draplane_node_agent.profile import load_profile, profile_hardware
+    from draplane.nodes.profile import load_profile, profile_hardware
 
     gpus = profile_hardware(load_profile(node_profile), "shape").gpus
     gpu = gpus[0]
@@ -119,9 +119,9 @@ def node_slices(nodes: int, node_profile: str = PROFILE):
     """(Node objects, ResourceSlices) of `nodes` nodes of a MIG node profile, as the agent and
     inventory make them."""
     from draplane.api.core import Node, NodeSpec, NodeStatus
-    from draplane_inventory.slices import NodeRef, plan_node
-    from draplane_node_agent.hardware import driver_devices
-    from draplane_node_agent.profile import load_profile, profile_hardware
+    from draplane.nodes.slices import NodeRef, plan_node
+    from draplane.nodes.hardware import driver_devices
+    from draplane.nodes.profile import load_profile, profile_hardware
 
     profile = load_profile(node_profile)
     k8s_nodes, slices = [], []

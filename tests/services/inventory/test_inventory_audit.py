@@ -20,10 +20,10 @@ from draplane.messages import audit
 from draplane.messages.inventory import InventoryNames, decode_feed_entry
 from draplane.simulation import scenario
 from draplane_inventory.service import InventoryService, InventorySettings
-from draplane_inventory.slices import STALE_TAINT_KEY
+from draplane.nodes.slices import STALE_TAINT_KEY
 from draplane_node_agent.agent import AgentFleet, SimulatedAgent
-from draplane_node_agent.hardware import driver_devices
-from draplane_node_agent.profile import load_profile, profile_hardware
+from draplane.nodes.hardware import driver_devices
+from draplane.nodes.profile import load_profile, profile_hardware
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(180)]
 

@@ -26,10 +26,10 @@ from draplane.messages.inventory import (
 )
 from draplane.metrics import sample_value
 from draplane_inventory.service import InventoryService, InventorySettings
-from draplane_inventory.slices import STALE_TAINT_KEY, NodeRef, is_managed, plan_pool
+from draplane.nodes.slices import STALE_TAINT_KEY, NodeRef, is_managed, plan_pool
 from draplane_node_agent.agent import AgentFleet, SimulatedAgent
-from draplane_node_agent.hardware import driver_devices
-from draplane_node_agent.profile import load_profile
+from draplane.nodes.hardware import driver_devices
+from draplane.nodes.profile import load_profile
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(180)]
 

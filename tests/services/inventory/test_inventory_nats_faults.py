@@ -18,8 +18,8 @@ from draplane.messages.inventory import SCHEMA_VERSION, InventoryNames, NodeSnap
 from draplane.nats_roles import node_agent_permissions
 from draplane_inventory.service import InventoryService, InventorySettings
 from draplane_node_agent.agent import AgentFleet, SimulatedAgent
-from draplane_node_agent.hardware import driver_devices
-from draplane_node_agent.profile import load_profile
+from draplane.nodes.hardware import driver_devices
+from draplane.nodes.profile import load_profile
 
 from draplane.messages.inventory import decode_feed_entry
 from test_inventory_integration import _tolerant, count, create_nodes, eventually, node_slices

@@ -5,7 +5,7 @@ import pytest
 from draplane.api.resource import Device
 from draplane.messages.inventory import SCHEMA_VERSION, DriverDevices, Heartbeat, MessageError, NodeSnapshot
 from draplane_inventory.liveness import Liveness, NodeLivenessTable
-from draplane_inventory.slices import STALE_TAINT_KEY
+from draplane.nodes.slices import STALE_TAINT_KEY
 
 
 def snap(node="n1", agent="a", seq=1, sent=100.0, devices=("gpu-0",)):

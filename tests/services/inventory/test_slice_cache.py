@@ -8,7 +8,7 @@ from prometheus_client import generate_latest
 from draplane.metrics import sample_value
 from draplane_inventory.metrics import InventoryMetrics
 from draplane_inventory.slicecache import SliceCache
-from draplane_inventory.slices import MANAGED_BY_LABEL
+from draplane.nodes.slices import MANAGED_BY_LABEL
 
 
 def _slice(name, rv, node="n1", driver="gpu.nvidia.com", managed="inv", pool=None):

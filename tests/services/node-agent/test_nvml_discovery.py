@@ -10,7 +10,7 @@ import pytest
 
 from draplane.api.quantity import parse_quantity
 from draplane_node_agent import nvml as nvml_backend
-from draplane_node_agent.hardware import driver_devices
+from draplane.nodes.hardware import driver_devices
 
 
 class FakeNVMLError(Exception):

@@ -304,9 +304,9 @@ def test_two_mig_slices_of_one_claim_share_one_empty_gpu_and_keep_the_next_whole
     from draplane.localenv.environment import standard_device_classes
     from draplane.simulation import scenario
     from draplane.scheduling.placing import SchedulingState, Placed
-    from draplane_inventory.slices import NodeRef, plan_node
-    from draplane_node_agent.hardware import driver_devices
-    from draplane_node_agent.profile import load_profile, profile_hardware
+    from draplane.nodes.slices import NodeRef, plan_node
+    from draplane.nodes.hardware import driver_devices
+    from draplane.nodes.profile import load_profile, profile_hardware
 
     drivers = driver_devices(profile_hardware(load_profile("a100-mig"), "a100-0"))
     slices = [s for plan in plan_node(NodeRef("a100-0", "uid"), drivers, []) for s in plan.creates]

@@ -20,9 +20,9 @@ from draplane.api.resource import (
     ResourceSlice,
 )
 from draplane.localenv.environment import standard_device_classes
-from draplane_inventory.slices import NodeRef, plan_node
-from draplane_node_agent.hardware import driver_devices
-from draplane_node_agent.profile import load_profile, profile_hardware
+from draplane.nodes.slices import NodeRef, plan_node
+from draplane.nodes.hardware import driver_devices
+from draplane.nodes.profile import load_profile, profile_hardware
 from allocation_builders import device, device_class, slice_
 
 CLASSES = [msgspec.convert(c, DeviceClass) for c in standard_device_classes()]

@@ -15,9 +15,9 @@ from draplane.api.resource import DeviceClass, ResourceClaimStatus
 from draplane.localenv.environment import DEFAULT_PROFILES, node_names, standard_device_classes
 from draplane.simulation import scenario
 from draplane.scheduling.placing import SchedulingState, Placed
-from draplane_inventory.slices import NodeRef, plan_node
-from draplane_node_agent.hardware import driver_devices
-from draplane_node_agent.profile import load_profile, profile_hardware
+from draplane.nodes.slices import NodeRef, plan_node
+from draplane.nodes.hardware import driver_devices
+from draplane.nodes.profile import load_profile, profile_hardware
 
 
 def profile_slices(profile: str, node: str) -> list:

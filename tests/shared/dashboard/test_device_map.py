@@ -25,9 +25,9 @@ from draplane.messages.inventory import SCHEMA_VERSION, FeedEntry
 from draplane.simulation import scenario
 from draplane.scheduling.messages import ClaimPlacement, ClaimRef, Placement, PodRef
 from draplane.scheduling.reservations import NodeReservations, PodReservation, Reservation, devices_of
-from draplane_inventory.slices import NodeRef, plan_node
-from draplane_node_agent.hardware import driver_devices
-from draplane_node_agent.profile import load_profile, profile_hardware
+from draplane.nodes.slices import NodeRef, plan_node
+from draplane.nodes.hardware import driver_devices
+from draplane.nodes.profile import load_profile, profile_hardware
 
 GPU = "gpu.nvidia.com"
 NOW = 1_800_000_000.0

@@ -29,7 +29,7 @@ from draplane.messages.inventory import (
 )
 from draplane_inventory.liveness import NodeLivenessTable
 from draplane.validation import validate_typed
-from draplane_inventory.slices import NodeRef, check_snapshot, plan_node
+from draplane.nodes.slices import NodeRef, check_snapshot, plan_node
 from fuzzing import bounded, fuzz, mutated, profile_drivers
 
 NODE = "gpu-node-1"

@@ -163,7 +163,7 @@ def test_h100_counters_refuse_invalid_starts_and_overlaps():
 
 
 def test_an_h100_placement_past_the_last_memory_slice_is_rejected():
-    from draplane_node_agent.profile import ProfileError, parse_profile
+    from draplane.nodes.profile import ProfileError, parse_profile
 
     text = """
 name: x

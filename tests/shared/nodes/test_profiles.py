@@ -4,8 +4,8 @@ import msgspec
 import pytest
 
 from draplane.api.quantity import parse_quantity
-from draplane_node_agent.hardware import GPU_DRIVER, HardwareError, as_semver, driver_devices
-from draplane_node_agent.profile import ProfileError, load_profile, parse_profile, shipped_profiles
+from draplane.nodes.hardware import GPU_DRIVER, HardwareError, as_semver, driver_devices
+from draplane.nodes.profile import ProfileError, load_profile, parse_profile, shipped_profiles
 
 STD = "resource.kubernetes.io"
 

@@ -18,7 +18,7 @@ import msgspec
 import yaml
 
 from draplane.api.quantity import QuantityError, parse_quantity
-from draplane_node_agent.hardware import (
+from draplane.nodes.hardware import (
     GpuInfo,
     HardwareError,
     MigCapability,

@@ -5,7 +5,7 @@ import pytest
 
 from draplane.api.resource import Counter, CounterSet, Device, DeviceCounterConsumption
 from draplane.messages.inventory import DriverDevices
-from draplane_inventory.slices import (
+from draplane.nodes.slices import (
     MANAGED_BY,
     MANAGED_BY_LABEL,
     NodeRef,
@@ -14,8 +14,8 @@ from draplane_inventory.slices import (
     slice_name_base,
     stale_taint,
 )
-from draplane_node_agent.hardware import driver_devices
-from draplane_node_agent.profile import load_profile
+from draplane.nodes.hardware import driver_devices
+from draplane.nodes.profile import load_profile
 
 NODE = NodeRef("node-1", "uid-1")
 
@@ -192,7 +192,7 @@ def _slice(name: str, driver: str, manager: str | None):
 
 
 def test_a_driver_another_publisher_uses_on_the_node_is_refused_unless_ours_came_first():
-    from draplane_inventory.slices import drivers_of_other_publishers, refused_drivers
+    from draplane.nodes.slices import drivers_of_other_publishers, refused_drivers
 
     nvidia = _slice("n1-gpu.nvidia.com-x7k2p", "gpu.nvidia.com", None)  # NVIDIA's plugin sets no managed-by
     other_inventory = _slice("n1-dra-net-0", "dra.net", "draplane-inventory-b")
