@@ -17,9 +17,11 @@ A shard places its pods one at a time, or two on one node in one write (`commit`
 `recommit`: a batch), and a gang's two members together (`commit_gang` on each node involved, one
 compare-and-set after the other, `abandon_gang` on the nodes written when one fails; a shard that
 crashes between the writes leaves leases to lapse). A gang's members wait in the shard's waiting
-room (in memory) until both are there, or the other is bound. Not modelled: `nominate`, the
-preemption hold, whose victims and priorities the model has no notion of (its own tests are
-below and in tests/shared/scheduling/test_preemption.py).
+room (in memory) until both are there, or the other is bound. A pod of priority 1 that finds no
+room may preempt a bound pod of priority 0 (`nominate`: its claim reserved on the victim's
+devices, which only a victim's devices may share, under a lease); the binder evicts the victim
+(its pods stream is durable, so an eviction outlives a binder crash), and the preemptor, placed
+again, waits while any other claim still holds those devices (`SchedulingState.held_elsewhere`).
 
 Placing itself is a small stand-in for the allocator core, which sees what the real one sees: a
 claim's devices are its allocation, else its reservation (lapsed or not). Two nodes each have two
@@ -32,7 +34,8 @@ start later than that allows holds again first). A binder paused mid-write for l
 fence, since kube-apiserver cannot check the bucket.
 
 Invariants after every step: no device is given twice in Kubernetes beyond what adminAccess and
-the shared device's capacity allow; no device is reserved twice in the bucket; a bound pod's claim
+the shared device's capacity allow; no device is reserved twice in the bucket, but for a
+preemptor's hold on its own victims' devices; a bound pod's claim
 is allocated on its node. At the end, under fair scheduling (every component up, every enabled step
 taken in turn, time moving on only when nothing else can): every placement ends bound or released
 (the bucket holds exactly the allocated claims, confirmed), and every pod still pending has no room
@@ -87,6 +90,7 @@ class Pod:
     claim: str
     node: str | None = None
     gang: str | None = None  # the gang of two it belongs to
+    priority: int = 0  # 1 may preempt a bound pod of 0
 
 
 @dataclasses.dataclass
@@ -201,12 +205,29 @@ class ReservationProtocol(RuleBasedStateMachine):
         # a shard's claims view is a prefix of it (its watch lags)
         self.claim_log: list[tuple[float, str, list[rv.ReservedDevice] | None, str | None]] = []
         self.placed_ever: set[tuple[str, str]] = set()  # (claim, node) ever committed
+        self.nominated: dict[str, set[str]] = {}  # preemptor claim -> the victims' claims it may share with
+        self.evictions: list[str] = []  # victim pods the binder is told to evict (a durable stream)
 
-    @initialize(shards=st.integers(2, 3))
-    def start(self, shards: int) -> None:
+    @initialize(shards=st.integers(2, 3), bound=st.integers(0, 4))
+    def start(self, shards: int, bound: int = 0) -> None:
+        # `bound` pods of priority 0 already run, each on a whole GPU (confirmed in the bucket):
+        # a cluster that starts near full makes room for preemption to be tried
+        for k in range(bound):
+            node, gpu = NODES[k // len(GPUS)], GPUS[k % len(GPUS)]
+            n = next(self.ids)
+            devices = [rv.ReservedDevice(DRIVER, node, gpu)]
+            claim = Claim(uid=f"c{n}", kind="whole", allocation=devices, node=node, reserved_for={f"p{n}"})
+            self.claims[claim.uid] = claim
+            self.pods[f"p{n}"] = Pod(uid=f"p{n}", claim=claim.uid, node=node)
+            self.record(claim)
+            revision, entry = self.bucket[node]
+            reservation = rv.Reservation(claim_uid=claim.uid, claim_namespace="ns", claim_name=claim.uid,
+                                         pod_uid=f"p{n}", devices=devices, allocation=allocation_of(node, tuple(devices)),
+                                         reserved_at=0.0, expires_at=None)
+            self.bucket[node] = (revision + 1, rv.add(entry, [reservation]))
         for _ in range(shards):
-            self.shards.append({"alive": True, "queue": [], "mirror": dict(self.bucket), "staged": None, "seen": 0,
-                                "waiting": {}})
+            self.shards.append({"alive": True, "queue": [], "mirror": dict(self.bucket), "staged": None,
+                                "seen": len(self.claim_log), "waiting": {}})
 
     # --- the world ---------------------------------------------------------------------------------
 
@@ -291,6 +312,14 @@ class ReservationProtocol(RuleBasedStateMachine):
                     return node, (rv.ReservedDevice(DRIVER, node, SHARED, share_id=f"share-{claim.uid}"),)
         return None
 
+    def held_elsewhere(self, claim: Claim, devices, held) -> bool:
+        """SchedulingState.held_elsewhere: the claim's devices, reserved for it, are still held by
+        another claim (a victim on its way out)."""
+        mine = {d.device for d in devices if d.exclusive}
+        node = devices[0].pool if devices else None
+        return any(n == node and uid != claim.uid and any(d.exclusive and d.device in mine for d in other)
+                   for uid, (n, other) in held.items())
+
     def placeable(self, claim: Claim) -> bool:
         """Whether Kubernetes' allocations leave room for this claim (the liveness check's oracle)."""
         return self.choose(claim, self.view({}, self.kube_claims())) is not None
@@ -340,6 +369,17 @@ class ReservationProtocol(RuleBasedStateMachine):
             self.pods[f"p{n}"] = Pod(uid=f"p{n}", claim=claim.uid, gang=gang)
             if self.binder_alive:
                 self.send_pending(f"p{n}")
+
+    @precondition(lambda self: len(self.pods) < MAX_PODS)
+    @rule()
+    def create_urgent_pod(self) -> None:
+        """A pod of priority 1 with a whole GPU's claim: it may preempt."""
+        n = next(self.ids)
+        claim = Claim(uid=f"c{n}", kind="whole")
+        self.claims[claim.uid] = claim
+        self.pods[f"p{n}"] = Pod(uid=f"p{n}", claim=claim.uid, priority=1)
+        if self.binder_alive:
+            self.send_pending(f"p{n}")
 
     def send_pending(self, pod_uid: str) -> None:
         self.shards[self.shard_of(pod_uid)]["queue"].append(Message(next(self.ids), pod_uid))
@@ -471,6 +511,10 @@ class ReservationProtocol(RuleBasedStateMachine):
             s["queue"].remove(message)  # unschedulable: the binder retries the pod later
             return
         node, devices = chosen
+        if self.held_elsewhere(claim, devices, self.view(s["mirror"], allocated)):
+            event("a preemptor waits for its victims to go")
+            s["queue"].remove(message)  # answered "waiting"; the binder sends it again later
+            return
         revision, entry = s["mirror"][node]
         reservations, pod_reservation = self.reservations_of(i, pod, claim, node, devices, allocated)
         try:
@@ -492,8 +536,9 @@ class ReservationProtocol(RuleBasedStateMachine):
             if message.delivered or pod is None or pod.node is not None or pod.gang or pod.uid == staged.placement.pod:
                 continue
             claim = self.claims[pod.claim]
-            chosen = self.choose(claim, self.view(mirror, allocated))
-            if chosen is None or chosen[0] != staged.node:
+            held = self.view(mirror, allocated)
+            chosen = self.choose(claim, held)
+            if chosen is None or chosen[0] != staged.node or self.held_elsewhere(claim, chosen[1], held):
                 continue
             reservations, pod_reservation = self.reservations_of(i, pod, claim, staged.node, chosen[1], allocated)
             try:
@@ -629,6 +674,73 @@ class ReservationProtocol(RuleBasedStateMachine):
                 s["queue"].append(copy)
                 return
         message.delivered = False
+
+    # --- preemption ----------------------------------------------------------------------------------
+
+    def preemptors(self, i: int) -> list[Message]:
+        s = self.shards[i]
+        if not s["alive"] or s["staged"] is not None:
+            return []
+        found = []
+        for message in s["queue"]:
+            pod = self.pods.get(message.body)
+            if message.delivered or pod is None or pod.node is not None or pod.priority < 1 or pod.gang:
+                continue
+            if self.choose(self.claims[pod.claim], self.view(s["mirror"], self.shard_claims(i))) is None:
+                found.append(message)
+        return found
+
+    def victims(self, i: int, preemptor: Pod) -> list[tuple[Pod, str, list[rv.ReservedDevice]]]:
+        """Bound pods of lower priority with a whole GPU, as shard i's claim view has them."""
+        allocated = self.shard_claims(i)
+        return [(p, *allocated[p.claim]) for p in sorted(self.pods.values(), key=lambda p: p.uid)
+                if p.node is not None and p.priority < preemptor.priority and not p.gang
+                and p.claim in allocated and any(d.exclusive for d in allocated[p.claim][1])]
+
+    @precondition(lambda self: any(self.preemptors(i) for i in range(len(self.shards))))
+    @rule(which=WHICH)
+    def shard_preempts(self, which: int) -> None:
+        """A pod with no room: hold a victim's devices for it (`nominate`, one compare-and-set) and
+        tell the binder to evict the victim; the pod is answered and placed again later."""
+        i = pick(which, [i for i in range(len(self.shards)) if self.preemptors(i)])
+        self.preempt(i, which)
+
+    def preempt(self, i: int, which: int = 0) -> None:
+        s = self.shards[i]
+        message = self.preemptors(i)[0]
+        pod = self.pods[message.body]
+        claim = self.claims[pod.claim]
+        victims = self.victims(i, pod)
+        if not victims:
+            s["queue"].remove(message)  # unschedulable, no victim helps: the binder retries it later
+            return
+        victim, node, victim_devices = pick(which, victims)
+        devices = tuple(d for d in victim_devices if d.exclusive)[:1]
+        allocated = self.shard_claims(i)
+        revision, entry = s["mirror"][node]
+        reservations, pod_reservation = self.reservations_of(i, pod, claim, node, devices, allocated)
+        try:
+            step = protocol.nominate(entry, reservations, pod_reservation, [victim.claim], self.now,
+                                     allocated.__contains__)
+        except rv.ReservationConflict:
+            s["mirror"][node] = self.bucket[node]  # the view missed a reservation: read it
+            return
+        if step.entry is not None and not self.cas(node, step.entry, revision):
+            s["mirror"][node] = self.bucket[node]
+            return
+        s["mirror"][node] = self.bucket[node]
+        event("a victim's devices held for a preemptor (nominate)")
+        self.nominated.setdefault(claim.uid, set()).add(victim.claim)
+        self.evictions.append(victim.uid)
+        message.delivered = False  # answered "nominated"; the binder sends it again (modelled: at once)
+
+    @precondition(lambda self: self.binder_alive and self.evictions)
+    @rule()
+    def binder_evicts(self) -> None:
+        """The binder evicts a victim: its pod goes, and its claim with it."""
+        uid = self.evictions.pop(0)
+        if uid in self.pods:
+            self.delete_pod_named(uid)
 
     # --- the binder ----------------------------------------------------------------------------------
 
@@ -778,8 +890,18 @@ class ReservationProtocol(RuleBasedStateMachine):
     @invariant()
     def no_device_reserved_twice(self) -> None:
         for node, (_, entry) in self.bucket.items():
-            exclusive = [(d.device, uid) for uid, r in entry.claims.items() for d in r.devices if d.exclusive]
-            assert len({d for d, _ in exclusive}) == len(exclusive), f"node {node}: {exclusive}"
+            holders: dict[str, list[str]] = {}
+            for uid, r in entry.claims.items():
+                for d in r.devices:
+                    if d.exclusive:
+                        holders.setdefault(d.device, []).append(uid)
+            for device, uids in holders.items():
+                if len(uids) == 1:
+                    continue
+                # a preemptor's hold may share its victims' devices, and nothing else may
+                preemptors = [u for u in uids if u in self.nominated]
+                assert len(preemptors) == 1 and set(uids) - set(preemptors) <= self.nominated[preemptors[0]], \
+                    f"node {node}: {device} reserved to {uids}"
 
     @invariant()
     def a_bound_pod_has_its_claim_there(self) -> None:
@@ -807,6 +929,9 @@ class ReservationProtocol(RuleBasedStateMachine):
             elif self.can_place(i):
                 self.place(i)
                 progressed = True
+        while self.evictions:
+            self.binder_evicts()
+            progressed = True
         while self.claim_events:
             self.binder_sees_claim_deleted()
             progressed = True
@@ -1142,3 +1267,67 @@ def test_a_gang_commit_that_loses_a_race_on_its_second_node_takes_back_the_first
     assert machine.shards[shard]["waiting"] == {machine.pods[members[0]].gang: set(members)}
     machine.teardown()  # placed again, bound, every reservation confirmed
     assert all(machine.pods[uid].node for uid in members)
+
+
+# --- preemption: nominate, and the preemptor's wait ---------------------------------------------------
+
+
+class PlacesBeforeTheVictimGoes(ReservationProtocol):
+    """A mutant whose placing does not wait for a preemptor's victims (SchedulingState.held_elsewhere)."""
+
+    def held_elsewhere(self, claim, devices, held) -> bool:
+        return False
+
+
+def replay_preemptor_placed_again_at_once(machine: ReservationProtocol) -> str:
+    """Four pods of priority 0 fill both nodes' GPUs; a pod of priority 1 comes, its shard holds
+    the first victim's GPU for it (nominate) and places it again before the binder has evicted
+    anyone. Returns the preemptor's pod uid."""
+    machine.start(shards=2, bound=4)
+    machine.create_urgent_pod()
+    (preemptor,) = [p.uid for p in machine.pods.values() if p.priority]
+    shard = machine.shard_of(preemptor)
+    machine.preempt(shard)
+    machine.place(shard)
+    return preemptor
+
+
+def test_the_model_catches_a_preemptor_placed_while_its_victim_holds_the_device():
+    machine = PlacesBeforeTheVictimGoes()
+    preemptor = replay_preemptor_placed_again_at_once(machine)
+    shard = machine.shard_of(preemptor)
+    machine.commit(shard)
+    machine.publish(shard)
+    machine.binder_holds()
+    machine.write(machine.handlers[0])
+    with pytest.raises(AssertionError, match="allocated whole to"):
+        machine.no_device_given_twice()
+
+
+def test_a_preemptor_waits_for_its_victim_then_binds_on_the_device_held_for_it():
+    machine = ReservationProtocol()
+    preemptor = replay_preemptor_placed_again_at_once(machine)
+    shard = machine.shard_of(preemptor)
+    assert machine.shards[shard]["staged"] is None, "placed while the victim still holds the GPU"
+    held = machine.bucket["n0"][1].claims[machine.pods[preemptor].claim]
+    (victim,) = machine.evictions
+    victim_claim = machine.pods[victim].claim
+    assert [d.device for d in held.devices] == ["gpu-0"] and held.expires_at is not None
+    machine.no_device_reserved_twice()  # shared with its victim only, which the invariant allows
+    machine.binder_evicts()
+    machine.binder_sees_claim_deleted()
+    assert victim not in machine.pods and victim_claim not in machine.bucket["n0"][1].claims
+    machine.teardown()
+    assert machine.pods[preemptor].node == "n0"
+    assert [d.device for d in machine.claims[machine.pods[preemptor].claim].allocation] == ["gpu-0"]
+
+
+def test_nominate_shares_only_the_victims_devices():
+    entry = rv.add(rv.NodeReservations(node="n0"), [reservation("victim", "gpu-0", expires=None),
+                                                     reservation("other", "gpu-1", expires=None)])
+    step = protocol.nominate(entry, [reservation("preemptor", "gpu-0", expires=30.0)], None, ["victim"], 10.0,
+                             lambda uid: True)
+    assert set(step.entry.claims) == {"victim", "other", "preemptor"}
+    with pytest.raises(rv.ReservationConflict):
+        protocol.nominate(entry, [reservation("preemptor", "gpu-1", expires=30.0)], None, ["victim"], 10.0,
+                          lambda uid: True)
