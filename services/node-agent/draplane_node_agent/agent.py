@@ -20,6 +20,7 @@ import nats.errors
 import nats.js.errors
 
 from draplane.messages.inventory import DriverDevices, InventoryNames, encode
+from draplane.tasks import guarded_task
 from draplane.structured_logs import error_text, fields
 from draplane_node_agent.state import AgentState, backoff_delay
 
@@ -75,11 +76,14 @@ class AgentFleet:
     async def start(self) -> None:
         for agent, devices in zip(self.agents, await self._discover_all()):
             agent.state.observe(devices)
+        # Guarded: an unexpected error in one loop (a bad device reading, a nats-py surprise) is
+        # logged and the loop started again with backoff, instead of the task dying silently
+        # while the others run on and only /healthz could tell.
         self._tasks = [
-            asyncio.create_task(self._connection_loop(), name="agent-connection"),
-            asyncio.create_task(self._snapshot_loop(), name="agent-snapshots"),
-            asyncio.create_task(self._heartbeat_loop(), name="agent-heartbeats"),
-            asyncio.create_task(self._rescan_loop(), name="agent-rescan"),
+            guarded_task(self._connection_loop, "connection", log, owner="node agents"),
+            guarded_task(self._snapshot_loop, "snapshots", log, owner="node agents"),
+            guarded_task(self._heartbeat_loop, "heartbeats", log, owner="node agents"),
+            guarded_task(self._rescan_loop, "rescan", log, owner="node agents"),
         ]
 
     async def stop(self) -> None:
@@ -141,6 +145,7 @@ class AgentFleet:
 
     async def _connection_loop(self) -> None:
         attempt = 0
+        await self._close_connection()  # one a crashed run of this loop left open
         while not self._stopping:
             try:
                 self.lost.clear()
@@ -162,11 +167,18 @@ class AgentFleet:
             await self.lost.wait()
             self.connected.clear()
             log.info("node agents: NATS connection lost; reconnecting")
-            try:
-                await self.connection.close()
-            except Exception:  # already closed or broken: nothing left to release
-                pass
+            await self._close_connection()
             await asyncio.sleep(backoff_delay(0))
+
+    async def _close_connection(self) -> None:
+        self.connected.clear()
+        connection, self.connection = self.connection, None
+        if connection is None or connection.is_closed:
+            return
+        try:
+            await asyncio.wait_for(connection.close(), 5)
+        except Exception:  # already closed or broken: nothing left to release
+            pass
 
     async def _publish_snapshot(self, agent: SimulatedAgent, semaphore: asyncio.Semaphore) -> None:
         async with semaphore:
