@@ -31,7 +31,7 @@ from __future__ import annotations
 
 import msgspec
 
-from draplane.api.core import Affinity, Container, Node, NodeStatus, Pod, PodAntiAffinity, PodSpec, PodStatus
+from draplane.api.core import Affinity, Container, Node, NodeStatus, Pod, PodSpec, PodStatus
 from draplane.api.meta import ObjectMeta
 from draplane.api.policy import PodDisruptionBudget
 from draplane.api.resource import DeviceClass, DeviceTaintRule, ResourceClaim, ResourceClaimStatus
@@ -112,13 +112,13 @@ def _container(container: Container) -> Container:
                      restart_policy=container.restart_policy)
 
 
-def _anti_affinity_only(affinity: Affinity | None) -> Affinity | None:
-    """Of a bound pod's affinity, what other pods' placement reads: its required anti-affinity."""
-    anti = affinity.pod_anti_affinity if affinity is not None else None
-    required = anti.required_during_scheduling_ignored_during_execution if anti is not None else None
-    if not required:
+def _pod_affinity_only(affinity: Affinity | None) -> Affinity | None:
+    """Of a bound pod's affinity, what other pods' placement reads: its pod affinity and
+    anti-affinity terms (required anti-affinity filters them; the others score their nodes). Its
+    node affinity concerns itself only."""
+    if affinity is None or (affinity.pod_affinity is None and affinity.pod_anti_affinity is None):
         return None
-    return Affinity(pod_anti_affinity=PodAntiAffinity(required_during_scheduling_ignored_during_execution=required))
+    return Affinity(pod_affinity=affinity.pod_affinity, pod_anti_affinity=affinity.pod_anti_affinity)
 
 
 def trimmed(obj):
@@ -135,7 +135,7 @@ def trimmed(obj):
                          priority=spec.priority, priority_class_name=spec.priority_class_name,
                          preemption_policy=spec.preemption_policy,
                          termination_grace_period_seconds=spec.termination_grace_period_seconds,
-                         scheduling_group=spec.scheduling_group, affinity=_anti_affinity_only(spec.affinity)),
+                         scheduling_group=spec.scheduling_group, affinity=_pod_affinity_only(spec.affinity)),
             status=PodStatus(phase=status.phase, resource_claim_statuses=status.resource_claim_statuses,
                              start_time=status.start_time) if status else None,
         )

@@ -14,6 +14,8 @@ constraints. The index answers the same questions from what a selector needs:
 - `anti_affinity_groups(labels)`: the placed pods' required anti-affinity terms, alike terms of one
   namespace in one group, only those whose matchLabels the incoming pod's labels could satisfy: a
   pod without labels is looked at by no term that names one.
+- `score_term_groups(labels)`: the same for the terms with which placed pods score an incoming
+  pod's nodes (their preferred affinity and anti-affinity, and their required affinity).
 """
 
 from __future__ import annotations
@@ -32,7 +34,7 @@ _encode = msgspec.json.Encoder().encode
 
 @dataclasses.dataclass(frozen=True, slots=True)
 class PlacedPod:
-    """A pod bound to a node, or reserved there by a shard, as the filters read it."""
+    """A pod bound to a node, or reserved there by a shard, as the filters and scores read it."""
 
     uid: str
     namespace: str
@@ -40,31 +42,85 @@ class PlacedPod:
     node: str
     anti_affinity: tuple[PodAffinityTerm, ...] = ()
     terminating: bool = False  # deletionTimestamp set: topology spread does not count it
+    # Its terms that score another pod's nodes (InterPodAffinity's Score for existing pods), each
+    # with its signed weight: preferred affinity +weight, preferred anti-affinity -weight,
+    # required affinity +hardPodAffinityWeight (draplane.scheduling.pod_scores.score_terms).
+    score_terms: tuple[tuple[int, PodAffinityTerm], ...] = ()
 
 
 @dataclasses.dataclass(slots=True)
-class AntiAffinityGroup:
-    """Alike required anti-affinity terms of placed pods in one namespace: the term once, and how
-    many times each pod holds it."""
+class TermGroup:
+    """Alike terms of placed pods in one namespace (and, for scoring terms, of one weight): the
+    term once, and how many times each pod holds it."""
 
     namespace: str
     term: PodAffinityTerm
     first: tuple[str, int]  # (uid, term index) of a holder, to name in an error
     holders: dict[str, int]  # uid -> times the pod holds the term
+    weight: int = 0  # a scoring term's signed weight; 0 for a required anti-affinity term
+
+
+class _TermGroups:
+    """One kind of term of a set of placed pods, grouped, and found by the label pairs a pod must
+    carry for a group's selector to match it: a pod without labels is looked at by no term that
+    names one."""
+
+    def __init__(self) -> None:
+        self.groups: dict[tuple, TermGroup] = {}
+        # label pair -> groups whose selector's matchLabels has it; groups that name no pair
+        self.by_pair: dict[tuple[str, str], dict[tuple, None]] = {}
+        self.unkeyed: dict[tuple, None] = {}
+
+    def add(self, uid: str, namespace: str, terms: Iterable[tuple[int, PodAffinityTerm]]) -> None:
+        for i, (weight, term) in enumerate(terms):
+            if term.label_selector is None:
+                continue  # selects no pod
+            key = (namespace, weight, _encode(term))
+            group = self.groups.get(key)
+            if group is None:
+                group = self.groups[key] = TermGroup(namespace, term, (uid, i), {}, weight)
+                pair = _first_pair(term.label_selector)
+                if pair is None:
+                    self.unkeyed[key] = None
+                else:
+                    self.by_pair.setdefault(pair, {})[key] = None
+            group.holders[uid] = group.holders.get(uid, 0) + 1
+
+    def remove(self, uid: str, namespace: str, terms: Iterable[tuple[int, PodAffinityTerm]]) -> None:
+        for weight, term in terms:
+            if term.label_selector is None:
+                continue
+            key = (namespace, weight, _encode(term))
+            group = self.groups.get(key)
+            if group is None or group.holders.pop(uid, None) is None or group.holders:
+                continue
+            del self.groups[key]
+            pair = _first_pair(term.label_selector)
+            if pair is None:
+                self.unkeyed.pop(key, None)
+            else:
+                _discard(self.by_pair, pair, key)
+
+    def keys_for(self, labels: Mapping[str, str]) -> Iterator[tuple]:
+        yield from self.unkeyed
+        for pair in labels.items():
+            yield from self.by_pair.get(pair, ())
+
+
+def _unweighted(terms: Iterable[PodAffinityTerm]) -> Iterator[tuple[int, PodAffinityTerm]]:
+    return ((0, term) for term in terms)
 
 
 class _Index:
     """One set of placed pods (bound ones, or reserved ones with their lease ends), by uid,
-    namespace, label pair and anti-affinity term."""
+    namespace, label pair, required anti-affinity term and scoring term."""
 
     def __init__(self) -> None:
         self.pods: dict[str, tuple[PlacedPod, float]] = {}
         self.by_namespace: dict[str, dict[str, None]] = {}
         self.by_label: dict[tuple[str, str, str], dict[str, None]] = {}
-        self.groups: dict[tuple[str, bytes], AntiAffinityGroup] = {}
-        # label pair -> groups whose selector's matchLabels has it; groups that name no pair
-        self.groups_by_pair: dict[tuple[str, str], dict[tuple[str, bytes], None]] = {}
-        self.groups_unkeyed: dict[tuple[str, bytes], None] = {}
+        self.anti_affinity = _TermGroups()
+        self.score_terms = _TermGroups()
 
     def add(self, pod: PlacedPod, lease_end: float = FOREVER) -> None:
         self.remove(pod.uid)
@@ -73,19 +129,8 @@ class _Index:
         self.by_namespace.setdefault(namespace, {})[uid] = None
         for key, value in pod.labels.items():
             self.by_label.setdefault((namespace, key, value), {})[uid] = None
-        for i, term in enumerate(pod.anti_affinity):
-            if term.label_selector is None:
-                continue  # selects no pod
-            group_key = (namespace, _encode(term))
-            group = self.groups.get(group_key)
-            if group is None:
-                group = self.groups[group_key] = AntiAffinityGroup(namespace, term, (uid, i), {})
-                pair = _first_pair(term.label_selector)
-                if pair is None:
-                    self.groups_unkeyed[group_key] = None
-                else:
-                    self.groups_by_pair.setdefault(pair, {})[group_key] = None
-            group.holders[uid] = group.holders.get(uid, 0) + 1
+        self.anti_affinity.add(uid, namespace, _unweighted(pod.anti_affinity))
+        self.score_terms.add(uid, namespace, pod.score_terms)
 
     def remove(self, uid: str) -> None:
         entry = self.pods.pop(uid, None)
@@ -95,19 +140,8 @@ class _Index:
         _discard(self.by_namespace, pod.namespace, uid)
         for key, value in pod.labels.items():
             _discard(self.by_label, (pod.namespace, key, value), uid)
-        for term in pod.anti_affinity:
-            if term.label_selector is None:
-                continue
-            group_key = (pod.namespace, _encode(term))
-            group = self.groups.get(group_key)
-            if group is None or group.holders.pop(uid, None) is None or group.holders:
-                continue
-            del self.groups[group_key]
-            pair = _first_pair(term.label_selector)
-            if pair is None:
-                self.groups_unkeyed.pop(group_key, None)
-            else:
-                _discard(self.groups_by_pair, pair, group_key)
+        self.anti_affinity.remove(uid, pod.namespace, _unweighted(pod.anti_affinity))
+        self.score_terms.remove(uid, pod.namespace, pod.score_terms)
 
     def candidate_uids(self, namespaces: Sequence[str] | None, selector: LabelSelector) -> Iterator[str]:
         for namespace in self.by_namespace if namespaces is None else namespaces:
@@ -117,11 +151,6 @@ class _Index:
                 yield from rarest
             else:
                 yield from self.by_namespace.get(namespace, ())
-
-    def group_keys(self, labels: Mapping[str, str]) -> Iterator[tuple[str, bytes]]:
-        yield from self.groups_unkeyed
-        for pair in labels.items():
-            yield from self.groups_by_pair.get(pair, ())
 
 
 def _first_pair(selector: LabelSelector) -> tuple[str, str] | None:
@@ -202,7 +231,11 @@ class PlacedPods:
     def has_anti_affinity(self) -> bool:
         """Whether any placed pod (or one whose lease may not have run out) has required
         anti-affinity: without any, a pod without terms of its own needs no PreFilter."""
-        return bool(self._bound.groups or self._reserved.groups)
+        return bool(self._bound.anti_affinity.groups or self._reserved.anti_affinity.groups)
+
+    def has_score_terms(self) -> bool:
+        """Whether any placed pod has a term that scores another pod's nodes."""
+        return bool(self._bound.score_terms.groups or self._reserved.score_terms.groups)
 
     def candidates(self, namespaces: Sequence[str] | None, selector: LabelSelector | None, now: float, *,
                    without: str | None = None) -> list[PlacedPod]:
@@ -218,16 +251,27 @@ class PlacedPods:
         return found
 
     def anti_affinity_groups(self, labels: Mapping[str, str], now: float, *,
-                             without: str | None = None) -> Iterator[tuple[AntiAffinityGroup, list[tuple[PlacedPod, int]]]]:
+                             without: str | None = None) -> Iterator[tuple[TermGroup, list[tuple[PlacedPod, int]]]]:
         """The placed pods' required anti-affinity terms that may select a pod with `labels`: each
         group with its live holders and how many times each holds the term."""
-        for group_key in dict.fromkeys(self._bound.group_keys(labels)):
-            group = self._bound.groups[group_key]
+        yield from self._groups("anti_affinity", labels, now, without)
+
+    def score_term_groups(self, labels: Mapping[str, str], now: float, *,
+                          without: str | None = None) -> Iterator[tuple[TermGroup, list[tuple[PlacedPod, int]]]]:
+        """The placed pods' scoring terms (PlacedPod.score_terms) that may select a pod with
+        `labels`, as `anti_affinity_groups` gives theirs."""
+        yield from self._groups("score_terms", labels, now, without)
+
+    def _groups(self, kind: str, labels: Mapping[str, str], now: float, without: str | None):
+        bound: _TermGroups = getattr(self._bound, kind)
+        for key in dict.fromkeys(bound.keys_for(labels)):
+            group = bound.groups[key]
             holders = [(self._bound.pods[uid][0], times) for uid, times in group.holders.items() if uid != without]
             if holders:
                 yield group, holders
-        for group_key in dict.fromkeys(self._reserved.group_keys(labels)):
-            group = self._reserved.groups[group_key]
+        reserved: _TermGroups = getattr(self._reserved, kind)
+        for key in dict.fromkeys(reserved.keys_for(labels)):
+            group = reserved.groups[key]
             holders = [(pod, times) for uid, times in group.holders.items()
                        if uid != without and (pod := self._live_reserved(uid, now)) is not None]
             if holders:

@@ -273,7 +273,8 @@ class SchedulingState:
             self.placed.set_bound(PlacedPod(uid=uid, namespace=pod.metadata.namespace or "default",
                                             labels=pod.metadata.labels or {}, node=pod.spec.node_name,
                                             anti_affinity=ipa.required_anti_affinity(pod.spec),
-                                            terminating=pod.metadata.deletion_timestamp is not None))
+                                            terminating=pod.metadata.deletion_timestamp is not None,
+                                            score_terms=pod_scores.score_terms(pod.spec)))
             if running is not None:
                 self.running.setdefault(pod.spec.node_name, {})[uid] = running
                 self._running_node[uid] = pod.spec.node_name
@@ -685,9 +686,10 @@ class SchedulingState:
         return node_filter, fit_failures
 
     def _preferences(self, pod: Pod) -> dict[str, float] | None:
-        """What the pod's preferred pod affinity and ScheduleAnyway spread take off each node's
-        score (pod_scores); None for the pods without them (most)."""
-        if not pod_scores.has_preferences(pod):
+        """What the pod's preferred pod affinity and ScheduleAnyway spread, and the placed pods'
+        terms towards it, take off each node's score (pod_scores); None for the pods without any
+        of them (most)."""
+        if not pod_scores.has_preferences(pod) and not self.placed.has_score_terms():
             return None
         meta = pod.metadata
         return pod_scores.node_bonus(pod_scores.preferences(pod, self.nodes, self.placed, now=time.time(),

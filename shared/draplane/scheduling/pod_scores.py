@@ -10,7 +10,11 @@ packing would have stacked; it does not split a multi-GPU claim across roots.
 
 InterPodAffinity: each placed pod that a preferred affinity term of the pod selects adds the term's
 weight to every node in its topology domain, one a preferred anti-affinity term selects takes it
-away (kube-scheduler's processTerm); normalized as (score - min) / (max - min).
+away (kube-scheduler's processTerm). The placed pods' own terms count the other way round, as
+kube-scheduler's processExistingPod counts them: a placed pod whose preferred affinity term
+selects the pod adds its weight to the domain of the placed pod's node, a preferred anti-affinity
+term takes it away, and a required affinity term adds hardPodAffinityWeight (1, the default
+profile's). Normalized as (score - min) / (max - min).
 PodTopologySpread: per ScheduleAnyway constraint, the matching pods in the node's domain (on the
 node itself for kubernetes.io/hostname) times log(domains + 2), plus maxSkew - 1; nodes without
 every constraint's key score 0; normalized as (max + min - score) / max, so emptier domains score
@@ -18,10 +22,12 @@ higher.
 
 Where draplane differs: kube-scheduler normalizes over the nodes that passed the filters; this
 normalizes over every node (the shard filters lazily, best first). The order of nodes within a
-plugin is the same; only the scale between the two plugins can differ. Not read yet: the placed
-pods' own preferred terms towards the incoming pod and their required affinity (hardPodAffinityWeight),
-which the cluster bucket does not carry, and the default spread constraints kube-scheduler derives
-from the pod's Services and ReplicaSets, which shards do not see.
+plugin is the same; only the scale between the two plugins can differ. A placed pod's terms are
+read from the bound pods in the cluster bucket; a pod reserved by a shard but not bound yet scores
+with its labels only (its reservation carries no terms). A namespaceSelector with labels in a
+placed pod's term is taken as every namespace (shards hold no Namespace objects). Not read: the
+default spread constraints kube-scheduler derives from the pod's Services and ReplicaSets, which
+shards do not see.
 """
 
 from __future__ import annotations
@@ -30,13 +36,14 @@ import math
 from collections import Counter
 from collections.abc import Mapping
 
-from draplane.api.core import Node, Pod, WeightedPodAffinityTerm
+from draplane.api.core import Node, Pod, PodAffinityTerm, PodSpec, WeightedPodAffinityTerm
 from draplane.scheduling import pod_topology_spread as spread
-from draplane.scheduling.inter_pod_affinity import term_selects
+from draplane.scheduling.inter_pod_affinity import PodAffinityError, term_selects
 from draplane.scheduling.placed_pods import PlacedPods, term_namespaces
 
 MAX_NODE_SCORE = 100
 PLUGIN_WEIGHT = 2  # InterPodAffinity's and PodTopologySpread's weight in the default profile
+HARD_POD_AFFINITY_WEIGHT = 1  # InterPodAffinityArgs.hardPodAffinityWeight, the default profile's
 PREFERENCE_WEIGHT = 0.01  # per point of the weighted sum, against the device score
 HOSTNAME = "kubernetes.io/hostname"
 
@@ -52,6 +59,24 @@ def preferred_terms(pod: Pod) -> tuple[list[WeightedPodAffinityTerm], list[Weigh
     return list(wanted or ()), list(avoided or ())
 
 
+def score_terms(spec: PodSpec) -> tuple[tuple[int, PodAffinityTerm], ...]:
+    """The terms with which a placed pod scores another pod's nodes, each with its signed weight
+    (PlacedPod.score_terms)."""
+    affinity = spec.affinity
+    if affinity is None:
+        return ()
+    found: list[tuple[int, PodAffinityTerm]] = []
+    if affinity.pod_affinity is not None:
+        found += [(HARD_POD_AFFINITY_WEIGHT, term)
+                  for term in affinity.pod_affinity.required_during_scheduling_ignored_during_execution or ()]
+        found += [(w.weight, w.pod_affinity_term)
+                  for w in affinity.pod_affinity.preferred_during_scheduling_ignored_during_execution or ()]
+    if affinity.pod_anti_affinity is not None:
+        found += [(-w.weight, w.pod_affinity_term)
+                  for w in affinity.pod_anti_affinity.preferred_during_scheduling_ignored_during_execution or ()]
+    return tuple(found)
+
+
 def has_preferences(pod: Pod) -> bool:
     wanted, avoided = preferred_terms(pod)
     return bool(wanted or avoided) or any(
@@ -60,10 +85,9 @@ def has_preferences(pod: Pod) -> bool:
 
 def inter_pod_affinity(pod: Pod, nodes: Mapping[str, Node], placed: PlacedPods, *, now: float,
                        where: str = "pod") -> dict[str, float] | None:
-    """0..100 per node, None when the pod has no preferred terms (or nothing they select)."""
+    """0..100 per node, None when neither the pod's preferred terms nor the placed pods' terms
+    select anything."""
     wanted, avoided = preferred_terms(pod)
-    if not wanted and not avoided:
-        return None
     namespace = pod.metadata.namespace or "default"
     uid = pod.metadata.uid
     topology: Counter = Counter()
@@ -75,6 +99,22 @@ def inter_pod_affinity(pod: Pod, nodes: Mapping[str, Node], placed: PlacedPods, 
                 value = (node.metadata.labels or {}).get(term.topology_key) if node is not None else None
                 if value is not None and term_selects(term, namespace, other.namespace, other.labels, where):
                     topology[(term.topology_key, value)] += sign * weighted.weight
+    labels = pod.metadata.labels or {}
+    for group, holders in placed.score_term_groups(labels, now, without=uid):
+        term = group.term
+        try:
+            selects = term_selects(term, group.namespace, namespace, labels)
+        except PodAffinityError:
+            # the apiserver validated the placed pod's selector; one that still cannot be read
+            # scores nothing rather than keep every other pod from being placed
+            continue
+        if not selects:
+            continue
+        for other, times in holders:
+            node = nodes.get(other.node)
+            value = (node.metadata.labels or {}).get(term.topology_key) if node is not None else None
+            if value is not None:
+                topology[(term.topology_key, value)] += group.weight * times
     if not any(topology.values()):
         return None
     raw = {name: sum(topology.get(pair, 0) for pair in (node.metadata.labels or {}).items())

@@ -69,3 +69,32 @@ async def test_a_schedule_anyway_zone_spread_evens_out_the_zones(scheduling, kub
         per_zone[zone_of[(await scheduling.bound_pod(namespace, f"web-{i}", timeout=60)).spec.node_name]] += 1
     assert per_zone == {"a": 2, "b": 2, "c": 2}
 
+
+
+async def test_a_bound_pods_preferred_affinity_draws_a_plain_pod_to_its_node(scheduling, kube, namespace):
+    """kube-scheduler scores with the placed pods' terms too: a bound pod preferring web pods
+    beside it draws a web pod that says nothing of it to its node, though busy-first packing
+    would have put it on the node already in use; a pod the term does not select still packs."""
+    class_name, (used, drawing) = await _nodes(scheduling, kube, namespace, 2)
+    await scheduling.start(shards=1)
+    await kube.create(scenario.claim_template(namespace, "one-gpu", class_name))
+    filler = scheduling.pod(namespace, "filler", template_name="one-gpu")
+    filler.spec.node_selector = {"kubernetes.io/hostname": used}
+    await kube.create(filler)
+    await scheduling.bound_pod(namespace, "filler", timeout=60)
+    cache = scheduling.pod(namespace, "cache")
+    cache.metadata.labels = {"app": "cache"}
+    cache.spec.node_selector = {"kubernetes.io/hostname": drawing}
+    cache.spec.affinity = msgspec.convert({"podAffinity": {"preferredDuringSchedulingIgnoredDuringExecution": [
+        {"weight": 100, "podAffinityTerm": {"topologyKey": "kubernetes.io/hostname",
+                                            "labelSelector": {"matchLabels": {"app": "web"}}}}]}}, Affinity)
+    await kube.create(cache)
+    await scheduling.bound_pod(namespace, "cache", timeout=60)
+    other = scheduling.pod(namespace, "batch", template_name="one-gpu")
+    other.metadata.labels = {"app": "batch"}
+    await kube.create(other)
+    assert (await scheduling.bound_pod(namespace, "batch", timeout=60)).spec.node_name == used
+    web = scheduling.pod(namespace, "web", template_name="one-gpu")
+    web.metadata.labels = {"app": "web"}
+    await kube.create(web)
+    assert (await scheduling.bound_pod(namespace, "web", timeout=60)).spec.node_name == drawing

@@ -3,7 +3,7 @@
 import msgspec
 import pytest
 
-from draplane.api.core import Container, Node, NodeSpec, NodeStatus, Pod, PodSchedulingGroup, PodSpec, PodStatus, \
+from draplane.api.core import Affinity, Container, Node, NodeSpec, NodeStatus, Pod, PodSchedulingGroup, PodSpec, PodStatus, \
     ResourceRequirements, Taint
 from draplane.api.meta import Condition, ObjectMeta
 from draplane.api.policy import PodDisruptionBudget
@@ -50,6 +50,27 @@ def test_what_scheduling_does_not_read_is_left_out():
     assert pod.spec.containers[0].resources.requests == {"cpu": "1"}
     assert pod.status.conditions is None and pod.status.phase == "Running"
     assert pod.spec.priority == 5 and pod.spec.node_name == "n1"
+
+
+def test_a_pod_keeps_its_pod_affinity_terms_and_drops_its_node_affinity():
+    """Other pods' placement reads a bound pod's pod (anti-)affinity: required anti-affinity
+    filters, the rest scores (pod_scores.score_terms); its node affinity concerns itself only."""
+    pod = _pod()
+    term = {"topologyKey": "zone", "labelSelector": {"matchLabels": {"app": "web"}}}
+    pod.spec.affinity = msgspec.convert({
+        "nodeAffinity": {"requiredDuringSchedulingIgnoredDuringExecution": {"nodeSelectorTerms": [
+            {"matchExpressions": [{"key": "gpu", "operator": "Exists"}]}]}},
+        "podAffinity": {"requiredDuringSchedulingIgnoredDuringExecution": [term],
+                        "preferredDuringSchedulingIgnoredDuringExecution": [{"weight": 5, "podAffinityTerm": term}]},
+        "podAntiAffinity": {"preferredDuringSchedulingIgnoredDuringExecution": [{"weight": 7, "podAffinityTerm": term}]},
+    }, Affinity)
+    kept = feed.decode("pod.pod-uid", feed.encode(pod)).spec.affinity
+    assert kept.node_affinity is None
+    assert kept.pod_affinity == pod.spec.affinity.pod_affinity
+    assert kept.pod_anti_affinity == pod.spec.affinity.pod_anti_affinity
+    pod.spec.affinity = msgspec.convert({"nodeAffinity": {"requiredDuringSchedulingIgnoredDuringExecution": {
+        "nodeSelectorTerms": [{"matchExpressions": [{"key": "gpu", "operator": "Exists"}]}]}}}, Affinity)
+    assert feed.decode("pod.pod-uid", feed.encode(pod)).spec.affinity is None
 
 
 def test_a_node_heartbeat_or_a_claim_device_status_trims_to_the_same_bytes():
