@@ -187,7 +187,7 @@ def service_permissions(role: str, prefix: str) -> Permissions:
             scheduling.pending_all, scheduling.released,
             # a pod deleted while its PendingPod waits: the message is withdrawn from the queue
             f"{JS_API}.STREAM.MSG.DELETE.{scheduling.pending_stream}",
-            *_bucket_writer(reservations), *_bucket_writer(cluster),
+            *_bucket_writer(reservations), *_bucket_writer(cluster), *_bucket_writer(scheduling.gang_permits_bucket),
             *_audit_publisher(audit, role),
         ]
         subscribe = []

@@ -33,7 +33,8 @@ def test_each_role_writes_only_its_own_buckets():
         "inventory": {INVENTORY.feed_bucket},
         "allocator": {SUBJECTS.reservations_bucket},  # compare-and-set of reservations
         "binder": {SUBJECTS.reservations_bucket,  # leases, confirmations
-                   SUBJECTS.cluster_bucket},  # the shards' view of Kubernetes
+                   SUBJECTS.cluster_bucket,  # the shards' view of Kubernetes
+                   SUBJECTS.gang_permits_bucket},  # gang barriers that opened, for a restarted binder
         "audit": set(),
         "reader": set(),
     }

@@ -45,7 +45,7 @@ from draplane_binder.claim_reconciler import ClaimReconciler
 from draplane_binder.cluster_publisher import ClusterPublisher
 from draplane_binder.double_allocation_reporter import DoubleAllocationReporter
 from draplane_binder.events import EventRecorder
-from draplane_binder.gang_permits import GangPermits
+from draplane_binder.gang_permits import RETAIN_SECONDS, GangPermitMarks, GangPermits
 from draplane_binder.metrics import BinderMetrics
 from draplane_binder.pending import PendingQueue
 from draplane_binder.placement_writer import PlacementWriter
@@ -141,9 +141,19 @@ class Binder:
             *self.events.loops(),
             ("consumer lag", lambda: self.metrics.consumer_lag.poll_forever(
                 self.js, [(self.subjects.results_stream, "binder")])),
+            ("gang permit marks", self._open_gang_permit_marks),
         ]
         for name, loop in loops:
             self._tasks.append(guarded_task(loop, name, log, owner="binder"))
+
+    async def _open_gang_permit_marks(self) -> None:
+        """Open the bucket of opened gang barriers aside from start-up: until it is open (a NATS
+        account whose permissions predate it never opens it), gangs wait for each other in memory
+        only, as before it existed."""
+        kv = await streams.gang_permits_bucket(self.js, self.subjects, ttl=RETAIN_SECONDS,
+                                               replicas=self.settings.stream_replicas)
+        self.gang_permits.marks = GangPermitMarks(kv)
+        log.info("binder: gang permit marks in bucket %s", self.subjects.gang_permits_bucket)
 
     @property
     def ready(self) -> bool:

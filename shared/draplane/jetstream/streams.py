@@ -59,17 +59,19 @@ async def ensure_streams(js: JetStreamContext, subjects: Subjects, *, replicas: 
         await until_answered(lambda config=config: _ensure_stream(js, config), f"creating stream {name}", log=log)
 
 
-async def _bucket(js: JetStreamContext, name: str, replicas: int) -> KeyValue:
-    return await until_answered(lambda: _find_or_create_bucket(js, name, replicas), f"opening bucket {name}", log=log)
+async def _bucket(js: JetStreamContext, name: str, replicas: int, ttl: float | None = None) -> KeyValue:
+    return await until_answered(lambda: _find_or_create_bucket(js, name, replicas, ttl), f"opening bucket {name}",
+                                log=log)
 
 
-async def _find_or_create_bucket(js: JetStreamContext, name: str, replicas: int) -> KeyValue:
+async def _find_or_create_bucket(js: JetStreamContext, name: str, replicas: int, ttl: float | None) -> KeyValue:
     try:
         return await js.key_value(name)
     except nats.js.errors.BucketNotFoundError:
         pass
     try:
-        return await js.create_key_value(KeyValueConfig(bucket=name, history=1, storage=StorageType.FILE, replicas=replicas))
+        return await js.create_key_value(KeyValueConfig(bucket=name, history=1, storage=StorageType.FILE,
+                                                        replicas=replicas, ttl=ttl))
     except nats.js.errors.BadRequestError:
         return await js.key_value(name)  # another service created it first
 
@@ -81,6 +83,11 @@ async def reservation_bucket(js: JetStreamContext, subjects: Subjects, *, replic
 async def cluster_bucket(js: JetStreamContext, subjects: Subjects, *, replicas: int = 1) -> KeyValue:
     """The binder's view of Kubernetes for the shards; one revision per key (the latest)."""
     return await _bucket(js, subjects.cluster_bucket, replicas)
+
+
+async def gang_permits_bucket(js: JetStreamContext, subjects: Subjects, *, ttl: float, replicas: int = 1) -> KeyValue:
+    """The gang commits whose Permit barrier opened, each kept `ttl` seconds."""
+    return await _bucket(js, subjects.gang_permits_bucket, replicas, ttl)
 
 
 # How long a watch waits for entries after nats-py said, before any came, that there are none.

@@ -222,6 +222,12 @@ class Subjects(msgspec.Struct, frozen=True, kw_only=True):
         """The binder's view of Kubernetes for the shards (draplane.scheduling.cluster_feed)."""
         return self._name("CLUSTER")
 
+    @property
+    def gang_permits_bucket(self) -> str:
+        """The gang commits whose Permit barrier opened, kept a while for a binder that restarts
+        (draplane_binder.gang_permits)."""
+        return self._name("GANG_PERMITS")
+
 
 def partition_key(pending: PendingPod) -> str:
     """Pods that share a claim must land on one shard, or two shards could allocate that claim
