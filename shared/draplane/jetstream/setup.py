@@ -41,6 +41,7 @@ NOT_ANSWERED_YET = (
     nats.errors.StaleConnectionError,
     nats.js.errors.ServiceUnavailableError,  # 503: no leader for the stream yet
     nats.js.errors.ServerError,          # 500: e.g. no peers to place the replicas on yet
+    nats.js.errors.NoStreamResponseError,  # a put to a stream made a moment ago, whose leader is being elected
 )
 
 
