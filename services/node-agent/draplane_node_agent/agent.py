@@ -165,7 +165,6 @@ class AgentFleet:
             self.connected.set()
             self._snapshot_wake.set()
             await self.lost.wait()
-            self.connected.clear()
             log.info("node agents: NATS connection lost; reconnecting")
             await self._close_connection()
             await asyncio.sleep(backoff_delay(0))

@@ -21,7 +21,7 @@ constraints. The index answers the same questions from what a selector needs:
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Container, Iterable, Iterator, Mapping, Sequence
+from collections.abc import Callable, Container, Iterable, Iterator, Mapping, Sequence
 
 import msgspec
 
@@ -254,22 +254,23 @@ class PlacedPods:
                              without: str | None = None) -> Iterator[tuple[TermGroup, list[tuple[PlacedPod, int]]]]:
         """The placed pods' required anti-affinity terms that may select a pod with `labels`: each
         group with its live holders and how many times each holds the term."""
-        yield from self._groups("anti_affinity", labels, now, without)
+        yield from self._groups(lambda index: index.anti_affinity, labels, now, without)
 
     def score_term_groups(self, labels: Mapping[str, str], now: float, *,
                           without: str | None = None) -> Iterator[tuple[TermGroup, list[tuple[PlacedPod, int]]]]:
         """The placed pods' scoring terms (PlacedPod.score_terms) that may select a pod with
         `labels`, as `anti_affinity_groups` gives theirs."""
-        yield from self._groups("score_terms", labels, now, without)
+        yield from self._groups(lambda index: index.score_terms, labels, now, without)
 
-    def _groups(self, kind: str, labels: Mapping[str, str], now: float, without: str | None):
-        bound: _TermGroups = getattr(self._bound, kind)
+    def _groups(self, kind: Callable[[_Index], _TermGroups], labels: Mapping[str, str], now: float,
+                without: str | None) -> Iterator[tuple[TermGroup, list[tuple[PlacedPod, int]]]]:
+        bound = kind(self._bound)
         for key in dict.fromkeys(bound.keys_for(labels)):
             group = bound.groups[key]
             holders = [(self._bound.pods[uid][0], times) for uid, times in group.holders.items() if uid != without]
             if holders:
                 yield group, holders
-        reserved: _TermGroups = getattr(self._reserved, kind)
+        reserved = kind(self._reserved)
         for key in dict.fromkeys(reserved.keys_for(labels)):
             group = reserved.groups[key]
             holders = [(pod, times) for uid, times in group.holders.items()

@@ -51,13 +51,19 @@ def test_a_schedule_anyway_spread_prefers_the_emptier_domain():
     assert pod_scores.node_bonus({"a1": 0.0, "b1": 200.0}) == {"b1": 2.0}
 
 
-@pytest.mark.parametrize("policy", ["draplane", "first-fit"])
-def test_the_shard_ranks_by_the_preference_whatever_the_policy(policy):
+def two_gpu_nodes(policy: str) -> SchedulingState:
+    """A shard's state with node-0 and node-1, 8 GPUs each."""
     state = SchedulingState(policy=policy)
     state.set_class(scenario.device_class("gpu.nvidia.com"))
     for name in ("node-0", "node-1"):
         state.set_node(scenario.gpu_node(name))
         state.set_feed_entry(f"node.{name}", [scenario.gpu_slice(name, 8, "80Gi")])
+    return state
+
+
+@pytest.mark.parametrize("policy", ["draplane", "first-fit"])
+def test_the_shard_ranks_by_the_preference_whatever_the_policy(policy):
+    state = two_gpu_nodes(policy)
     first = scenario.pod("ns", "web-0", claim_name="gpu-0")
     first.metadata.uid, first.metadata.labels = "u0", {"app": "web"}
     claim = scenario.claim("ns", "gpu-0", "gpu.nvidia.com")
@@ -142,11 +148,7 @@ def test_a_placed_pods_term_looks_in_its_own_namespace_unless_it_names_others():
 
 
 def test_the_shard_places_a_plain_pod_by_a_bound_pods_preferred_affinity():
-    state = SchedulingState(policy="draplane")
-    state.set_class(scenario.device_class("gpu.nvidia.com"))
-    for name in ("node-0", "node-1"):
-        state.set_node(scenario.gpu_node(name))
-        state.set_feed_entry(f"node.{name}", [scenario.gpu_slice(name, 8, "80Gi")])
+    state = two_gpu_nodes("draplane")
     web_pod = scenario.pod("ns", "web", claim_name="gpu-web")
     web_pod.metadata.uid, web_pod.metadata.labels = "u-web", {"app": "web"}
     claim = scenario.claim("ns", "gpu-web", "gpu.nvidia.com")
