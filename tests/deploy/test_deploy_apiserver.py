@@ -187,7 +187,7 @@ JOBS = {
         ("scheduling.k8s.io", "podgroups", READ),
         # VolumeBinding: a volume's claimRef (static binding), a claim's selected-node (provisioning)
         ("", "persistentvolumeclaims,persistentvolumes", "get,list,watch,patch"),
-        ("storage.k8s.io", "storageclasses", READ),
+        ("storage.k8s.io", "storageclasses,csinodes,csidrivers,volumeattachments", READ),
     ),
     # The kubelet plugin GETs the one claim it prepares, by namespace and name; nothing else.
     "draplane-node-agent": _expand((R, "resourceclaims", "get")),

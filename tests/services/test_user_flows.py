@@ -841,6 +841,102 @@ async def test_a_read_write_once_pod_claim_in_use_keeps_a_second_pod_waiting_unt
     no_races_or_errors(scheduling)
 
 
+def csi_storage_yaml(driver: str, nodes: dict[str, int], volumes: int, storage: str) -> list[str]:
+    """A CSIDriver that keeps its volumes' pods off nodes that do not register it, a CSINode per
+    node registering it with that attach limit, and CSI volumes of class `storage` (no
+    StorageClass: the PV controller binds their claims at once)."""
+    docs = [f"""
+apiVersion: storage.k8s.io/v1
+kind: CSIDriver
+metadata: {{name: {driver}}}
+spec: {{attachRequired: true, preventPodSchedulingIfMissing: true}}
+"""]
+    docs += [f"""
+apiVersion: storage.k8s.io/v1
+kind: CSINode
+metadata: {{name: {node}}}
+spec:
+  drivers: [{{name: {driver}, nodeID: {node}, allocatable: {{count: {count}}}}}]
+""" for node, count in nodes.items()]
+    docs += [f"""
+apiVersion: v1
+kind: PersistentVolume
+metadata: {{name: {storage}-{i}}}
+spec:
+  capacity: {{storage: 1Gi}}
+  accessModes: [ReadWriteOnce]
+  storageClassName: {storage}
+  persistentVolumeReclaimPolicy: Retain
+  csi: {{driver: {driver}, volumeHandle: vol-{i}}}
+""" for i in range(volumes)]
+    return docs
+
+
+async def test_csi_attach_limits_from_csinodes_keep_a_pod_off_full_nodes_until_a_volume_goes(
+        scheduling, kube, kubectl, namespace, control_plane):
+    """NodeVolumeLimits: two nodes whose CSINodes allow one volume of a driver each (the nodes of
+    other tests register no such driver, which its CSIDriver requires). Three pods with a CSI
+    volume each: the first two bind on different nodes, the third waits with kube-scheduler's
+    reason (and `draplane explain` says it) until the first pod is deleted, then binds on its node."""
+    class_name, nodes = await gpu_cluster(scheduling, kube, nodes=2)
+    await scheduling.start(shards=1)
+    tag = namespace[-8:]
+    driver, storage = f"block-{tag}.csi.example.com", f"csi-{tag}"
+    await kubectl.apply("---".join([
+        *csi_storage_yaml(driver, {node: 1 for node in nodes}, 3, storage),
+        one_gpu_template_yaml(namespace, class_name),
+        *(volume_claim_yaml(namespace, f"data-{i}", storage) for i in range(3)),
+    ]))
+    await kubectl.apply(pod_with_volume_yaml(namespace, "first", scheduling.scheduler_name, "data-0"))
+    first = (await wait_bound(scheduling, kubectl, namespace, "first"))["spec"]["nodeName"]
+    await kubectl.apply(pod_with_volume_yaml(namespace, "second", scheduling.scheduler_name, "data-1"))
+    second = (await wait_bound(scheduling, kubectl, namespace, "second"))["spec"]["nodeName"]
+    assert {first, second} == set(nodes)
+    await kubectl.apply(pod_with_volume_yaml(namespace, "third", scheduling.scheduler_name, "data-2"))
+    message = await wait_unschedulable(scheduling, kubectl, namespace, "third", "exceed max volume count")
+    assert re.search(r"\b2 node\(s\) exceed max volume count\b", message), message
+    lines = await explained(control_plane, namespace, "third")
+    assert any("exceed max volume count" in line for line in lines), lines
+    await kubectl("delete", "pod", "first", "-n", namespace, "--grace-period=0", "--force")
+    third = await wait_bound(scheduling, kubectl, namespace, "third")
+    assert third["spec"]["nodeName"] == first
+    no_races_or_errors(scheduling)
+
+
+async def test_two_pods_placed_at_once_on_a_node_with_room_for_one_volume_bind_one(
+        scheduling, kube, kubectl, namespace):
+    """Both pods are published before either is bound, so the shard may place both on the node;
+    PreBind checks the limit again, counting the pod it is binding there, and turns the second back
+    to wait with kube-scheduler's reason."""
+    class_name, (node,) = await gpu_cluster(scheduling, kube, nodes=1)
+    await scheduling.start(shards=1)
+    tag = namespace[-8:]
+    driver, storage = f"block-{tag}.csi.example.com", f"csi-{tag}"
+    await kubectl.apply("---".join([
+        *csi_storage_yaml(driver, {node: 1}, 2, storage),
+        one_gpu_template_yaml(namespace, class_name),
+        *(volume_claim_yaml(namespace, f"data-{i}", storage) for i in range(2)),
+    ]))
+    for i in range(2):
+        await wait_claim_bound(scheduling, kubectl, namespace, f"data-{i}")
+    await kubectl.apply("---".join(pod_with_volume_yaml(namespace, f"p{i}", scheduling.scheduler_name, f"data-{i}")
+                                   for i in range(2)))
+
+    async def one_bound_one_refused():
+        pods = (await get_json(kubectl, "pods", "-n", namespace))["items"]
+        bound = [p for p in pods if p["spec"].get("nodeName")]
+        refused = [p for p in pods if any(c["type"] == "PodScheduled" and c["status"] == "False"
+                                          and "exceed max volume count" in c["message"]
+                                          for c in p.get("status", {}).get("conditions", []))]
+        return len(bound) == 1 and len(refused) == 1 and (bound, refused)
+
+    bound, _ = await scheduling.wait_for(one_bound_one_refused, 45, "one pod bound, the other over the limit")
+    await asyncio.sleep(2)
+    assert sum(bool(p["spec"].get("nodeName"))
+               for p in (await get_json(kubectl, "pods", "-n", namespace))["items"]) == 1
+    no_races_or_errors(scheduling)
+
+
 # --- extended resources backed by DRA (KEP-5004) ----------------------------------------------------
 
 

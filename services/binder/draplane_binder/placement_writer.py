@@ -386,6 +386,7 @@ class PlacementWriter:
         fails before its gang passed Permit turns the other members back."""
         if placement.gang is not None:
             self.gang_permits.reject(placement.gang, f"member {placement.pod.key()} failed: {failure.why}")
+        self.volumes.forget_attachments(placement.pod.uid)  # the undo of PreBind's attach-limit hold
         await self._take_pod_out_of(placement, written, failure.why)
         await self.abandon(placement, pod, failure.why)
         if failure.backoff is not None:

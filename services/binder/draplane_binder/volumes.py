@@ -7,6 +7,12 @@ The decisions are draplane.scheduling.volume_binding's; this component owns the 
 writes. Writes are merge patches guarded by the object's resourceVersion, so a volume another
 scheduler took meanwhile fails the write (409) instead of being given twice.
 
+NodeVolumeLimits is evaluated here too, over caches of CSINodes, CSIDrivers and VolumeAttachments
+and an index of the pods on each node that use claims (draplane.scheduling.node_volume_limits):
+the nodes it refuses go into the PendingPod; PreBind checks the chosen node again, counting the pods
+being bound there meanwhile (kube-scheduler's assumed pods), and holds the pod's volumes on it
+until the pod is bound or the placement undone (`forget_attachments`).
+
 PreBind, as kube-scheduler's:
 - `bind_volumes`: each volume matched to a claim gets the claim in its claimRef (the PV
   controller completes the binding); each claim to provision gets the node in its
@@ -23,13 +29,17 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Iterable
+
+import msgspec
 
 from draplane.api.core import Node, Pod
 from draplane.api.storage import (
-    ANNOTATION_BOUND_BY_CONTROLLER, ANNOTATION_SELECTED_NODE, PersistentVolume, PersistentVolumeClaim, StorageClass,
+    ANNOTATION_BOUND_BY_CONTROLLER, ANNOTATION_SELECTED_NODE, CSIDriver, CSINode, PersistentVolume,
+    PersistentVolumeClaim, StorageClass, VolumeAttachment,
 )
 from draplane.kube import KubeApiError, KubeClient, watch_objects
+from draplane.scheduling import node_volume_limits as nvl
 from draplane.scheduling import volume_binding as vb
 from draplane_binder.lifecycle import pod_is_done
 
@@ -57,8 +67,19 @@ class VolumeBinder:
         self.node_labels: dict[str, dict[str, str]] = {}
         # (namespace, claim name) -> pods whose volumes use it
         self.pods_by_claim: dict[Key, set[Key]] = {}
+        # NodeVolumeLimits: CSINodes by node, CSIDrivers by name, each node's VolumeAttachments
+        # (name -> (attacher, persistent volume name)), the pods on each node that use claims,
+        # and the volumes of pods PreBind passed on a node until they are bound there
+        self.csinodes: dict[str, CSINode] = {}
+        self.csidrivers: dict[str, CSIDriver] = {}
+        self.attachments: dict[str, dict[str, tuple[str, str]]] = {}
+        self._attachment_node: dict[str, str] = {}
+        self.pods_on_node: dict[str, set[Key]] = {}
+        self._binding: dict[str, dict[str, Pod]] = {}  # node -> pod uid -> pod
+        self._binding_node: dict[str, str] = {}  # pod uid -> node
         self.synced = {what: asyncio.Event() for what in ("persistentvolumeclaims", "persistentvolumes",
-                                                          "storageclasses")}
+                                                          "storageclasses", "csinodes", "csidrivers",
+                                                          "volumeattachments")}
         self._changed = asyncio.Condition()
 
     # --- caches ------------------------------------------------------------------------------------
@@ -70,6 +91,10 @@ class VolumeBinder:
              lambda: self._watch(PersistentVolumeClaim, "persistentvolumeclaims", self._on_claim)),
             ("persistent volumes watch", lambda: self._watch(PersistentVolume, "persistentvolumes", self._on_volume)),
             ("storage classes watch", lambda: self._watch(StorageClass, "storageclasses", self._on_class)),
+            ("csi nodes watch", lambda: self._watch(CSINode, "csinodes", self._on_csinode)),
+            ("csi drivers watch", lambda: self._watch(CSIDriver, "csidrivers", self._on_csidriver)),
+            ("volume attachments watch",
+             lambda: self._watch(VolumeAttachment, "volumeattachments", self._on_attachment)),
         ]
 
     @property
@@ -114,6 +139,36 @@ class VolumeBinder:
             self.classes[storage_class.metadata.name or ""] = storage_class
         self._wake_all()
 
+    def _on_csinode(self, kind: str, csinode: CSINode) -> None:
+        if kind == "DELETED":
+            self.csinodes.pop(csinode.metadata.name or "", None)
+        else:
+            self.csinodes[csinode.metadata.name or ""] = csinode
+        self._wake_all()  # a raised limit or a newly registered driver may fit any pod
+
+    def _on_csidriver(self, kind: str, driver: CSIDriver) -> None:
+        if kind == "DELETED":
+            self.csidrivers.pop(driver.metadata.name or "", None)
+        else:
+            self.csidrivers[driver.metadata.name or ""] = driver
+        self._wake_all()
+
+    def _on_attachment(self, kind: str, attachment: VolumeAttachment) -> None:
+        name = attachment.metadata.name or ""
+        before = self._attachment_node.pop(name, None)
+        if before is not None:
+            on_node = self.attachments.get(before, {})
+            on_node.pop(name, None)
+            if not on_node:
+                self.attachments.pop(before, None)
+        if kind != "DELETED" and attachment.spec.node_name:
+            node = attachment.spec.node_name
+            self._attachment_node[name] = node
+            self.attachments.setdefault(node, {})[name] = (
+                attachment.spec.attacher, attachment.spec.source.persistent_volume_name or "")
+        elif kind == "DELETED":
+            self._wake_all()  # a volume detached frees room on its node
+
     def node_changed(self, kind: str, node: Node, changed: bool) -> None:
         """The cluster cache's listener: the node labels a volume's node affinity is matched to."""
         name = node.metadata.name or ""
@@ -123,11 +178,19 @@ class VolumeBinder:
             self.node_labels[name] = node.metadata.labels or {}
 
     def pod_changed(self, kind: str, old: Pod | None, pod: Pod) -> None:
-        """The cluster cache's listener: `pods_by_claim` kept in step with the pod cache. A pod
-        that goes wakes the other pods of its claims: a ReadWriteOncePod claim it held is free."""
+        """The cluster cache's listener: `pods_by_claim` and `pods_on_node` kept in step with the
+        pod cache. A pod that goes wakes the other pods of its claims (a ReadWriteOncePod claim it
+        held is free), and every waiting pod when it leaves a node with claims (its volumes no
+        longer count against the node's attach limits)."""
         key = (pod.metadata.namespace or "", pod.metadata.name or "")
-        if (kind == "DELETED" or pod_is_done(pod)) and pod.spec.volumes:
+        gone = kind == "DELETED" or pod_is_done(pod)
+        if gone and pod.spec.volumes:
             self._wake_pods(self._pods_sharing_claims(key, pod))
+            if pod.spec.node_name and nvl.uses_claims(pod):
+                self._wake_all()
+        self._index_by_node(key, old, None if gone else pod)
+        if gone or pod.spec.node_name:
+            self.forget_attachments(pod.metadata.uid or "")  # counted by the node index now, or gone
         for tracked, add in ((old, False), (None if kind == "DELETED" else pod, True)):
             if tracked is None:
                 continue
@@ -140,10 +203,34 @@ class VolumeBinder:
                     if not pods:
                         del self.pods_by_claim[(key[0], claim)]
 
+    def _index_by_node(self, key: Key, old: Pod | None, new: Pod | None) -> None:
+        """`pods_on_node`: the pods scheduled to each node that use claims (kube-scheduler's node
+        infos hold the pods not finished)."""
+        before = old.spec.node_name if old is not None and nvl.uses_claims(old) else None
+        after = new.spec.node_name if new is not None and nvl.uses_claims(new) else None
+        if before == after:
+            return
+        if before:
+            pods = self.pods_on_node.get(before, set())
+            pods.discard(key)
+            if not pods:
+                self.pods_on_node.pop(before, None)
+        if after:
+            self.pods_on_node.setdefault(after, set()).add(key)
+
     # --- PreFilter ---------------------------------------------------------------------------------
 
     def pre_filter(self, pod: Pod) -> vb.PodVolumes | None:
-        """What the shard's Filter needs of the pod's claims; raises vb.VolumeUnschedulable."""
+        """What the shard's Filter needs of the pod's claims, the nodes NodeVolumeLimits refuses
+        among it; raises vb.VolumeUnschedulable."""
+        volumes = self._claims_pre_filter(pod)
+        if volumes is None:
+            return None
+        over_limit = self.nodes_over_limit(pod)
+        return msgspec.structs.replace(volumes, over_limit=over_limit) if over_limit else volumes
+
+    def _claims_pre_filter(self, pod: Pod) -> vb.PodVolumes | None:
+        """VolumeRestrictions' and VolumeBinding's PreFilters."""
         namespace = pod.metadata.namespace or ""
 
         def used_by_other_pod(claim: str) -> bool:
@@ -163,6 +250,41 @@ class VolumeBinder:
         return sorted({other for claim, _ in vb.pod_claim_names(pod)
                        for other in self.pods_by_claim.get((key[0], claim), ()) if other != key})
 
+    # --- NodeVolumeLimits --------------------------------------------------------------------------
+
+    def nodes_over_limit(self, pod: Pod, nodes: Iterable[str] | None = None) -> dict[str, str]:
+        """NodeVolumeLimits' Filter over every node (or `nodes`): the nodes it refuses, with why."""
+        objects = nvl.VolumeObjects(
+            claims=lambda namespace: self.claims.get(namespace, {}), volumes=self.volumes, classes=self.classes,
+            csinodes=self.csinodes, drivers=self.csidrivers.values(), pods_on=self._pods_on,
+            attachments_on=lambda node: self.attachments.get(node, {}).values())
+        return nvl.nodes_over_limit(pod, self.node_labels if nodes is None else nodes, objects)
+
+    def _pods_on(self, node: str) -> list[Pod]:
+        """The pods on the node that use claims, and those PreBind passed there, not bound yet."""
+        pods = [pod for pod in map(self._pod_of, self.pods_on_node.get(node, ())) if pod is not None]
+        return pods + list(self._binding.get(node, {}).values())
+
+    def assume_attachments(self, pod: Pod, node: str) -> str | None:
+        """PreBind's check of the chosen node, then the pod's volumes held on it until the pod is
+        bound there (the node index counts it then) or `forget_attachments`. None when it fits."""
+        why = self.nodes_over_limit(pod, [node]).get(node)
+        if why is None and nvl.uses_claims(pod):
+            uid = pod.metadata.uid or ""
+            self.forget_attachments(uid)
+            self._binding_node[uid] = node
+            self._binding.setdefault(node, {})[uid] = pod
+        return why
+
+    def forget_attachments(self, pod_uid: str) -> None:
+        """The undo of assume_attachments: the placement failed after PreBind passed."""
+        node = self._binding_node.pop(pod_uid, None)
+        if node is not None:
+            on_node = self._binding.get(node, {})
+            on_node.pop(pod_uid, None)
+            if not on_node:
+                self._binding.pop(node, None)
+
     # --- PreBind -----------------------------------------------------------------------------------
 
     async def pre_bind(self, pod: Pod, node: str, keep_leases: Callable[[], Awaitable[None]]) -> str | None:
@@ -172,16 +294,21 @@ class VolumeBinder:
         if not vb.pod_claim_names(pod):
             return None
         try:
-            volumes = self.pre_filter(pod)
+            volumes = self._claims_pre_filter(pod)
         except vb.VolumeUnschedulable as exc:
             return exc.message
         plan = vb.plan_for_node(volumes, node, self.node_labels.get(node, {}))
         if isinstance(plan, list):
             return f"node {node} no longer fits the pod's volumes: {', '.join(plan)}"
+        over_limit = self.assume_attachments(pod, node)
+        if over_limit is not None:
+            return f"node {node} no longer fits the pod's volumes: {over_limit}"
         why = await self.bind_volumes(pod, node, plan)
+        if why is None:
+            why = await self.wait_bound(pod, node, keep_leases)
         if why is not None:
-            return why
-        return await self.wait_bound(pod, node, keep_leases)
+            self.forget_attachments(pod.metadata.uid or "")
+        return why
 
     async def bind_volumes(self, pod: Pod, node: str, plan: vb.VolumePlan) -> str | None:
         """The plan's writes, in kube-scheduler's order (static bindings, then provisioning); the

@@ -1,5 +1,5 @@
 """The parts of core/v1 PersistentVolumeClaim and PersistentVolume, and storage.k8s.io/v1
-StorageClass, that kube-scheduler's volume plugins read.
+StorageClass, CSINode, CSIDriver and VolumeAttachment, that kube-scheduler's volume plugins read.
 
 Partial, like draplane.api.core: these are read, and written only through merge patches (a
 PersistentVolume's claimRef, a claim's selected-node annotation), never by sending a decoded
@@ -70,8 +70,15 @@ class VolumeNodeAffinity(Base, kw_only=True):
     required: NodeSelector | None = None
 
 
+class CSIPersistentVolumeSource(Base, kw_only=True):
+    driver: str
+    volume_handle: str
+
+
 class PersistentVolumeSpec(Base, kw_only=True):
     capacity: dict[str, str] | None = None
+    # the one volume source NodeVolumeLimits counts (the others decode to nothing)
+    csi: CSIPersistentVolumeSource | None = None
     access_modes: list[str] | None = None
     claim_ref: ObjectReference | None = None
     storage_class_name: str | None = None
@@ -119,3 +126,75 @@ class StorageClass(Base, kw_only=True):
 class StorageClassList(Base, kw_only=True):
     metadata: ListMeta | None = None
     items: list[StorageClass] = msgspec.field(default_factory=list)
+
+
+class VolumeNodeResources(Base, kw_only=True):
+    count: int | None = None  # how many of the driver's volumes the node can attach; None: no limit
+
+
+class CSINodeDriver(Base, kw_only=True):
+    name: str
+    node_id: str = msgspec.field(default="", name="nodeID")
+    topology_keys: list[str] | None = None
+    allocatable: VolumeNodeResources | None = None
+
+
+class CSINodeSpec(Base, kw_only=True):
+    drivers: list[CSINodeDriver] = msgspec.field(default_factory=list)
+
+
+class CSINode(Base, kw_only=True):
+    """The CSI drivers registered on a node (named as the node), with their attach limits."""
+
+    api_version: str = msgspec.field(default_factory=lambda: "storage.k8s.io/v1")
+    kind: str = msgspec.field(default_factory=lambda: "CSINode")
+    metadata: ObjectMeta = msgspec.field(default_factory=ObjectMeta)
+    spec: CSINodeSpec = msgspec.field(default_factory=CSINodeSpec)
+
+
+class CSINodeList(Base, kw_only=True):
+    metadata: ListMeta | None = None
+    items: list[CSINode] = msgspec.field(default_factory=list)
+
+
+class CSIDriverSpec(Base, kw_only=True):
+    # VolumeLimitScaling (beta, on in 1.37): a node whose CSINode lacks the driver takes no pod
+    # with one of its volumes
+    prevent_pod_scheduling_if_missing: bool | None = None
+
+
+class CSIDriver(Base, kw_only=True):
+    api_version: str = msgspec.field(default_factory=lambda: "storage.k8s.io/v1")
+    kind: str = msgspec.field(default_factory=lambda: "CSIDriver")
+    metadata: ObjectMeta = msgspec.field(default_factory=ObjectMeta)
+    spec: CSIDriverSpec = msgspec.field(default_factory=CSIDriverSpec)
+
+
+class CSIDriverList(Base, kw_only=True):
+    metadata: ListMeta | None = None
+    items: list[CSIDriver] = msgspec.field(default_factory=list)
+
+
+class VolumeAttachmentSource(Base, kw_only=True):
+    persistent_volume_name: str | None = None
+
+
+class VolumeAttachmentSpec(Base, kw_only=True):
+    attacher: str = ""
+    source: VolumeAttachmentSource = msgspec.field(default_factory=VolumeAttachmentSource)
+    node_name: str = ""
+
+
+class VolumeAttachment(Base, kw_only=True):
+    """A volume attached (or being attached or detached) to a node: it counts against the node's
+    limit whether or not a pod there still uses it."""
+
+    api_version: str = msgspec.field(default_factory=lambda: "storage.k8s.io/v1")
+    kind: str = msgspec.field(default_factory=lambda: "VolumeAttachment")
+    metadata: ObjectMeta = msgspec.field(default_factory=ObjectMeta)
+    spec: VolumeAttachmentSpec = msgspec.field(default_factory=VolumeAttachmentSpec)
+
+
+class VolumeAttachmentList(Base, kw_only=True):
+    metadata: ListMeta | None = None
+    items: list[VolumeAttachment] = msgspec.field(default_factory=list)

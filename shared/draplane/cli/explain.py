@@ -14,17 +14,21 @@ import asyncio
 import dataclasses
 import sys
 
+import msgspec
+
 from draplane.api.core import Node, Pod
 from draplane.api.meta import ObjectMeta
 from draplane.api.policy import PodDisruptionBudget
 from draplane.api.resource import DeviceClass, DeviceTaintRule, ResourceClaim, ResourceSlice
 from draplane.api.scheduling import PodGroup
-from draplane.api.storage import PersistentVolume, PersistentVolumeClaim, StorageClass
+from draplane.api.storage import (
+    CSIDriver, CSINode, PersistentVolume, PersistentVolumeClaim, StorageClass, VolumeAttachment,
+)
 from draplane.scheduling import preemption
 from draplane.scheduling.gangs import GangSpecError, gang_spec, pod_group_key
 from draplane.scheduling.placing import SchedulingState, NotPlaced, Placed, allocation_node
 from draplane.scheduling.unschedulable import FailureReason
-from draplane.scheduling import extended_resources, volume_binding
+from draplane.scheduling import extended_resources, node_volume_limits, volume_binding
 
 # How many node names to list per failure class before "and N more".
 NODES_SHOWN = 5
@@ -46,13 +50,35 @@ class Snapshot:
     volume_claims: list[PersistentVolumeClaim] = dataclasses.field(default_factory=list)
     volumes: list[PersistentVolume] = dataclasses.field(default_factory=list)
     storage_classes: list[StorageClass] = dataclasses.field(default_factory=list)
+    csinodes: list[CSINode] = dataclasses.field(default_factory=list)
+    csidrivers: list[CSIDriver] = dataclasses.field(default_factory=list)
+    volume_attachments: list[VolumeAttachment] = dataclasses.field(default_factory=list)
 
     def pod_volumes(self, pod: Pod) -> volume_binding.PodVolumes | None:
-        """The binder's VolumeBinding PreFilter over this snapshot; raises VolumeUnschedulable."""
-        namespace = pod.metadata.namespace
-        return volume_binding.pre_filter(
-            pod, {c.metadata.name: c for c in self.volume_claims if c.metadata.namespace == namespace},
-            {v.metadata.name: v for v in self.volumes}, {c.metadata.name: c for c in self.storage_classes})
+        """The binder's volume PreFilters over this snapshot (NodeVolumeLimits' Filter too, as the
+        binder evaluates it); raises VolumeUnschedulable."""
+        def claims(namespace: str) -> dict[str, PersistentVolumeClaim]:
+            return {c.metadata.name: c for c in self.volume_claims if c.metadata.namespace == namespace}
+
+        volumes = {v.metadata.name: v for v in self.volumes}
+        classes = {c.metadata.name: c for c in self.storage_classes}
+        found = volume_binding.pre_filter(pod, claims(pod.metadata.namespace or ""), volumes, classes)
+        if found is None:
+            return None
+        pods_on: dict[str, list[Pod]] = {}
+        for other in self.pods:
+            if other.spec.node_name and not (other.status and other.status.phase in ("Succeeded", "Failed")):
+                pods_on.setdefault(other.spec.node_name, []).append(other)
+        attachments_on: dict[str, list[tuple[str, str]]] = {}
+        for attachment in self.volume_attachments:
+            attachments_on.setdefault(attachment.spec.node_name, []).append(
+                (attachment.spec.attacher, attachment.spec.source.persistent_volume_name or ""))
+        objects = node_volume_limits.VolumeObjects(
+            claims=claims, volumes=volumes, classes=classes,
+            csinodes={c.metadata.name: c for c in self.csinodes}, drivers=self.csidrivers,
+            pods_on=lambda node: pods_on.get(node, ()), attachments_on=lambda node: attachments_on.get(node, ()))
+        over_limit = node_volume_limits.nodes_over_limit(pod, [n.metadata.name or "" for n in self.nodes], objects)
+        return msgspec.structs.replace(found, over_limit=over_limit) if over_limit else found
 
     def state(self, *, without: set[str] = frozenset()) -> SchedulingState:
         """The shards' view, minus the claims being explained (so they are placed afresh)."""
@@ -304,8 +330,6 @@ async def gather(kubeconfig) -> Snapshot:
             raise
 
     async def preempted(kube) -> tuple[list[tuple[str, str]], None]:
-        import msgspec
-
         data = await kube.request("GET", "/api/v1/events", query={"fieldSelector": "reason=Preempted"})
         events = msgspec.json.decode(data).get("items") or []
         return [(f"{e['involvedObject'].get('namespace')}/{e['involvedObject'].get('name')}", e.get("message") or "")
@@ -316,6 +340,7 @@ async def gather(kubeconfig) -> Snapshot:
             kube.list(ResourceSlice), kube.list(DeviceClass), kube.list(Node), kube.list(ResourceClaim), kube.list(Pod),
             if_served(kube, DeviceTaintRule), kube.list(PodDisruptionBudget), preempted(kube), if_served(kube, PodGroup),
             kube.list(PersistentVolumeClaim), kube.list(PersistentVolume), kube.list(StorageClass),
+            kube.list(CSINode), kube.list(CSIDriver), kube.list(VolumeAttachment),
         )
     return Snapshot(*(items for items, _ in results))
 

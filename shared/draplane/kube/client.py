@@ -74,6 +74,11 @@ KINDS: dict[type[msgspec.Struct], ResourceKind] = {
     storage.StorageClass: ResourceKind(
         "storage.k8s.io/v1", "storageclasses", False, storage.StorageClass, storage.StorageClassList
     ),
+    storage.CSINode: ResourceKind("storage.k8s.io/v1", "csinodes", False, storage.CSINode, storage.CSINodeList),
+    storage.CSIDriver: ResourceKind("storage.k8s.io/v1", "csidrivers", False, storage.CSIDriver, storage.CSIDriverList),
+    storage.VolumeAttachment: ResourceKind(
+        "storage.k8s.io/v1", "volumeattachments", False, storage.VolumeAttachment, storage.VolumeAttachmentList
+    ),
     scheduling.PodGroup: ResourceKind(
         scheduling.API_VERSION, "podgroups", True, scheduling.PodGroup, scheduling.PodGroupList
     ),
@@ -450,6 +455,7 @@ def raw_collection_path(raw: dict[str, Any]) -> str:
 _CLUSTER_SCOPED = {
     "Namespace", "Node", "ClusterRole", "ClusterRoleBinding", "DeviceClass", "ResourceSlice",
     "CustomResourceDefinition", "PriorityClass", "StorageClass", "PersistentVolume", "DeviceTaintRule",
+    "CSINode", "CSIDriver", "VolumeAttachment",
     "ValidatingAdmissionPolicy", "ValidatingAdmissionPolicyBinding", "MutatingWebhookConfiguration",
     "ValidatingWebhookConfiguration",
 }

@@ -664,8 +664,8 @@ class SchedulingState:
             if not fit.fits:
                 fit_failures[name] = (", ".join(fit.reasons), list(fit.scheduler_reasons))
                 return False
-            # kube-scheduler's order after NodeResourcesFit: VolumeBinding, VolumeZone,
-            # PodTopologySpread, InterPodAffinity
+            # kube-scheduler's order after NodeResourcesFit: VolumeRestrictions, NodeVolumeLimits,
+            # VolumeBinding, VolumeZone, PodTopologySpread, InterPodAffinity
             if volumes is not None:
                 volume_reasons = volume_binding.node_reasons(volumes, name, node.metadata.labels or {})
                 if volume_reasons:

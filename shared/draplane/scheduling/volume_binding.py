@@ -104,6 +104,8 @@ class PodVolumes(msgspec.Struct, frozen=True, kw_only=True):
     unbound: tuple[UnboundClaim, ...] = ()
     # VolumeRestrictions: the pod's ReadWriteOncePod claims that a scheduled pod uses already
     in_use_elsewhere: tuple[str, ...] = ()
+    # NodeVolumeLimits: the nodes it refuses, with the reason (draplane.scheduling.node_volume_limits)
+    over_limit: dict[str, str] | None = None
 
 
 class VolumePlan(msgspec.Struct, frozen=True, kw_only=True):
@@ -168,7 +170,7 @@ def _bytes(text: str | None, *, round_up: bool) -> int:
     return -((-value.numerator) // value.denominator) if round_up else value.numerator // value.denominator
 
 
-def _owned_by(claim: PersistentVolumeClaim, pod: Pod) -> bool:
+def owned_by(claim: PersistentVolumeClaim, pod: Pod) -> bool:
     return claim.metadata.namespace == pod.metadata.namespace and any(
         ref.controller and ref.uid == pod.metadata.uid for ref in claim.metadata.owner_references or ())
 
@@ -203,7 +205,7 @@ def pre_filter(pod: Pod, claims: Mapping[str, PersistentVolumeClaim], volumes: M
                                       f'"{claim.spec.volume_name or ""}"')
         if claim.metadata.deletion_timestamp:
             raise VolumeUnschedulable(f'persistentvolumeclaim "{name}" is being deleted')
-        if ephemeral and not _owned_by(claim, pod):
+        if ephemeral and not owned_by(claim, pod):
             raise VolumeUnschedulable(f"PVC {claim.metadata.namespace}/{name} was not created for pod "
                                       f"{namespace}/{pod_name} (pod is not owner)")
         found.append(claim)
@@ -397,12 +399,14 @@ def zone_conflict(volumes: PodVolumes, labels: Mapping[str, str]) -> str | None:
 
 
 def node_reasons(volumes: PodVolumes | None, node: str, labels: Mapping[str, str]) -> list[str]:
-    """VolumeRestrictions, VolumeBinding, then VolumeZone, as kube-scheduler runs them: the first
-    to reject the node names it."""
+    """VolumeRestrictions, NodeVolumeLimits, VolumeBinding, then VolumeZone, as kube-scheduler
+    runs them: the first to reject the node names it."""
     if volumes is None:
         return []
     if volumes.in_use_elsewhere:
         return [REASON_RWOP_CONFLICT]
+    if volumes.over_limit and node in volumes.over_limit:
+        return [volumes.over_limit[node]]
     found, _ = filter_node(volumes, node, labels)
     if found:
         return found

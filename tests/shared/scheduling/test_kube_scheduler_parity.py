@@ -10,9 +10,10 @@ node, and, where no node is feasible, the same `0/N nodes are available: ...` me
 Hypothesis (300 examples, derandomized, shrinking) plus a fixed sweep of 3,000 cases of the
 generator's own distribution, the one bench/scheduler_parity.py measures. Volumes go through the
 binder's PreFilter (volume_binding.pre_filter, where the binder calls it) and the shard's Filter.
-Not compared: the other scores (draplane ranks by its devices), PostFilter's preemption note, claims (the allocator parity test's), CSI
-attach limits and storage capacity (not read yet), namespaceSelectors with labels (draplane refuses
-them in affinity terms).
+CSI attach limits (NodeVolumeLimits) go through the binder's evaluation (node_volume_limits). Not
+compared: the other scores (draplane ranks by its devices), PostFilter's preemption note, claims
+(the allocator parity test's), storage capacity (not read yet), namespaceSelectors with labels
+(draplane refuses them in affinity terms).
 """
 
 from __future__ import annotations
@@ -94,6 +95,7 @@ def test_generator_reaches_every_filter(kube_scheduler):
         "node(s) didn't match PersistentVolume's node affinity", "node(s) had no available volume zone",
         "node(s) unavailable due to PersistentVolumeClaim with ReadWriteOncePod access mode already in-use by "
         "another pod",
+        "node(s) exceed max volume count", "strict.csi.example.com CSI driver is not installed on the node",
     }
     assert wanted <= seen, f"never provoked: {sorted(wanted - seen)}"
     assert feasible > 100 and refused_everywhere > 100

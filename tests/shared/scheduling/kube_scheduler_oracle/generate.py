@@ -11,7 +11,9 @@ terminating, in two namespaces; a pending pod with any of nodeSelector, required
 (matchExpressions and matchFields), tolerations, requests (init containers and overhead
 included), host ports, required pod affinity and anti-affinity (namespaces, an empty
 namespaceSelector), preferred ones, and DoNotSchedule and ScheduleAnyway topology spread
-(minDomains, the inclusion policies, matchLabelKeys). Where every node is feasible the two
+(minDomains, the inclusion policies, matchLabelKeys); claims on local volumes, and on CSI volumes
+with CSINode attach limits, VolumeAttachments and a CSIDriver that must be on the node
+(NodeVolumeLimits). Where every node is feasible the two
 scoring plugins that read other pods (InterPodAffinity, PodTopologySpread) are compared too.
 
 `draw(lo, hi)` is the randomness: random.Random.randint for the bench, hypothesis' integers for
@@ -253,8 +255,92 @@ def claim(draw: Draw, i: int, volumes: list[dict]) -> dict:
             "status": status}
 
 
-def mount(names: list[str]) -> list[dict]:
-    return [{"name": f"v{j}", "persistentVolumeClaim": {"claimName": n}} for j, n in enumerate(names)]
+# NodeVolumeLimits: block volumes of two CSI drivers, limited per node by CSINodes; the second
+# driver's CSIDriver keeps its pods off nodes that do not register it (VolumeLimitScaling).
+CSI_DRIVER, STRICT_DRIVER = "block.csi.example.com", "strict.csi.example.com"
+CSI_STORAGE_CLASSES = [
+    {"apiVersion": "storage.k8s.io/v1", "kind": "StorageClass", "metadata": {"name": "block"},
+     "provisioner": CSI_DRIVER, "volumeBindingMode": "WaitForFirstConsumer"},
+    {"apiVersion": "storage.k8s.io/v1", "kind": "StorageClass", "metadata": {"name": "strict"},
+     "provisioner": STRICT_DRIVER, "volumeBindingMode": "WaitForFirstConsumer"},
+]
+CSI_DRIVERS = [
+    {"apiVersion": "storage.k8s.io/v1", "kind": "CSIDriver", "metadata": {"name": STRICT_DRIVER},
+     "spec": {"attachRequired": True, "podInfoOnMount": False, "preventPodSchedulingIfMissing": True}},
+]
+
+
+def csi_volume(draw: Draw, i: int) -> dict:
+    """A CSI block volume of either driver, reachable from every node."""
+    driver, class_name = choice(draw, ((CSI_DRIVER, "block"), (CSI_DRIVER, "block"), (STRICT_DRIVER, "strict")))
+    return {"apiVersion": "v1", "kind": "PersistentVolume", "metadata": {"name": f"csi-pv-{i}"},
+            "spec": {"capacity": {"storage": "10Gi"}, "accessModes": ["ReadWriteOnce"],
+                     "persistentVolumeReclaimPolicy": "Delete", "storageClassName": class_name,
+                     "volumeMode": "Filesystem", "csi": {"driver": driver, "volumeHandle": f"vol-{i}"}},
+            "status": {"phase": "Available"}}
+
+
+def csi_claim(draw: Draw, i: int, volumes: list[dict]) -> dict:
+    """A claim bound to a free CSI volume, or waiting for its first consumer in a CSI class."""
+    name = f"block-{i}"
+    free = [v for v in volumes if v["status"]["phase"] == "Available"]
+    metadata: dict = {"name": name, "namespace": "ns", "uid": f"uid-{name}"}
+    spec: dict = {"accessModes": ["ReadWriteOnce"], "resources": {"requests": {"storage": "1Gi"}},
+                  "volumeMode": "Filesystem"}
+    if free and chance(draw, 75):
+        pv = choice(draw, free)
+        pv["spec"]["claimRef"] = {"kind": "PersistentVolumeClaim", "namespace": "ns", "name": name,
+                                  "uid": metadata["uid"], "apiVersion": "v1"}
+        pv["status"]["phase"] = "Bound"
+        spec.update(storageClassName=pv["spec"]["storageClassName"], volumeName=pv["metadata"]["name"])
+        metadata["annotations"] = {"pv.kubernetes.io/bind-completed": "yes"}
+        status = {"phase": "Bound", "accessModes": ["ReadWriteOnce"], "capacity": pv["spec"]["capacity"]}
+    else:
+        spec["storageClassName"] = choice(draw, ("block", "block", "strict"))
+        status = {"phase": "Pending"}
+    return {"apiVersion": "v1", "kind": "PersistentVolumeClaim", "metadata": metadata, "spec": spec,
+            "status": status}
+
+
+def csi_node(draw: Draw, node_name: str) -> dict:
+    """The node's CSINode: the drivers it registers, the first with an attach limit (mostly)."""
+    drivers = []
+    for driver in (CSI_DRIVER, STRICT_DRIVER):
+        if chance(draw, 75):
+            entry: dict = {"name": driver, "nodeID": node_name, "topologyKeys": None}
+            if chance(draw, 80):
+                entry["allocatable"] = {"count": draw(0, 3)}
+            drivers.append(entry)
+    return {"apiVersion": "storage.k8s.io/v1", "kind": "CSINode", "metadata": {"name": node_name},
+            "spec": {"drivers": drivers}}
+
+
+def attachment(draw: Draw, i: int, volume: dict, nodes: list[dict]) -> dict:
+    """A VolumeAttachment of a CSI volume to a node (left from a pod gone, or being made)."""
+    return {"apiVersion": "storage.k8s.io/v1", "kind": "VolumeAttachment", "metadata": {"name": f"va-{i}"},
+            "spec": {"attacher": volume["spec"]["csi"]["driver"], "nodeName": choice(draw, nodes)["metadata"]["name"],
+                     "source": {"persistentVolumeName": volume["metadata"]["name"]}}}
+
+
+def csi_storage(draw: Draw, nodes: list[dict], pods: list[dict], pod: dict) -> dict:
+    """CSI claims mounted by the pending pod and by bound pods, CSINodes with limits, attachments."""
+    volumes = [csi_volume(draw, i) for i in range(draw(0, 6))]
+    claims = [csi_claim(draw, i, volumes) for i in range(draw(1, 5))]
+    names = [c["metadata"]["name"] for c in claims]
+    wanted = [n for n in names if chance(draw, 50)] or names[:1]
+    pod["spec"]["volumes"] = pod["spec"].get("volumes", []) + mount(wanted, prefix="b")
+    for other in pods:
+        if other["metadata"]["namespace"] == "ns" and chance(draw, 40):
+            other["spec"]["volumes"] = other["spec"].get("volumes", []) + mount(
+                sorted({choice(draw, names) for _ in range(draw(1, 2))}), prefix="b")
+    csinodes = [csi_node(draw, n["metadata"]["name"]) for n in nodes if chance(draw, 85)]
+    attachments = [attachment(draw, i, v, nodes) for i, v in enumerate(volumes) if chance(draw, 25)]
+    return {"volumes": volumes, "claims": claims, "csiNodes": csinodes, "volumeAttachments": attachments,
+            "csiDrivers": CSI_DRIVERS if chance(draw, 70) else []}
+
+
+def mount(names: list[str], prefix: str = "v") -> list[dict]:
+    return [{"name": f"{prefix}{j}", "persistentVolumeClaim": {"claimName": n}} for j, n in enumerate(names)]
 
 
 def pending_pod(draw: Draw, nodes: list[dict]) -> dict:
@@ -361,6 +447,12 @@ def case(draw: Draw) -> dict:
             if other["metadata"]["namespace"] == "ns" and chance(draw, 15):
                 other["spec"]["volumes"] = mount([choice(draw, names)])
         found.update(volumes=volumes, claims=claims, storageClasses=STORAGE_CLASSES)
+    if chance(draw, 25):
+        csi = csi_storage(draw, nodes, pods, pod)
+        found["volumes"] = found.get("volumes", []) + csi.pop("volumes")
+        found["claims"] = found.get("claims", []) + csi.pop("claims")
+        found["storageClasses"] = found.get("storageClasses", STORAGE_CLASSES) + CSI_STORAGE_CLASSES
+        found.update(csi)
     return found
 
 
@@ -372,8 +464,10 @@ def draplane_filter(case: dict) -> dict:
     from draplane.api.core import Node, Pod
     from draplane.scheduling.placing import SchedulingState
 
-    from draplane.api.storage import PersistentVolume, PersistentVolumeClaim, StorageClass
-    from draplane.scheduling import volume_binding
+    from draplane.api.storage import (
+        CSIDriver, CSINode, PersistentVolume, PersistentVolumeClaim, StorageClass, VolumeAttachment,
+    )
+    from draplane.scheduling import node_volume_limits, volume_binding
     from draplane.scheduling.unschedulable import pre_filter_problem
 
     state = SchedulingState()
@@ -400,6 +494,18 @@ def draplane_filter(case: dict) -> dict:
         except volume_binding.VolumeUnschedulable as exc:
             return {"feasible": [], "reasons": {n["metadata"]["name"]: [exc.message] for n in case["nodes"]},
                     "message": pre_filter_problem(len(case["nodes"]), exc.message)}
+        # NodeVolumeLimits, as the binder evaluates it (draplane_binder.volumes)
+        attachments = [msgspec.convert(a, VolumeAttachment) for a in case.get("volumeAttachments", ())]
+        objects = node_volume_limits.VolumeObjects(
+            claims=lambda namespace: claims if namespace == "ns" else {}, volumes=pvs, classes=classes,
+            csinodes={c["metadata"]["name"]: msgspec.convert(c, CSINode) for c in case.get("csiNodes", ())},
+            drivers=[msgspec.convert(d, CSIDriver) for d in case.get("csiDrivers", ())],
+            pods_on=lambda node: [p for p in bound if p.spec.node_name == node],
+            attachments_on=lambda node: [(a.spec.attacher, a.spec.source.persistent_volume_name or "")
+                                         for a in attachments if a.spec.node_name == node])
+        over_limit = node_volume_limits.nodes_over_limit(pod, [n["metadata"]["name"] for n in case["nodes"]], objects)
+        if volumes is not None and over_limit:
+            volumes = msgspec.structs.replace(volumes, over_limit=over_limit)
     feasible, account = state.filter_nodes(pod, volumes=volumes)
     reasons = {f.node: list(f.reasons) for f in account.failures if f.node not in feasible}
     found = {"feasible": feasible, "reasons": reasons, "message": account.message}

@@ -5,7 +5,8 @@
 // Input (stdin): one JSON case per line:
 //
 //	{"nodes": [<v1 Node>], "pods": [<v1 Pod bound to a node>], "pod": <the pending v1 Pod>,
-//	 "volumes": [<PersistentVolume>], "claims": [<PersistentVolumeClaim>], "storageClasses": [<StorageClass>]}
+//	 "volumes": [<PersistentVolume>], "claims": [<PersistentVolumeClaim>], "storageClasses": [<StorageClass>],
+//	 "csiNodes": [<CSINode>], "csiDrivers": [<CSIDriver>], "volumeAttachments": [<VolumeAttachment>]}
 //
 // Output (stdout): one JSON line per case:
 //
@@ -54,12 +55,15 @@ import (
 )
 
 type input struct {
-	Nodes          []*v1.Node                  `json:"nodes"`
-	Pods           []*v1.Pod                   `json:"pods"`
-	Pod            *v1.Pod                     `json:"pod"`
-	Volumes        []*v1.PersistentVolume      `json:"volumes"`
-	Claims         []*v1.PersistentVolumeClaim `json:"claims"`
-	StorageClasses []*storagev1.StorageClass   `json:"storageClasses"`
+	Nodes          []*v1.Node                    `json:"nodes"`
+	Pods           []*v1.Pod                     `json:"pods"`
+	Pod            *v1.Pod                       `json:"pod"`
+	Volumes        []*v1.PersistentVolume        `json:"volumes"`
+	Claims         []*v1.PersistentVolumeClaim   `json:"claims"`
+	StorageClasses []*storagev1.StorageClass     `json:"storageClasses"`
+	CSINodes       []*storagev1.CSINode          `json:"csiNodes"`
+	CSIDrivers     []*storagev1.CSIDriver        `json:"csiDrivers"`
+	Attachments    []*storagev1.VolumeAttachment `json:"volumeAttachments"`
 }
 
 type output struct {
@@ -111,6 +115,15 @@ func run(ctx context.Context, profile *schedulerapi.KubeSchedulerProfile, in inp
 	}
 	for _, c := range in.StorageClasses {
 		objects = append(objects, c)
+	}
+	for _, c := range in.CSINodes {
+		objects = append(objects, c)
+	}
+	for _, d := range in.CSIDrivers {
+		objects = append(objects, d)
+	}
+	for _, a := range in.Attachments {
+		objects = append(objects, a)
 	}
 	client := fake.NewSimpleClientset(objects...)
 	informerFactory := informers.NewSharedInformerFactory(client, 0)
