@@ -188,6 +188,9 @@ JOBS = {
         # VolumeBinding: a volume's claimRef (static binding), a claim's selected-node (provisioning)
         ("", "persistentvolumeclaims,persistentvolumes", "get,list,watch,patch"),
         ("storage.k8s.io", "storageclasses,csinodes,csidrivers,volumeattachments", READ),
+        # default topology spreading: the selectors of services and controllers
+        ("", "services,replicationcontrollers", "list,watch"),
+        ("apps", "replicasets,statefulsets", "list,watch"),
     ),
     # The kubelet plugin GETs the one claim it prepares, by namespace and name; nothing else.
     "draplane-node-agent": _expand((R, "resourceclaims", "get")),

@@ -492,6 +492,41 @@ async def test_topology_spread_keeps_replicas_within_max_skew_over_zones(schedul
     no_races_or_errors(scheduling)
 
 
+@pytest.mark.parametrize("shards", [1, 2])
+async def test_a_deployment_behind_a_service_spreads_over_nodes_by_kube_schedulers_default_constraints(
+        scheduling, kube, kubectl, namespace, shards):
+    """No constraint in the pod spec: kube-scheduler's default profile spreads the replicas of a
+    ReplicaSet (and a Service's pods) over hostnames and zones, ScheduleAnyway. Busy-first packing
+    alone would stack three one-GPU replicas on one 8-GPU node; draplane spreads them over three,
+    as kube-scheduler does. Pods that nothing owns or selects still pack."""
+    class_name, nodes = await gpu_cluster(scheduling, kube, nodes=3)
+    await scheduling.start(shards=shards)
+    service = f"""
+apiVersion: v1
+kind: Service
+metadata: {{name: infer, namespace: {namespace}}}
+spec:
+  selector: {{app: infer}}
+  ports: [{{port: 80, protocol: TCP}}]
+"""
+    await kubectl.apply("---".join([one_gpu_template_yaml(namespace, class_name), service,
+                                    deployment_yaml(namespace, "infer", scheduling.scheduler_name, 3, "")]))
+
+    async def replicas_bound():
+        pods = (await get_json(kubectl, "pods", "-n", namespace, "-l", "app=infer"))["items"]
+        bound = [p["spec"]["nodeName"] for p in pods if p["spec"].get("nodeName")]
+        return bound if len(bound) == 3 else None
+
+    bound = await scheduling.wait_for(replicas_bound, 60, "3 replicas bound")
+    assert sorted(bound) == sorted(nodes), bound
+    # pods that nothing owns or selects pack where the devices are busiest
+    await kubectl.apply(pod_yaml(namespace, "plain-0", scheduling.scheduler_name, template="one-gpu"))
+    first = (await wait_bound(scheduling, kubectl, namespace, "plain-0"))["spec"]["nodeName"]
+    await kubectl.apply(pod_yaml(namespace, "plain-1", scheduling.scheduler_name, template="one-gpu"))
+    assert (await wait_bound(scheduling, kubectl, namespace, "plain-1"))["spec"]["nodeName"] == first
+    no_races_or_errors(scheduling)
+
+
 # --- volumes: kube-scheduler's VolumeBinding and the PV controller of kube-controller-manager ---------
 
 

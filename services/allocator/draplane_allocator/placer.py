@@ -120,7 +120,8 @@ class BatchPlacer:
     def _place_one(self, item: PodToPlace) -> Placed | NotPlaced:
         try:
             return self.view.state.place_pod(item.pod, item.claims, volumes=item.pending.volumes,
-                                             dra_extended_resources=item.pending.dra_extended_resources or ())
+                                             dra_extended_resources=item.pending.dra_extended_resources or (),
+                                             default_spread=item.pending.default_spread)
         except Exception as exc:  # noqa: BLE001 - a bug met by one pod must not hold up the batch
             self.m.errors.inc()
             self.log.exception("shard %d: pod %s: placing it failed", self.index, item.pending.pod.key(),

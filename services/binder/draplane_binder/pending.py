@@ -43,6 +43,7 @@ from draplane_binder.events import EventRecorder
 from draplane_binder.metrics import BinderMetrics
 from draplane_binder.objects import Key, key_of, now_rfc3339
 from draplane_binder.settings import BinderSettings
+from draplane_binder.spreading import DefaultSpreading
 from draplane_binder.volumes import VolumeBinder
 from draplane_binder.work_queue import WorkQueue, work
 
@@ -63,9 +64,10 @@ class PendingQueue:
     def __init__(self, settings: BinderSettings, kube: KubeClient, js: JetStreamContext, subjects: Subjects, *,
                  cache: ClusterCache, publisher: ClusterPublisher, volumes: VolumeBinder, events: EventRecorder,
                  audit_publisher: AuditPublisher, metrics: BinderMetrics, instance: str,
-                 spawn_once: Callable[[Awaitable, str], None]) -> None:
+                 spawn_once: Callable[[Awaitable, str], None], spreading: DefaultSpreading | None = None) -> None:
         self.settings, self.kube, self.js, self.subjects = settings, kube, js, subjects
         self.cache, self.publisher, self.volumes, self.events = cache, publisher, volumes, events
+        self.spreading = spreading
         self.audit, self.metrics, self.instance, self._spawn_once = audit_publisher, metrics, instance, spawn_once
         self.pod_queue = WorkQueue()
         # pod uid -> its PendingPod, published and not yet answered
@@ -326,6 +328,7 @@ class PendingQueue:
             cluster_revision=revision,
             volumes=volumes,
             dra_extended_resources=dra_extended,
+            default_spread=self.spreading.selector_for(pod) if self.spreading is not None else None,
         )
         shard = shard_for(partition_key(pending), self.settings.shards)
         self.in_flight[uid] = sent = inf.InFlight(since=time.monotonic(), shard=shard)

@@ -53,6 +53,7 @@ from draplane_binder.preemption import Preemptor
 from draplane_binder.reservation_keeper import ReservationKeeper
 from draplane_binder.results import ResultsConsumer
 from draplane_binder.settings import BinderSettings
+from draplane_binder.spreading import DefaultSpreading
 from draplane_binder.volumes import VolumeBinder
 
 log = logging.getLogger(__name__)
@@ -82,8 +83,11 @@ class Binder:
                                     wake_all=lambda: self.pending.flush_retries(), pod_of=self.cache.pods.get)
         self.cache.pod_listeners.append(self.volumes.pod_changed)
         self.cache.node_listeners.append(self.volumes.node_changed)
+        # Services and workload controllers: the selector of kube-scheduler's default spreading
+        self.spreading = DefaultSpreading(kube)
         self.pending = PendingQueue(settings, kube, self.js, self.subjects, cache=self.cache,
-                                    publisher=self.publisher, volumes=self.volumes, events=self.events,
+                                    publisher=self.publisher, volumes=self.volumes, spreading=self.spreading,
+                                    events=self.events,
                                     audit_publisher=self.audit, metrics=self.metrics, instance=self.instance,
                                     spawn_once=self._spawn_once)
         self.reservations = ReservationKeeper(settings, kube, self.js, self.subjects, cache=self.cache,
@@ -135,6 +139,7 @@ class Binder:
             *self.reservations.loops(),
             *self.cache.watches(),
             *self.volumes.watches(),
+            *self.spreading.watches(),
             *self.pending.loops(),
             *self.claims.loops(),
             ("results consumer", self.results.consume),

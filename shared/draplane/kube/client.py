@@ -22,7 +22,7 @@ import yarl
 from kubernetes_asyncio import client as k8s_client
 from kubernetes_asyncio import config as k8s_config
 
-from draplane.api import core, policy, resource, scheduling, storage
+from draplane.api import apps, core, policy, resource, scheduling, storage
 from draplane.kube.metrics import ApiserverMetrics
 from draplane.kube.ratelimit import TokenBucket, retry_after_seconds, retry_delay
 
@@ -79,6 +79,12 @@ KINDS: dict[type[msgspec.Struct], ResourceKind] = {
     storage.VolumeAttachment: ResourceKind(
         "storage.k8s.io/v1", "volumeattachments", False, storage.VolumeAttachment, storage.VolumeAttachmentList
     ),
+    apps.Service: ResourceKind("v1", "services", True, apps.Service, apps.ServiceList),
+    apps.ReplicationController: ResourceKind(
+        "v1", "replicationcontrollers", True, apps.ReplicationController, apps.ReplicationControllerList
+    ),
+    apps.ReplicaSet: ResourceKind("apps/v1", "replicasets", True, apps.ReplicaSet, apps.ReplicaSetList),
+    apps.StatefulSet: ResourceKind("apps/v1", "statefulsets", True, apps.StatefulSet, apps.StatefulSetList),
     scheduling.PodGroup: ResourceKind(
         scheduling.API_VERSION, "podgroups", True, scheduling.PodGroup, scheduling.PodGroupList
     ),

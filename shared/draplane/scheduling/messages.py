@@ -15,6 +15,7 @@ import re
 import msgspec
 
 from draplane.api.core import PodSpec
+from draplane.api.policy import LabelSelector
 from draplane.api.resource import AllocationResult
 from draplane.messages.refs import ObjectRef
 from draplane.scheduling.volume_binding import PodVolumes
@@ -63,6 +64,10 @@ class PendingPod(msgspec.Struct, tag="pending", kw_only=True):
     # The pod's extended resources that DRA serves through the claim made for it (KEP-5004, its
     # ClaimRef is among `claims`): node fit does not count them against allocatable.
     dra_extended_resources: list[str] | None = None
+    # kube-scheduler's default spreading, for a pod without topologySpreadConstraints: the selector
+    # of the pods its Services and controller select (pod_topology_spread.default_selector). None:
+    # none selects it, or an older binder.
+    default_spread: LabelSelector | None = None
 
 
 class ClaimPlacement(msgspec.Struct, kw_only=True):

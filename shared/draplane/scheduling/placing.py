@@ -42,7 +42,7 @@ from draplane.api.resource import (
 )
 from draplane.cel.errors import CELError
 from draplane.scheduling import reservations as rv
-from draplane.api.policy import PodDisruptionBudget
+from draplane.api.policy import LabelSelector, PodDisruptionBudget
 from draplane.scheduling import inter_pod_affinity as ipa
 from draplane.scheduling import pod_scores
 from draplane.scheduling import pod_topology_spread as spread
@@ -685,16 +685,18 @@ class SchedulingState:
 
         return node_filter, fit_failures
 
-    def _preferences(self, pod: Pod) -> dict[str, float] | None:
-        """What the pod's preferred pod affinity and ScheduleAnyway spread, and the placed pods'
-        terms towards it, take off each node's score (pod_scores); None for the pods without any
-        of them (most)."""
-        if not pod_scores.has_preferences(pod) and not self.placed.has_score_terms():
+    def _preferences(self, pod: Pod, default_spread: LabelSelector | None = None) -> dict[str, float] | None:
+        """What the pod's preferred pod affinity and ScheduleAnyway spread (or the default
+        spreading among the pods of its services and controller), and the placed pods' terms
+        towards it, take off each node's score (pod_scores); None for the pods without any of them."""
+        if not pod_scores.has_preferences(pod) and not self.placed.has_score_terms() and (
+                default_spread is None or pod.spec.topology_spread_constraints):
             return None
         meta = pod.metadata
         return pod_scores.node_bonus(pod_scores.preferences(pod, self.nodes, self.placed, now=time.time(),
                                                             where=f"pod {meta.namespace}/{meta.name}",
-                                                            domains=self.node_domains))
+                                                            domains=self.node_domains,
+                                                            default_spread=default_spread))
 
     def filter_nodes(self, pod: Pod, *, volumes: volume_binding.PodVolumes | None = None) -> tuple[list[str], NotPlaced]:
         """Every node through the pod's filters but DynamicResources (a pod without claims is
@@ -715,11 +717,13 @@ class SchedulingState:
 
     def place_pod(self, pod: Pod, claims: Sequence[ResourceClaim], *,
                   volumes: volume_binding.PodVolumes | None = None,
-                  dra_extended_resources: Collection[str] = ()) -> Placed | NotPlaced:
+                  dra_extended_resources: Collection[str] = (),
+                  default_spread: LabelSelector | None = None) -> Placed | NotPlaced:
         """Where `pod` and its claims can go: node fit first, then the devices, best score wins.
         `volumes` is what the binder's VolumeBinding PreFilter found of the pod's PVCs;
         `dra_extended_resources`, the extended resources a claim made for the pod serves, which
-        NodeResourcesFit leaves to DRA (kube-scheduler's shouldDelegateResourceToDRA)."""
+        NodeResourcesFit leaves to DRA (kube-scheduler's shouldDelegateResourceToDRA);
+        `default_spread`, the selector of the pods it spreads among by default (pod_scores)."""
         try:
             requests = pod_requests(pod)
         except NodeFitError as exc:
@@ -751,7 +755,7 @@ class SchedulingState:
 
         try:
             node_filter, fit_failures = self._pod_filter(pod, requests, volumes=volumes, pinned=pinned)
-            bonus = self._preferences(pod)
+            bonus = self._preferences(pod, default_spread)
         except (NodeFitError, ipa.PodAffinityError, spread.SpreadError) as exc:
             return NotPlaced(message=str(exc), failures=[], claim_error=str(exc))
 

@@ -25,9 +25,14 @@ normalizes over every node (the shard filters lazily, best first). The order of 
 plugin is the same; only the scale between the two plugins can differ. A placed pod's terms are
 read from the bound pods in the cluster bucket; a pod reserved by a shard but not bound yet scores
 with its labels only (its reservation carries no terms). A namespaceSelector with labels in a
-placed pod's term is taken as every namespace (shards hold no Namespace objects). Not read: the
-default spread constraints kube-scheduler derives from the pod's Services and ReplicaSets, which
-shards do not see.
+placed pod's term is taken as every namespace (shards hold no Namespace objects).
+
+Default spreading: a pod with no topologySpreadConstraints of its own is spread as kube-scheduler's
+default profile spreads it (maxSkew 3 over kubernetes.io/hostname, 5 over topology.kubernetes.io/
+zone, ScheduleAnyway) among the pods its Services and its ReplicaSet, StatefulSet or
+ReplicationController select: the binder, which watches those, puts that selector in the
+PendingPod (pod_topology_spread.default_selector). Unlike a pod's own constraints, a node without
+a key still scores, by the constraints whose key it has.
 """
 
 from __future__ import annotations
@@ -37,6 +42,7 @@ from collections import Counter
 from collections.abc import Mapping
 
 from draplane.api.core import Node, Pod, PodAffinityTerm, PodSpec, WeightedPodAffinityTerm
+from draplane.api.policy import LabelSelector
 from draplane.scheduling import pod_topology_spread as spread
 from draplane.scheduling.inter_pod_affinity import PodAffinityError, term_selects
 from draplane.scheduling.placed_pods import PlacedPods, term_namespaces
@@ -126,24 +132,31 @@ def inter_pod_affinity(pod: Pod, nodes: Mapping[str, Node], placed: PlacedPods, 
 
 
 def topology_spread(pod: Pod, nodes: Mapping[str, Node], placed: PlacedPods, *, now: float,
-                    domains: spread.NodeDomains | None = None) -> dict[str, float] | None:
+                    domains: spread.NodeDomains | None = None,
+                    default_spread: LabelSelector | None = None) -> dict[str, float] | None:
     """0..100 per node for the pod's ScheduleAnyway constraints, None without any. `domains`: the
-    caller's NodeDomains over the same nodes, whose eligible nodes are kept between pods."""
-    constraints = spread.constraints_of(pod, "ScheduleAnyway")
+    caller's NodeDomains over the same nodes, whose eligible nodes are kept between pods;
+    `default_spread`: the pod's default selector, spread by when it has no constraints."""
+    if pod.spec.topology_spread_constraints:
+        constraints = spread.constraints_of(pod, "ScheduleAnyway")
+        require_all_keys = True
+    else:
+        constraints = spread.default_constraints(default_spread) if default_spread is not None else []
+        require_all_keys = False
     if not constraints:
         return None
     namespace = pod.metadata.namespace or "default"
     uid = pod.metadata.uid
     where = f"pod {namespace}/{pod.metadata.name}: spec.topologySpreadConstraints"
-    counted = [n for n, node in nodes.items()
-               if all(c.topology_key in (node.metadata.labels or {}) for c in constraints)]
+    counted = [n for n, node in nodes.items() if not require_all_keys
+               or all(c.topology_key in (node.metadata.labels or {}) for c in constraints)]
     ignored = set(nodes) - set(counted)
     per_constraint: list[tuple[spread.Constraint, float, dict[str, int]]] = []
     eligibility = domains if domains is not None else spread.NodeDomains(nodes)
-    keys = tuple(dict.fromkeys(c.topology_key for c in constraints))
+    keys = tuple(dict.fromkeys(c.topology_key for c in constraints)) if require_all_keys else ()
     for i, c in enumerate(constraints):
         labels_of = {n: nodes[n].metadata.labels or {} for n in counted}
-        values = {labels_of[n][c.topology_key] for n in counted}
+        values = {labels_of[n].get(c.topology_key, "") for n in counted}
         size = len(counted) if c.topology_key == HOSTNAME else len(values)
         weight = math.log(size + 2)
         # pods per domain, over the nodes the inclusion policies keep (on the node alone for the
@@ -161,11 +174,14 @@ def topology_spread(pod: Pod, nodes: Mapping[str, Node], placed: PlacedPods, *, 
             for n, count in per_node.items():
                 if n in eligible and eligible[n] in values:
                     by_value[eligible[n]] += count
-            counts = {n: by_value[labels_of[n][c.topology_key]] for n in counted}
+            counts = {n: by_value[labels_of[n].get(c.topology_key, "")] for n in counted}
         per_constraint.append((c, weight, counts))
     raw: dict[str, int] = {}
     for n in counted:
-        score = sum(count[n] * weight + (c.max_skew - 1) for c, weight, count in per_constraint)
+        labels = nodes[n].metadata.labels or {}
+        # (with the pod's own constraints every counted node has every key)
+        score = sum(count[n] * weight + (c.max_skew - 1) for c, weight, count in per_constraint
+                    if c.topology_key in labels)
         raw[n] = int(math.floor(score + 0.5))  # Go's math.Round for these non-negative scores
     found = dict.fromkeys(ignored, 0.0)
     if raw:
@@ -176,11 +192,13 @@ def topology_spread(pod: Pod, nodes: Mapping[str, Node], placed: PlacedPods, *, 
 
 
 def preferences(pod: Pod, nodes: Mapping[str, Node], placed: PlacedPods, *, now: float,
-                where: str = "pod", domains: spread.NodeDomains | None = None) -> dict[str, float] | None:
+                where: str = "pod", domains: spread.NodeDomains | None = None,
+                default_spread: LabelSelector | None = None) -> dict[str, float] | None:
     """The weighted sum of both plugins' normalized scores per node (0..400), None when the pod has
     no soft constraints."""
     scores = [s for s in (inter_pod_affinity(pod, nodes, placed, now=now, where=where),
-                          topology_spread(pod, nodes, placed, now=now, domains=domains)) if s is not None]
+                          topology_spread(pod, nodes, placed, now=now, domains=domains,
+                                          default_spread=default_spread)) if s is not None]
     if not scores:
         return None
     return {name: float(sum(PLUGIN_WEIGHT * s.get(name, 0.0) for s in scores)) for name in nodes}

@@ -21,8 +21,9 @@ from collections.abc import Iterable, Mapping
 import msgspec
 
 from draplane.allocation.nodefit import NodeFitError, matches_node_affinity, untolerated_taint
+from draplane.api.apps import Service
 from draplane.api.core import Node, Pod
-from draplane.api.policy import LabelSelector, LabelSelectorError, label_selector_matches
+from draplane.api.policy import LabelSelector, LabelSelectorError, LabelSelectorRequirement, label_selector_matches
 from draplane.scheduling.placed_pods import PlacedPods
 
 REASON = "node(s) didn't match pod topology spread constraints"
@@ -75,6 +76,57 @@ def constraints_of(pod: Pod, when_unsatisfiable: str = "DoNotSchedule") -> list[
                                 honor_node_affinity=(c.node_affinity_policy or "Honor") == "Honor",
                                 honor_taints=(c.node_taints_policy or "Ignore") == "Honor"))
     return found
+
+
+# kube-scheduler's default profile (defaultingType System): for a pod with no constraints of its
+# own, these spread it among the pods its services and controller select, in Score only.
+SYSTEM_DEFAULT_SPREAD = (("kubernetes.io/hostname", 3), ("topology.kubernetes.io/zone", 5))
+
+_CONTROLLER_KINDS = {("v1", "ReplicationController"), ("apps/v1", "ReplicaSet"), ("apps/v1", "StatefulSet")}
+
+
+def default_constraints(selector: LabelSelector) -> list[Constraint]:
+    """The system default constraints over the pod's default selector (ScheduleAnyway)."""
+    return [Constraint(max_skew=skew, topology_key=key, selector=selector, min_domains=1, honor_node_affinity=True,
+                       honor_taints=False) for key, skew in SYSTEM_DEFAULT_SPREAD]
+
+
+def default_selector(pod: Pod, services: Iterable[Service], controllers: Mapping[tuple[str, str], LabelSelector | dict]
+                     ) -> LabelSelector | None:
+    """kube-scheduler's DefaultSelector: the labels of every service in the pod's namespace whose
+    selector matches the pod, merged, and its controller's selector (a ReplicationController's
+    labels merged too; a ReplicaSet's or StatefulSet's requirements added). `controllers`:
+    (kind, name) -> selector, of the pod's namespace. None when that selects nothing (no default
+    spreading then)."""
+    labels = pod.metadata.labels or {}
+    merged: dict[str, str] = {}
+    for service in services:
+        wanted = service.spec.selector
+        if wanted is not None and all(labels.get(k) == v for k, v in wanted.items()):
+            merged.update(wanted)
+    expressions: list[LabelSelectorRequirement] = []
+    owner = next((ref for ref in pod.metadata.owner_references or () if ref.controller), None)
+    if owner is not None and (owner.api_version, owner.kind) in _CONTROLLER_KINDS:
+        found = controllers.get((owner.kind, owner.name))
+        if isinstance(found, dict):
+            merged.update(found)
+        elif found is not None:
+            if not _valid(found):
+                found = LabelSelector()  # kube-scheduler skips a selector it cannot parse
+            expressions += [LabelSelectorRequirement(key=k, operator="In", values=[v])
+                            for k, v in sorted((found.match_labels or {}).items())]
+            expressions += found.match_expressions or []
+    if not merged and not expressions:
+        return None
+    return LabelSelector(match_labels=merged or None, match_expressions=expressions or None)
+
+
+def _valid(selector: LabelSelector) -> bool:
+    try:
+        label_selector_matches(selector, {})
+    except LabelSelectorError:
+        return False
+    return True
 
 
 @dataclasses.dataclass(slots=True)
@@ -136,7 +188,7 @@ class NodeDomains:
                 continue
             if constraint.honor_taints and untolerated_taint(spec.tolerations or [], (node.spec.taints or []) if node.spec else []):
                 continue
-            eligible[name] = labels[constraint.topology_key]
+            eligible[name] = labels.get(constraint.topology_key, "")  # "": no key (default spreading)
         if len(self._eligible) >= self.KEPT:
             self._eligible.clear()
         found = self._eligible[cache_key] = (eligible, tuple(dict.fromkeys(eligible.values())))

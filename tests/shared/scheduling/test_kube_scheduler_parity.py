@@ -10,7 +10,9 @@ node, and, where no node is feasible, the same `0/N nodes are available: ...` me
 Hypothesis (300 examples, derandomized, shrinking) plus a fixed sweep of 3,000 cases of the
 generator's own distribution, the one bench/scheduler_parity.py measures. Volumes go through the
 binder's PreFilter (volume_binding.pre_filter, where the binder calls it) and the shard's Filter.
-CSI attach limits (NodeVolumeLimits) go through the binder's evaluation (node_volume_limits). Not
+CSI attach limits (NodeVolumeLimits) go through the binder's evaluation (node_volume_limits), and
+the default spreading of a pod without constraints among the pods its Services and controller
+select through the selector the binder finds (pod_topology_spread.default_selector). Not
 compared: the other scores (draplane ranks by its devices), PostFilter's preemption note, claims
 (the allocator parity test's), storage capacity (not read yet), namespaceSelectors with labels
 (draplane refuses them in affinity terms).
@@ -71,6 +73,7 @@ def test_generator_reaches_every_filter(kube_scheduler):
     seen: set[str] = set()
     feasible = refused_everywhere = 0
     scores_vary: set[str] = set()
+    default_spreading = 0  # cases where kube-scheduler's default constraints tell the nodes apart
     for _ in range(1500):
         case = generate.case(rng.randint)
         kube = kube_scheduler.filter(case)
@@ -80,6 +83,7 @@ def test_generator_reaches_every_filter(kube_scheduler):
             for plugin in ("InterPodAffinity", "PodTopologySpread"):
                 if len({scores.get(plugin) for scores in kube["scores"].values()}) > 1:
                     scores_vary.add(plugin)
+                    default_spreading += plugin == "PodTopologySpread" and "services" in case
         seen.update(reason for reasons in kube["reasons"].values() for reason in reasons)
     wanted = {
         "node(s) were unschedulable", "node(s) had untolerated taint(s)",
@@ -100,3 +104,4 @@ def test_generator_reaches_every_filter(kube_scheduler):
     assert wanted <= seen, f"never provoked: {sorted(wanted - seen)}"
     assert feasible > 100 and refused_everywhere > 100
     assert scores_vary == {"InterPodAffinity", "PodTopologySpread"}  # compared where every node is feasible
+    assert default_spreading > 20, default_spreading

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import msgspec
 
+from draplane.api.apps import Service, ServiceSpec
 from draplane.api.core import Node, Pod
 from draplane.scheduling import pod_topology_spread as spread
 from draplane.scheduling.placed_pods import PlacedPod, PlacedPods
@@ -97,3 +98,63 @@ def test_schedule_anyway_is_no_filter_and_empty_selectors_count_nothing():
     empty = pod([{**zone(), "labelSelector": {}}])
     state = pre_filter(empty, NODES, [web("a1"), web("a1")])
     assert state.counts == [{"a": 0, "b": 0, "c": 0}] and state.self_match == [True]
+
+
+# --- the default selector kube-scheduler's system default constraints spread by ------------------
+
+
+def owned(kind: str, api_version: str = "apps/v1", labels=None) -> Pod:
+    return msgspec.convert({"metadata": {"name": "p", "namespace": "ns", "labels": labels or {"app": "web", "rev": "2"},
+                                         "ownerReferences": [{"apiVersion": api_version, "kind": kind, "name": "o",
+                                                              "uid": "u", "controller": True}]},
+                            "spec": {"containers": [{"name": "c"}]}}, Pod)
+
+
+def service(selector) -> Service:
+    return Service(spec=ServiceSpec(selector=selector))
+
+
+def test_the_default_selector_merges_the_services_that_select_the_pod_and_adds_its_controllers():
+    from draplane.api.policy import LabelSelector, LabelSelectorRequirement
+
+    services = [service({"app": "web"}), service({"app": "db"}), service(None), service({"rev": "2"})]
+    rs = LabelSelector(match_labels={"app": "web"},
+                       match_expressions=[LabelSelectorRequirement(key="rev", operator="In", values=["2", "3"])])
+    found = spread.default_selector(owned("ReplicaSet"), services, {("ReplicaSet", "o"): rs})
+    assert found.match_labels == {"app": "web", "rev": "2"}  # the db service and the selectorless one do not count
+    assert [(e.key, e.operator, e.values) for e in found.match_expressions] == [
+        ("app", "In", ["web"]), ("rev", "In", ["2", "3"])]
+    # a ReplicationController's selector is labels, merged
+    rc = spread.default_selector(owned("ReplicationController", "v1"), [], {("ReplicationController", "o"): {"tier": "x"}})
+    assert rc.match_labels == {"tier": "x"} and rc.match_expressions is None
+
+
+def test_no_default_selector_for_an_owner_kube_scheduler_does_not_read_or_that_is_gone():
+    rs = {("ReplicaSet", "o"): {"app": "web"}}
+    assert spread.default_selector(owned("Job", "batch/v1"), [], rs) is None
+    assert spread.default_selector(owned("ReplicaSet", "extensions/v1beta1"), [], rs) is None
+    assert spread.default_selector(owned("ReplicaSet"), [], {}) is None  # the ReplicaSet is gone
+    assert spread.default_selector(owned("ReplicaSet"), [service({"app": "db"})], {}) is None
+
+
+def test_default_constraints_score_nodes_without_a_zone_by_their_hostname_alone():
+    from draplane.api.policy import LabelSelector
+    from draplane.scheduling import pod_scores
+
+    nodes = {n.metadata.name: msgspec.structs.replace(
+        n, metadata=msgspec.structs.replace(n.metadata, labels={
+            **({"topology.kubernetes.io/zone": n.metadata.labels["zone"]} if "zone" in n.metadata.labels else {}),
+            "kubernetes.io/hostname": n.metadata.name})) for n in NODES[:3] + NODES[4:]}
+    placed = PlacedPods.of([web("a1"), web("a1"), web("bare")])
+    plain = msgspec.convert({"metadata": {"name": "p", "namespace": "ns", "labels": {"app": "web"}},
+                             "spec": {"containers": [{"name": "c"}]}}, Pod)
+    assert pod_scores.topology_spread(plain, nodes, placed, now=0.0) is None  # nothing selects it: no default
+    scores = pod_scores.topology_spread(plain, nodes, placed, now=0.0,
+                                        default_spread=LabelSelector(match_labels={"app": "web"}))
+    # fewer replicas on the node and in its zone score higher; a node without a zone label is
+    # scored by its hostname alone (its pod counts there, no zone term is added), so it comes first
+    assert scores["a1"] < scores["a2"] < scores["b1"] < scores["bare"] == 100.0
+    # a pod's own constraints replace the defaults, and only ScheduleAnyway ones score
+    own = pod([zone()])
+    assert pod_scores.topology_spread(own, nodes, placed, now=0.0,
+                                      default_spread=LabelSelector(match_labels={"app": "web"})) is None

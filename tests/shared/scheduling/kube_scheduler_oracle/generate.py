@@ -14,7 +14,9 @@ namespaceSelector), preferred ones, and DoNotSchedule and ScheduleAnyway topolog
 (minDomains, the inclusion policies, matchLabelKeys); claims on local volumes, and on CSI volumes
 with CSINode attach limits, VolumeAttachments and a CSIDriver that must be on the node
 (NodeVolumeLimits). Where every node is feasible the two
-scoring plugins that read other pods (InterPodAffinity, PodTopologySpread) are compared too.
+scoring plugins that read other pods (InterPodAffinity, PodTopologySpread) are compared too,
+the latter also for a pod without constraints that Services and a ReplicaSet, StatefulSet or
+ReplicationController select (kube-scheduler's default spreading).
 
 `draw(lo, hi)` is the randomness: random.Random.randint for the bench, hypothesis' integers for
 the test (so a failure shrinks). `draplane_filter(case)` runs the same case through draplane.
@@ -390,6 +392,41 @@ def pending_pod(draw: Draw, nodes: list[dict]) -> dict:
             "spec": spec}
 
 
+def default_spread_objects(draw: Draw, pod: dict) -> dict:
+    """Services and a controller that select the pending pod (which has no constraints of its
+    own): kube-scheduler's default profile spreads it among the pods they select."""
+    labels = pod["metadata"].setdefault("labels", {})
+    app = labels.setdefault("app", choice(draw, APPS))
+    found: dict = {}
+    services = []
+    if chance(draw, 60):
+        selector = {"app": app, **({"tier": labels["tier"]} if "tier" in labels and chance(draw, 50) else {})}
+        services.append(selector)
+    if chance(draw, 30):
+        services.append({"app": choice(draw, APPS)})  # selects the pod only if the app is its own
+    found["services"] = [{"apiVersion": "v1", "kind": "Service", "metadata": {"name": f"svc-{i}", "namespace": "ns"},
+                          "spec": {"selector": selector, "ports": [{"port": 80, "protocol": "TCP"}]}}
+                         for i, selector in enumerate(services)]
+    kind = choice(draw, ("ReplicaSet", "StatefulSet", "ReplicationController", "Job", None))
+    if kind is None:
+        return found
+    api_version = {"ReplicationController": "v1", "Job": "batch/v1"}.get(kind, "apps/v1")
+    pod["metadata"]["ownerReferences"] = [{"apiVersion": api_version, "kind": kind, "name": "owner",
+                                           "uid": "uid-owner", "controller": True}]
+    template = {"metadata": {"labels": dict(labels)}, "spec": {"containers": [{"name": "c", "image": "busybox"}]}}
+    if kind == "ReplicationController":
+        found["replicationControllers"] = [{"apiVersion": "v1", "kind": kind, "metadata": {"name": "owner", "namespace": "ns"},
+                                            "spec": {"selector": {"app": app}, "template": template}}]
+    elif kind in ("ReplicaSet", "StatefulSet") and chance(draw, 85):  # else: the owner is gone
+        selector: dict = {"matchLabels": {"app": app}}
+        if "rev" in labels and chance(draw, 50):
+            selector["matchExpressions"] = [{"key": "rev", "operator": "In", "values": [labels["rev"], "9"]}]
+        plural = "replicaSets" if kind == "ReplicaSet" else "statefulSets"
+        found[plural] = [{"apiVersion": "apps/v1", "kind": kind, "metadata": {"name": "owner", "namespace": "ns"},
+                          "spec": {"selector": selector, "template": template}}]
+    return found
+
+
 def scoring_case(draw: Draw) -> dict:
     """A case where every node is feasible, so that scores compare: roomy untainted nodes, bound
     pods of the apps, and a pending pod with only preferred terms and ScheduleAnyway spread."""
@@ -414,8 +451,9 @@ def scoring_case(draw: Draw) -> dict:
                 for _ in range(draw(1, 2))]}
     if affinity:
         spec["affinity"] = affinity
+    defaults = chance(draw, 35)  # no constraints of its own: spread as its services and owner say
     constraints = []
-    for _ in range(draw(0 if affinity else 1, 2)):
+    for _ in range(0 if defaults else draw(0 if affinity else 1, 2)):
         soft = spread_constraint(draw)
         soft["whenUnsatisfiable"] = "ScheduleAnyway"
         soft.pop("minDomains", None)  # only with DoNotSchedule
@@ -425,7 +463,10 @@ def scoring_case(draw: Draw) -> dict:
     pod = {"apiVersion": "v1", "kind": "Pod",
            "metadata": {"name": "pending", "namespace": "ns", "uid": "uid-pending", "labels": pod_labels(draw)},
            "spec": spec}
-    return {"nodes": nodes, "pods": pods, "pod": pod}
+    found = {"nodes": nodes, "pods": pods, "pod": pod}
+    if defaults:
+        found.update(default_spread_objects(draw, pod))
+    return found
 
 
 def case(draw: Draw) -> dict:
@@ -514,11 +555,29 @@ def draplane_filter(case: dict) -> dict:
         found["scores"] = {name: {} for name in feasible}
         for plugin, scores in (("InterPodAffinity", pod_scores.inter_pod_affinity(pod, state.nodes, state.placed,
                                                                                    now=time.time())),
-                               ("PodTopologySpread", pod_scores.topology_spread(pod, state.nodes, state.placed,
-                                                                                now=time.time()))):
+                               ("PodTopologySpread", pod_scores.topology_spread(
+                                   pod, state.nodes, state.placed, now=time.time(),
+                                   default_spread=default_spread(case, pod)))):
             for name in feasible:
                 found["scores"][name][plugin] = int(pod_scores.PLUGIN_WEIGHT * (scores or {}).get(name, 0.0))
     return found
+
+
+def default_spread(case: dict, pod) -> Any:
+    """The pod's default spreading selector, as the binder finds it (draplane_binder.spreading)."""
+    from draplane.api.apps import ReplicaSet, ReplicationController, Service, StatefulSet
+    from draplane.scheduling import pod_topology_spread
+
+    if pod.spec.topology_spread_constraints:
+        return None
+    services = [msgspec.convert(o, Service) for o in case.get("services", ())]
+    controllers: dict = {}
+    for field, model in (("replicaSets", ReplicaSet), ("statefulSets", StatefulSet),
+                         ("replicationControllers", ReplicationController)):
+        for raw in case.get(field, ()):
+            obj = msgspec.convert(raw, model)
+            controllers[(raw["kind"], obj.metadata.name)] = obj.spec.selector
+    return pod_topology_spread.default_selector(pod, services, controllers)
 
 
 def compare(kube: dict, ours: dict) -> str | None:

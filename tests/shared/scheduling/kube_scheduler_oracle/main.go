@@ -6,7 +6,9 @@
 //
 //	{"nodes": [<v1 Node>], "pods": [<v1 Pod bound to a node>], "pod": <the pending v1 Pod>,
 //	 "volumes": [<PersistentVolume>], "claims": [<PersistentVolumeClaim>], "storageClasses": [<StorageClass>],
-//	 "csiNodes": [<CSINode>], "csiDrivers": [<CSIDriver>], "volumeAttachments": [<VolumeAttachment>]}
+//	 "csiNodes": [<CSINode>], "csiDrivers": [<CSIDriver>], "volumeAttachments": [<VolumeAttachment>],
+//	 "services": [<Service>], "replicaSets": [<ReplicaSet>], "statefulSets": [<StatefulSet>],
+//	 "replicationControllers": [<ReplicationController>]}
 //
 // Output (stdout): one JSON line per case:
 //
@@ -29,6 +31,7 @@ import (
 	"sort"
 	"time"
 
+	appsv1 "k8s.io/api/apps/v1"
 	v1 "k8s.io/api/core/v1"
 	storagev1 "k8s.io/api/storage/v1"
 	"k8s.io/apimachinery/pkg/runtime"
@@ -64,6 +67,10 @@ type input struct {
 	CSINodes       []*storagev1.CSINode          `json:"csiNodes"`
 	CSIDrivers     []*storagev1.CSIDriver        `json:"csiDrivers"`
 	Attachments    []*storagev1.VolumeAttachment `json:"volumeAttachments"`
+	Services       []*v1.Service                 `json:"services"`
+	ReplicaSets    []*appsv1.ReplicaSet          `json:"replicaSets"`
+	StatefulSets   []*appsv1.StatefulSet         `json:"statefulSets"`
+	Controllers    []*v1.ReplicationController   `json:"replicationControllers"`
 }
 
 type output struct {
@@ -124,6 +131,18 @@ func run(ctx context.Context, profile *schedulerapi.KubeSchedulerProfile, in inp
 	}
 	for _, a := range in.Attachments {
 		objects = append(objects, a)
+	}
+	for _, o := range in.Services {
+		objects = append(objects, o)
+	}
+	for _, o := range in.ReplicaSets {
+		objects = append(objects, o)
+	}
+	for _, o := range in.StatefulSets {
+		objects = append(objects, o)
+	}
+	for _, o := range in.Controllers {
+		objects = append(objects, o)
 	}
 	client := fake.NewSimpleClientset(objects...)
 	informerFactory := informers.NewSharedInformerFactory(client, 0)
