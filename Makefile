@@ -52,6 +52,7 @@ chromium:
 test: setup
 	-@$(MAKE) --no-print-directory chromium
 	-@$(MAKE) --no-print-directory node-packages
+	$(VENV)/bin/python -m draplane.localenv.binaries --with-test-servers
 	$(VENV)/bin/python tests/parallel_suite.py $(PYTEST_ARGS)
 
 # Pure-core tests only: no servers, about 2 minutes.

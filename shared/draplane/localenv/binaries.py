@@ -21,6 +21,7 @@ ETCD_VERSION = "v3.7.3"
 NATS_SERVER_VERSION = "v2.15.3"
 KWOK_VERSION = "v0.8.0"
 CONTAINERD_VERSION = "v2.4.2"
+KUEUE_VERSION = "v0.17.0"
 
 
 class BinaryError(RuntimeError):
@@ -149,8 +150,21 @@ CTR = ServerBinary(
     package="github.com/containerd/containerd/v2/cmd/ctr",
     ldflags=_CONTAINERD_LDFLAGS,
 )
+# Kueue, the job queueing controller many GPU clusters run in front of their scheduler. Not run by
+# draplane: the tests run it on the local cluster (draplane.localenv.kueue) to show that draplane
+# places what Kueue admits. Its own go.mod decides its dependencies (Kubernetes 1.35 libraries).
+KUEUE = ServerBinary(
+    name="kueue",
+    version=KUEUE_VERSION,
+    env_override="DRAPLANE_KUEUE",
+    module="sigs.k8s.io/kueue",
+    package="sigs.k8s.io/kueue/cmd/kueue",
+    ldflags="-s -w",
+)
 ALL_BINARIES = (ETCD, NATS_SERVER, KUBE_APISERVER, KUBECTL, KUBE_CONTROLLER_MANAGER, KUBE_SCHEDULER, KUBELET, KWOK,
                 CONTAINERD, CONTAINERD_SHIM, CTR)
+# Built by `make test` only (`--with-test-servers`): what the tests run beside draplane.
+TEST_BINARIES = (KUEUE,)
 # The Kubernetes binaries share most of their packages: one wrapper module and one `go build`
 # compiles those once for all of them. Only the missing ones are built; the Go build cache keys
 # packages by their inputs, not by the wrapper, so adding one to a warm cache compiles only the
@@ -292,17 +306,24 @@ def build(binary: ServerBinary, *, progress=print) -> Path:
     return target
 
 
-def ensure_all(*, progress=print) -> dict[str, Path]:
+def ensure_all(*, progress=print, with_test_servers: bool = False) -> dict[str, Path]:
     found = {}
-    for binary in ALL_BINARIES:
+    for binary in ALL_BINARIES + (TEST_BINARIES if with_test_servers else ()):
         path = find(binary)
         found[binary.name] = path if path is not None else build(binary, progress=progress)
     return found
 
 
 def main(argv: list[str] | None = None) -> int:
+    args = sys.argv[1:] if argv is None else argv
+    unknown = [a for a in args if a != "--with-test-servers"]
+    if unknown:
+        print(f"usage: python -m draplane.localenv.binaries [--with-test-servers] (not: {' '.join(unknown)})",
+              file=sys.stderr)
+        return 2
     try:
-        for name, path in ensure_all(progress=lambda msg: print(f"draplane: {msg}", flush=True)).items():
+        for name, path in ensure_all(progress=lambda msg: print(f"draplane: {msg}", flush=True),
+                                     with_test_servers="--with-test-servers" in args).items():
             print(f"draplane: {name}: {path}", flush=True)
     except BinaryError as exc:
         print(f"draplane: error: {exc}", file=sys.stderr)

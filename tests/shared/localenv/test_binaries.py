@@ -101,3 +101,18 @@ def test_kube_scheduler_override_is_used(monkeypatch, tmp_path):
     fake.chmod(0o755)
     monkeypatch.setenv("DRAPLANE_KUBE_SCHEDULER", str(fake))
     assert binaries.require(binaries.KUBE_SCHEDULER) == fake
+
+
+def test_the_test_servers_are_built_only_when_asked(monkeypatch, tmp_path, capsys):
+    """`make demo` builds the servers draplane runs; `make test` adds Kueue (--with-test-servers)."""
+    monkeypatch.setenv("DRAPLANE_CACHE", str(tmp_path))
+    for binary in binaries.ALL_BINARIES + binaries.TEST_BINARIES:
+        fake = tmp_path / binary.name
+        fake.write_text("#!/bin/sh\n")
+        fake.chmod(0o755)
+        monkeypatch.setenv(binary.env_override, str(fake))
+    assert "kueue" not in binaries.ensure_all(progress=lambda _: None)
+    assert binaries.ensure_all(progress=lambda _: None, with_test_servers=True)["kueue"] == tmp_path / "kueue"
+    assert binaries.main(["--with-test-servers"]) == 0
+    assert binaries.main(["--with-tests"]) == 2
+    assert "usage: python -m draplane.localenv.binaries [--with-test-servers]" in capsys.readouterr().err
