@@ -355,6 +355,119 @@ spec:
     assert process.returncode == 0
 
 
+async def test_up_with_three_shards_honours_what_a_pod_says_of_where_it_may_run(tmp_path, control_plane):
+    """kube-scheduler's pod constraints through `draplane up` with 3 shards, applied with kubectl on
+    KWOK's nodes: a Deployment whose replicas must not share a node runs on 3 nodes; a gated pod
+    is left alone (no node, its claim unallocated, PodScheduled=False SchedulingGated) until its
+    gate is removed; a second pod asking for a host port taken on its node waits with
+    kube-scheduler's NodePorts reason."""
+    from draplane.localenv import binaries
+
+    workdir = tmp_path / "up"
+    process = subprocess.Popen(
+        [sys.executable, "-m", "draplane.cli", "up", "--nodes=4", "--shards=3", f"--workdir={workdir}",
+         "--no-real-node"],
+        stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, start_new_session=True,
+    )
+    kubeconfig = workdir / "controlplane" / "kubeconfig"
+
+    def kubectl(*args: str, stdin: str | None = None) -> str:
+        done = subprocess.run([str(binaries.require(binaries.KUBECTL)), f"--kubeconfig={kubeconfig}", *args],
+                              input=stdin, capture_output=True, text=True, timeout=120)
+        assert done.returncode == 0, f"kubectl {' '.join(args)}: {done.stderr}"
+        return done.stdout
+
+    def wait(what: str, check, timeout: float = 60.0):
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            value = check()
+            if value:
+                return value
+            time.sleep(0.5)
+        raise AssertionError(f"timed out waiting for {what}")
+
+    def pod_json(name: str) -> dict:
+        return json.loads(kubectl("get", "pod", name, "-o", "json"))
+
+    def scheduled_condition(name: str) -> dict:
+        return next((c for c in pod_json(name)["status"].get("conditions", []) if c["type"] == "PodScheduled"), {})
+
+    try:
+        await asyncio.to_thread(_wait_for_line, process, "Ctrl-C stops everything", 180)
+        wait("nodes Ready", lambda: kubectl("get", "nodes").count(" Ready ") == 4)
+        kubectl("apply", "-f", "-", stdin="""
+apiVersion: resource.k8s.io/v1
+kind: ResourceClaimTemplate
+metadata: {name: any-gpu}
+spec:
+  spec:
+    devices:
+      requests: [{name: gpu, exactly: {deviceClassName: gpu.nvidia.com}}]
+---
+apiVersion: apps/v1
+kind: Deployment
+metadata: {name: llm}
+spec:
+  replicas: 3
+  selector: {matchLabels: {app: llm}}
+  template:
+    metadata: {labels: {app: llm}}
+    spec:
+      affinity:
+        podAntiAffinity:
+          requiredDuringSchedulingIgnoredDuringExecution:
+            - {topologyKey: kubernetes.io/hostname, labelSelector: {matchLabels: {app: llm}}}
+      containers: [{name: c, image: registry.k8s.io/pause:3.10, resources: {claims: [{name: gpu}]}}]
+      resourceClaims: [{name: gpu, resourceClaimTemplateName: any-gpu}]
+---
+apiVersion: v1
+kind: Pod
+metadata: {name: gated}
+spec:
+  schedulingGates: [{name: example.com/quota}]
+  containers: [{name: c, image: registry.k8s.io/pause:3.10, resources: {claims: [{name: gpu}]}}]
+  resourceClaims: [{name: gpu, resourceClaimTemplateName: any-gpu}]
+""")
+        wait("the Deployment's 3 pods Running",
+             lambda: kubectl("get", "deployment", "llm", "-o", "jsonpath={.status.readyReplicas}") == "3", timeout=90)
+        nodes = kubectl("get", "pods", "-l", "app=llm", "-o", "jsonpath={.items[*].spec.nodeName}").split()
+        assert len(set(nodes)) == 3, nodes
+
+        condition = wait("the gated pod's condition", lambda: scheduled_condition("gated"))
+        assert (condition["status"], condition["reason"]) == ("False", "SchedulingGated"), condition
+        time.sleep(3)
+        assert not pod_json("gated")["spec"].get("nodeName")
+        gated_claim = wait("the gated pod's claim", lambda: pod_json("gated")["status"].get("resourceClaimStatuses"))
+        claim = json.loads(kubectl("get", "resourceclaim", gated_claim[0]["resourceClaimName"], "-o", "json"))
+        assert not claim.get("status", {}).get("allocation"), claim["status"]
+        kubectl("patch", "pod", "gated", "--type=json", "-p", '[{"op": "remove", "path": "/spec/schedulingGates"}]')
+        wait("the ungated pod Running", lambda: pod_json("gated")["status"].get("phase") == "Running")
+
+        node = nodes[0]
+
+        def port_pod(name: str) -> str:
+            return f"""
+apiVersion: v1
+kind: Pod
+metadata: {{name: {name}}}
+spec:
+  nodeSelector: {{kubernetes.io/hostname: {node}}}
+  containers: [{{name: c, image: registry.k8s.io/pause:3.10, ports: [{{containerPort: 80, hostPort: 8080}}]}}]
+"""
+
+        kubectl("apply", "-f", "-", stdin=port_pod("port-a"))
+        wait("port-a Running", lambda: pod_json("port-a")["status"].get("phase") == "Running")
+        kubectl("apply", "-f", "-", stdin=port_pod("port-b"))
+        message = wait("port-b refused", lambda: scheduled_condition("port-b").get("message", "")
+                       if "nodes are available" in scheduled_condition("port-b").get("message", "") else "")
+        assert "1 node(s) didn't have free ports for the requested pod ports" in message, message
+        assert not pod_json("port-b")["spec"].get("nodeName")
+    finally:
+        os.killpg(process.pid, signal.SIGINT) if process.poll() is None else None
+        process.wait(timeout=60)
+    assert process.returncode == 0
+
+
 class _Output:
     """`up`'s output as it comes, read by a task of its own (so the pipe never fills), for a test
     to wait on a line while it does other things."""
