@@ -219,3 +219,33 @@ spec:
     events = await get_json(kubectl, "events", "-n", namespace, "--field-selector", "reason=Preempted")
     assert len(events["items"]) == 16
     no_races_or_errors(scheduling)
+
+
+async def test_a_pod_whose_anti_affinity_a_lower_priority_pod_breaks_evicts_only_that_pod(
+        scheduling, kube, kubectl, namespace, classes):
+    """One node with GPUs to spare: the priority-0 `db` pod there is all that refuses a pod with a
+    required anti-affinity to db, and the other priority-0 pod refuses nothing. kube-scheduler
+    reruns its filters with the victims gone: db is evicted, the other pod stays, and the pod
+    binds beside it."""
+    class_name, (node,) = await gpu_cluster(scheduling, kube, nodes=1)
+    await scheduling.start()
+    await kubectl.apply("---".join([
+        template_yaml(namespace, "one-gpu", class_name, 1),
+        pod_yaml(namespace, "db", scheduling.scheduler_name, "one-gpu", labels={"app": "db"}),
+        pod_yaml(namespace, "batch", scheduling.scheduler_name, "one-gpu", labels={"app": "batch"}),
+    ]))
+    for name in ("db", "batch"):
+        await wait_bound(scheduling, kubectl, namespace, name)
+    web = pod_yaml(namespace, "web", scheduling.scheduler_name, "one-gpu", priority_class_name=classes["high"],
+                   labels={"app": "web"}).replace("  containers:", """  affinity:
+    podAntiAffinity:
+      requiredDuringSchedulingIgnoredDuringExecution:
+        - {topologyKey: kubernetes.io/hostname, labelSelector: {matchLabels: {app: db}}}
+  containers:""")
+    await kubectl.apply(web)
+    pod = await wait_bound(scheduling, kubectl, namespace, "web", timeout=60)
+    assert pod["spec"]["nodeName"] == node
+    assert set(await pods_left(kubectl, namespace)) == {"batch", "web"}
+    events = await get_json(kubectl, "events", "-n", namespace, "--field-selector", "reason=Preempted")
+    assert [e["involvedObject"]["name"] for e in events["items"]] == ["db"]
+    no_races_or_errors(scheduling)

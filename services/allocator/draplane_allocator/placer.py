@@ -69,7 +69,7 @@ class PreemptionHolds:
             step = protocol.nominate(entry, claim_reservations(pending, placed, now, expires_at, self.index),
                                      pod_reservation(pending, placed.requests, now, expires_at, self.index),
                                      victim_claims, self.view.lapse_clock(), state.claim_is_allocated,
-                                     state.pod_is_gone)
+                                     state.pod_is_gone, victim_pods={v.uid for v in victims})
         except rv.ReservationConflict as exc:
             self.log.info("shard %d: pod %s: no hold on node %s for its preemption: %s", self.index,
                           pending.pod.key(), node, exc, extra=fields(pod=pending.pod.key(), node=node))

@@ -21,7 +21,7 @@ constraints. The index answers the same questions from what a selector needs:
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Callable, Container, Iterable, Iterator, Mapping, Sequence
+from collections.abc import Callable, Collection, Container, Iterable, Iterator, Mapping, Sequence
 
 import msgspec
 
@@ -237,6 +237,11 @@ class PlacedPods:
         """Whether any placed pod has a term that scores another pod's nodes."""
         return bool(self._bound.score_terms.groups or self._reserved.score_terms.groups)
 
+    def without(self, gone: Collection[str]) -> PlacedPodsWithout:
+        """These placed pods less those of the uids in `gone`: what the filters read on a node
+        whose pods are evicted (preemption's trial of its victims)."""
+        return PlacedPodsWithout(self, frozenset(gone))
+
     def candidates(self, namespaces: Sequence[str] | None, selector: LabelSelector | None, now: float, *,
                    without: str | None = None) -> list[PlacedPod]:
         """A superset of the placed pods in `namespaces` (None: every namespace) that `selector`
@@ -277,3 +282,27 @@ class PlacedPods:
                        if uid != without and (pod := self._live_reserved(uid, now)) is not None]
             if holders:
                 yield group, holders
+
+
+class PlacedPodsWithout:
+    """PlacedPods less some pods, for the reads the filters make (InterPodAffinity's and
+    PodTopologySpread's PreFilters): each read of the whole with those pods left out."""
+
+    def __init__(self, placed: PlacedPods, gone: frozenset[str]) -> None:
+        self._placed = placed
+        self._gone = gone
+
+    def has_anti_affinity(self) -> bool:
+        return self._placed.has_anti_affinity()
+
+    def candidates(self, namespaces: Sequence[str] | None, selector: LabelSelector | None, now: float, *,
+                   without: str | None = None) -> list[PlacedPod]:
+        return [pod for pod in self._placed.candidates(namespaces, selector, now, without=without)
+                if pod.uid not in self._gone]
+
+    def anti_affinity_groups(self, labels: Mapping[str, str], now: float, *,
+                             without: str | None = None) -> Iterator[tuple[TermGroup, list[tuple[PlacedPod, int]]]]:
+        for group, holders in self._placed.anti_affinity_groups(labels, now, without=without):
+            kept = [(pod, times) for pod, times in holders if pod.uid not in self._gone]
+            if kept:
+                yield group, kept

@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import dataclasses
 import time
-from collections.abc import Collection, Iterable, Sequence
+from collections.abc import Collection, Iterable, Mapping, Sequence
 
 import msgspec
 
@@ -27,7 +27,7 @@ from draplane.allocation.fragmented_devices import (
 )
 from draplane.allocation.nodefit import (
     CPU, MEMORY, REASON_AFFINITY_CONFLICT, REASON_NOT_NAMED_BY_AFFINITY, HostPort, NodeFitError, node_allocatable,
-    node_fit, node_names_required, pod_host_ports, pod_requests,
+    REASON_NODE_PORTS, node_fit, node_names_required, pod_host_ports, pod_requests, ports_conflict,
 )
 from draplane.allocation.state import claim_key
 from draplane.api.core import Node, Pod
@@ -394,9 +394,10 @@ class SchedulingState:
         merged.update(bound)
         return merged
 
-    def ports_here(self, node: str, now: float | None = None, *, without: str | None = None) -> list[HostPort]:
+    def ports_here(self, node: str, now: float | None = None, *,
+                   without: str | Collection[str] | None = None) -> list[HostPort]:
         """The host ports held on a node: by the pods bound there, and by those reserved there under
-        a lease that has not run out (each pod once); `without` the pod of that uid."""
+        a lease that has not run out (each pod once); `without` the pod (or pods) of that uid."""
         held = dict(self.ports_on_node.get(node, {}))
         reserved = self.reserved_ports.get(node)
         if reserved:
@@ -404,7 +405,8 @@ class SchedulingState:
             for uid, (ports, expires_at) in reserved.items():
                 if expires_at > now and uid not in self._gone_pods:
                     held.setdefault(uid, ports)
-        held.pop(without, None)
+        for uid in ((without,) if isinstance(without, str) else without or ()):
+            held.pop(uid, None)
         return [port for ports in held.values() for port in ports]
 
     def _refresh_claim(self, uid: str) -> None:
@@ -508,13 +510,13 @@ class SchedulingState:
         if not has_terms and not self.placed.has_anti_affinity():
             return None
 
-        def node_labels(name: str):
-            node = self.nodes.get(name)
-            return (node.metadata.labels or {}) if node is not None else None
-
         meta = pod.metadata
-        return ipa.pre_filter(meta.namespace or "default", meta.labels or {}, spec, self.placed, node_labels,
+        return ipa.pre_filter(meta.namespace or "default", meta.labels or {}, spec, self.placed, self._node_labels,
                               where=f"pod {meta.namespace}/{meta.name}", now=time.time(), without=meta.uid)
+
+    def _node_labels(self, name: str) -> Mapping[str, str] | None:
+        node = self.nodes.get(name)
+        return (node.metadata.labels or {}) if node is not None else None
 
     def _free_cpu_memory(self, name: str) -> tuple[int, int]:
         """The node's allocatable CPU and memory minus the requests of the pods on it (0 when the
@@ -597,20 +599,45 @@ class SchedulingState:
             return None  # place_pod says why: no node can help
 
         def blocked(name: str) -> bool:
+            """Refused whoever is evicted (UnschedulableAndUnresolvable in kube-scheduler): by the
+            pod's volumes, a missing topology label, or its own required pod affinity."""
             node = self.nodes.get(name)
             if node is None:
                 return False
             labels = node.metadata.labels or {}
-            # A node the pod's volumes rule out stays ruled out whoever is evicted
-            # (UnschedulableAndUnresolvable in kube-scheduler).
-            return (spreading is not None and spread.filter_node(spreading, labels) is not None) or \
-                (affinity is not None and ipa.filter_node(affinity, labels) is not None) or \
-                bool(volume_binding.node_reasons(volumes, name, labels))
+            return (spreading is not None and spread.filter_node(spreading, labels) == spread.REASON_MISSING_LABEL) \
+                or (affinity is not None and ipa.filter_node(affinity, labels) == ipa.REASON_AFFINITY) \
+                or bool(volume_binding.node_reasons(volumes, name, labels))
+
+        wanted_ports = pod_host_ports(pod.spec)
+        meta = pod.metadata
+
+        def refused_without(name: str, gone: frozenset[str]) -> str | None:
+            """NodePorts, PodTopologySpread and InterPodAffinity on the node with the pods of the
+            uids `gone` evicted: kube-scheduler's filters rerun on the node less its victims."""
+            labels = (self.nodes[name].metadata.labels or {}) if name in self.nodes else {}
+            if wanted_ports:
+                held = self.ports_here(name, now, without=gone)
+                if ports_conflict(wanted_ports, held):
+                    return REASON_NODE_PORTS
+            if spreading is not None:
+                state = spread.pre_filter(pod, self.node_domains, self.placed.without(gone), now=time.time())
+                reason = spread.filter_node(state, labels) if state is not None else None
+                if reason is not None:
+                    return reason
+            if affinity is not None:
+                state = ipa.pre_filter(meta.namespace or "default", meta.labels or {}, pod.spec,
+                                       self.placed.without(gone), self._node_labels,
+                                       where=f"pod {meta.namespace}/{meta.name}", now=time.time(), without=meta.uid)
+                reason = ipa.filter_node(state, labels) if state is not None else None
+                if reason is not None:
+                    return reason
+            return None
 
         return preemption.plan_preemption(self.devices, pod, claims, running=running, claims_in_use=in_use,
                                           budgets=list(self.budgets.values()), in_use=used,
                                           ports_in_use=lambda node: self.ports_here(node, now), blocked=blocked,
-                                          now=now)
+                                          now=now, refused_without=refused_without)
 
     def held_elsewhere(self, claims: Sequence[ResourceClaim]) -> NotPlaced | None:
         """A claim reserved (not yet written) on devices another claim still holds: a preemption

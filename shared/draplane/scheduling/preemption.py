@@ -8,8 +8,13 @@ kube-scheduler's rules (pkg/scheduler/framework/plugins/defaultpreemption and
 framework/preemption), kept:
 - a pod with `preemptionPolicy: Never` never preempts;
 - only pods of strictly lower priority (`spec.priority`, 0 when unset) may be victims;
-- a node whose failure no eviction can cure (node affinity, an untolerated taint, a cordon) is not
-  a candidate: "Preemption is not helpful for scheduling.";
+- a node whose failure no eviction can cure (node affinity, an untolerated taint, a cordon, the
+  pod's required pod affinity, a missing topology label) is not a candidate: "Preemption is not
+  helpful for scheduling.";
+- a node refused for what its pods hold (a host port, required anti-affinity either way, a
+  topology spread skew) is one: the filters are run again on the node with each trial set of
+  victims gone, so a victim is evicted for the port or the anti-affinity it holds, and never
+  when evicting it does not let the pod fit;
 - on each candidate node every potential victim is removed first, and if the pod still does not
   fit the node is dropped: nobody is evicted for a pod that would not fit after eviction;
 - then victims are given back one by one, most important first (higher priority, then the
@@ -269,6 +274,7 @@ def plan_preemption(
     ports_in_use: Callable[[str], Sequence[HostPort]] | None = None,
     blocked: Callable[[str], bool] | None = None,
     now: float | None = None,
+    refused_without: Callable[[str, frozenset[str]], str | None] | None = None,
 ) -> PreemptionPlan | AwaitingVictims | NoPreemption:
     """The cheapest set of lower-priority victims on one node whose eviction lets `pod` and its
     (unallocated) `claims` fit there, or why there is none.
@@ -276,8 +282,11 @@ def plan_preemption(
     `running`: node -> the pods bound there. `claims_in_use`: "namespace/name" -> allocated claim,
     for the claims those pods use. `in_use(node)`: the summed requests and count of every pod bound
     to the node (defaults to summing `running`); `ports_in_use(node)`: the host ports held there;
-    `blocked(node)`: a node that a filter rejects whatever is evicted (InterPodAffinity: evicting
-    for it is left undone). The cluster's state is the same afterwards."""
+    `blocked(node)`: a node that a filter rejects whatever is evicted (UnschedulableAndUnresolvable
+    in kube-scheduler). `refused_without(node, uids)`: why the filters that read other pods (host
+    ports, InterPodAffinity, PodTopologySpread) refuse the node with the pods of those uids gone,
+    None when none does; without it a host port held on a node rules the node out. The cluster's
+    state is the same afterwards."""
     key = f"{pod.metadata.namespace or 'default'}/{pod.metadata.name}"
     refusal = preemption_refusal(pod)
     if refusal:
@@ -286,7 +295,7 @@ def plan_preemption(
     priority = pod_priority(pod)
     requests = pod_requests(pod)
     awaiting = _fits_once_terminating_pods_go(cluster, pod, claims, running, claims_in_use, requests, in_use,
-                                              priority)
+                                              priority, refused_without)
     if awaiting is not None:
         node, pods, placement = awaiting
         return AwaitingVictims(key, node, tuple(p.key for p in pods), placement, tuple(pods))
@@ -297,10 +306,11 @@ def plan_preemption(
         bound = list(running.get(name, ()))
         used, count = in_use(name) if in_use else _summed(bound)
         # Reasons no eviction cures end the node's chances at once.
-        # A host port held there counts as such: evicting its holder is left undone (a victim is
-        # chosen for the devices, CPU and memory it frees, never for a port).
-        blocking = [r for r in node_fit(pod, node, requests=requests, in_use=({}, 0),
-                                        ports_in_use=ports_in_use(name) if ports_in_use else None).reasons
+        # Without refused_without a host port held there counts as such: evicting its holder is
+        # left undone. With it, the port's holder is a victim like any other (NodePorts' refusal is
+        # Unschedulable, not UnschedulableAndUnresolvable, in kube-scheduler).
+        ports = ports_in_use(name) if ports_in_use and refused_without is None else None
+        blocking = [r for r in node_fit(pod, node, requests=requests, in_use=({}, 0), ports_in_use=ports).reasons
                     if r in (REASON_UNSCHEDULABLE, REASON_AFFINITY, REASON_NODE_PORTS)
                     or r.startswith(REASON_TAINT_PREFIX)]
         if blocking or (blocked is not None and blocked(name)):
@@ -315,7 +325,7 @@ def plan_preemption(
             per_node[name] = NO_VICTIMS
             continue
         outcome = _victims_on_node(cluster, pod, claims, name, candidates, budgets, requests, used, count,
-                                   claims_in_use, going=going)
+                                   claims_in_use, going=going, refused_without=refused_without)
         if isinstance(outcome, str):
             per_node[name] = outcome
         elif outcome.broken_budgets:
@@ -333,7 +343,8 @@ def plan_preemption(
                           chosen.placement)
 
 
-def _fits_once_terminating_pods_go(cluster, pod, claims, running, claims_in_use, requests, in_use, priority):
+def _fits_once_terminating_pods_go(cluster, pod, claims, running, claims_in_use, requests, in_use, priority,
+                                   refused_without=None):
     """The first node where the pod fits with only its lower-priority terminating pods gone."""
     for name in sorted(cluster.nodes):
         going = [p for p in running.get(name, ()) if p.terminating and p.priority < priority]
@@ -341,7 +352,7 @@ def _fits_once_terminating_pods_go(cluster, pod, claims, running, claims_in_use,
             continue
         used, count = in_use(name) if in_use else _summed(running.get(name, ()))
         outcome = _victims_on_node(cluster, pod, claims, name, going, (), requests, used, count, claims_in_use,
-                                   reprieve=False)
+                                   reprieve=False, refused_without=refused_without)
         if not isinstance(outcome, str):
             return name, going, outcome.placement
     return None
@@ -358,10 +369,13 @@ def _summed(pods: Iterable[RunningPod]) -> tuple[dict[str, int], int]:
 
 
 def _victims_on_node(cluster, pod, claims, name, candidates, budgets, requests, used, count,
-                     claims_in_use, *, reprieve: bool = True, going: Sequence[RunningPod] = ()) -> _NodeOutcome | str:
+                     claims_in_use, *, reprieve: bool = True, going: Sequence[RunningPod] = (),
+                     refused_without: Callable[[str, frozenset[str]], str | None] | None = None) -> _NodeOutcome | str:
     """kube-scheduler's SelectVictimsOnNode with devices: remove every candidate, check the pod
     fits, give victims back most important first (budget-breaking ones before the rest). `going`
-    (terminating pods) count as gone throughout and are never victims."""
+    (terminating pods) count as gone throughout and are never victims. The filters that read
+    other pods are asked again for each trial set (`refused_without`), as kube-scheduler runs its
+    filters on the node with the victims removed."""
     node = cluster.nodes[name]
     released = ReleasedClaims(cluster, claims_in_use)
     evicted: list[RunningPod] = list(candidates)
@@ -372,6 +386,10 @@ def _victims_on_node(cluster, pod, claims, name, candidates, budgets, requests, 
         fit = node_fit(pod, node, requests=requests, in_use=(remaining, count - freed))
         if not fit.fits:
             return ", ".join(fit.reasons)
+        if refused_without is not None:
+            why = refused_without(name, frozenset(p.uid for p in (*going, *evicted)))
+            if why is not None:
+                return why
         try:
             outcome = cluster.allocate_on_node(claims, name)
         except AllocationError as exc:

@@ -187,17 +187,19 @@ def nominate(
     now: float,
     claim_is_allocated: Callable[[str], bool],
     pod_is_gone: Callable[[str], bool] | None = None,
+    victim_pods: Iterable[str] = (),
 ) -> Commit:
     """Hold what a preemption frees for its preemptor: its claims reserved on the devices the
     victims' claims (`victims`, claim uids) still hold, and its CPU and memory, under a lease long
     enough for the victims to go. Only the victims' devices may be shared this way; any other
-    reserved device is a ReservationConflict, as in `commit`. Every other shard then sees the
+    reserved device is a ReservationConflict, as in `commit`. The host ports and anti-affinity of
+    the victim pods (`victim_pods`, pod uids) do not refuse the preemptor: they go for it. Every other shard then sees the
     devices taken, so none gives them away when the victims go; the preemptor's own placement,
     later, finds its claims reserved and waits until no other claim holds their devices
     (`SchedulingState.place_pod`). Undo: `abandon` (or the lease lapses)."""
     lapsed = lapse(entry, now, claim_is_allocated, pod_is_gone)
     base = lapsed.entry if lapsed.entry is not None else entry
-    added = rv.add(base, reservations, pod, displacing=set(victims))
+    added = rv.add(base, reservations, pod, displacing=set(victims), displacing_pods=set(victim_pods))
     return Commit(entry=None if added is base else added, lapsed=lapsed)
 
 

@@ -236,11 +236,12 @@ def has_lapsed_claims(entry: NodeReservations, now: float) -> bool:
 
 def add(
     entry: NodeReservations, reservations: Iterable[Reservation], pod: PodReservation | None = None,
-    *, displacing: Collection[str] = (),
+    *, displacing: Collection[str] = (), displacing_pods: Collection[str] = (),
 ) -> NodeReservations:
     """The entry with these reservations (and the pod's) added; raises ReservationConflict if a
     device is taken. The same entry object when there was nothing new to add. The devices of the
-    claims in `displacing` (preemption's victims, on their way out) do not count as taken.
+    claims in `displacing` (preemption's victims, on their way out) do not count as taken, nor do
+    the host ports and anti-affinity of the pods in `displacing_pods` (the victims themselves).
 
     Re-adding a claim's identical reservation, or a pod already reserved here, is a no-op so a
     redelivered commit stays idempotent; a *different* reservation for a claim already reserved
@@ -271,15 +272,16 @@ def add(
         added = True
     pods = entry.pods
     if pod is not None and pod.pod_uid not in pods:
+        staying = [other for uid, other in pods.items() if uid not in displacing_pods]
         if pod.host_ports:
-            held = [port for other in pods.values() for port in other.host_ports]
+            held = [port for other in staying for port in other.host_ports]
             if ports_conflict(pod.host_ports, held):
                 raise ReservationConflict(
                     f"pod {pod.pod_namespace}/{pod.pod_name}: a host port it asks for is already reserved on node "
                     f"{entry.node}")
-        if pod.anti_affinity or any(other.anti_affinity for other in pods.values()):
+        if pod.anti_affinity or any(other.anti_affinity for other in staying):
             others = [PlacedPod(uid=o.pod_uid, namespace=o.pod_namespace, labels=o.labels or {}, node=entry.node,
-                                anti_affinity=tuple(o.anti_affinity or ())) for o in pods.values()]
+                                anti_affinity=tuple(o.anti_affinity or ())) for o in staying]
             if conflicts_on_one_node(pod.pod_namespace, pod.labels or {}, pod.anti_affinity or (), others):
                 raise ReservationConflict(
                     f"pod {pod.pod_namespace}/{pod.pod_name}: a pod reserved on node {entry.node} breaks a "
