@@ -75,6 +75,9 @@ class VolumeBinder:
         self.attachments: dict[str, dict[str, tuple[str, str]]] = {}
         self._attachment_node: dict[str, str] = {}
         self.pods_on_node: dict[str, set[Key]] = {}
+        # node -> how many claims the pods in pods_on_node and _binding mount there (with
+        # duplicates): a bound on its volumes in use that spares counting them far from a limit
+        self._claims_on_node: dict[str, int] = {}
         self._binding: dict[str, dict[str, Pod]] = {}  # node -> pod uid -> pod
         self._binding_node: dict[str, str] = {}  # pod uid -> node
         self.synced = {what: asyncio.Event() for what in ("persistentvolumeclaims", "persistentvolumes",
@@ -212,11 +215,26 @@ class VolumeBinder:
             return
         if before:
             pods = self.pods_on_node.get(before, set())
-            pods.discard(key)
+            if key in pods:
+                pods.discard(key)
+                self._count_claims(before, -len(vb.pod_claim_names(old)))
             if not pods:
                 self.pods_on_node.pop(before, None)
         if after:
-            self.pods_on_node.setdefault(after, set()).add(key)
+            pods = self.pods_on_node.setdefault(after, set())
+            if key not in pods:
+                pods.add(key)
+                self._count_claims(after, len(vb.pod_claim_names(new)))
+
+    def _count_claims(self, node: str, change: int) -> None:
+        count = self._claims_on_node.get(node, 0) + change
+        if count > 0:
+            self._claims_on_node[node] = count
+        else:
+            self._claims_on_node.pop(node, None)
+
+    def _at_most_in_use(self, node: str) -> int:
+        return self._claims_on_node.get(node, 0) + len(self.attachments.get(node, ()))
 
     # --- PreFilter ---------------------------------------------------------------------------------
 
@@ -258,7 +276,8 @@ class VolumeBinder:
             claims=lambda namespace: self.claims.get(namespace, {}), volumes=self.volumes, classes=self.classes,
             csinodes=self.csinodes, drivers=self.csidrivers.values(), pods_on=self._pods_on,
             attachments_on=lambda node: self.attachments.get(node, {}).values())
-        return nvl.nodes_over_limit(pod, self.node_labels if nodes is None else nodes, objects)
+        return nvl.nodes_over_limit(pod, self.node_labels if nodes is None else nodes, objects,
+                                    at_most=self._at_most_in_use)
 
     def _pods_on(self, node: str) -> list[Pod]:
         """The pods on the node that use claims, and those PreBind passed there, not bound yet."""
@@ -274,6 +293,7 @@ class VolumeBinder:
             self.forget_attachments(uid)
             self._binding_node[uid] = node
             self._binding.setdefault(node, {})[uid] = pod
+            self._count_claims(node, len(vb.pod_claim_names(pod)))
         return why
 
     def forget_attachments(self, pod_uid: str) -> None:
@@ -281,7 +301,9 @@ class VolumeBinder:
         node = self._binding_node.pop(pod_uid, None)
         if node is not None:
             on_node = self._binding.get(node, {})
-            on_node.pop(pod_uid, None)
+            pod = on_node.pop(pod_uid, None)
+            if pod is not None:
+                self._count_claims(node, -len(vb.pod_claim_names(pod)))
             if not on_node:
                 self._binding.pop(node, None)
 

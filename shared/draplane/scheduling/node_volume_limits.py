@@ -146,9 +146,11 @@ class Attached(msgspec.Struct, frozen=True, kw_only=True):
 
 
 def filter_node(wanted: Mapping[str, AttachableVolume], csinode: CSINode | None, required_drivers: frozenset[str],
-                attached: Callable[[], Attached]) -> str | None:
+                attached: Callable[[], Attached], at_most: int | None = None) -> str | None:
     """The Filter for one node: its reason, or None when the node takes the pod's volumes.
-    `attached` is asked only when the node has limits for them."""
+    `attached` is asked only when the node has limits for them, and only when `at_most` (a bound
+    on the volumes in use there: its pods' claims and its attachments, each counted, duplicates
+    too) plus the pod's new volumes could pass one of those limits."""
     new = {name: v.driver for name, v in wanted.items() if csinode is not None or not v.needs_csinode}
     if not new:
         return None
@@ -158,8 +160,11 @@ def filter_node(wanted: Mapping[str, AttachableVolume], csinode: CSINode | None,
             if driver in required_drivers and driver not in registered:
                 return driver_missing(driver)
     limits = volume_limits(csinode)
-    if not limits or not any(driver in limits for driver in new.values()):
+    limited = [limits[driver] for driver in set(new.values()) if driver in limits]
+    if not limited:
         return None
+    if at_most is not None and at_most + len(new) <= min(limited):
+        return None  # even every volume there of the pod's drivers leaves room for all of its own
     in_use = attached()
     count: dict[str, int] = {}
     for name, driver in in_use.by_pods.items():
@@ -205,8 +210,10 @@ class VolumeObjects:
                         by_attachments=attached_by_attachments(node, self.attachments_on(node), self.volumes))
 
 
-def nodes_over_limit(pod: Pod, nodes: Iterable[str], objects: VolumeObjects) -> dict[str, str]:
-    """The Filter over `nodes`: those it refuses, with why."""
+def nodes_over_limit(pod: Pod, nodes: Iterable[str], objects: VolumeObjects,
+                     at_most: Callable[[str], int] | None = None) -> dict[str, str]:
+    """The Filter over `nodes`: those it refuses, with why. `at_most(node)`: a bound on the
+    volumes in use there (filter_node), which spares counting them on nodes far from a limit."""
     wanted = objects.attachable(pod)
     if not wanted:
         return {}
@@ -214,7 +221,8 @@ def nodes_over_limit(pod: Pod, nodes: Iterable[str], objects: VolumeObjects) -> 
     refused = {}
     for node in nodes:
         why = filter_node(wanted, objects.csinodes.get(node), required,
-                          lambda node=node: objects.attached(node, without=pod.metadata.uid))
+                          lambda node=node: objects.attached(node, without=pod.metadata.uid),
+                          at_most(node) if at_most is not None else None)
         if why is not None:
             refused[node] = why
     return refused

@@ -176,3 +176,32 @@ def test_the_shards_filter_gives_the_refused_nodes_their_reason_after_volume_res
     assert vb.node_reasons(volumes, "n2", {}) == []
     both = vb.PodVolumes(over_limit={"n1": nvl.REASON_MAX_VOLUME_COUNT}, in_use_elsewhere=("rwop",))
     assert vb.node_reasons(both, "n1", {}) == [vb.REASON_RWOP_CONFLICT]
+
+
+def test_the_bound_on_volumes_in_use_never_changes_a_verdict():
+    """nodes_over_limit with `at_most` (the binder's count of claims mounted on each node, plus its
+    attachments) skips counting nodes far from their limits: on random clusters it refuses the
+    same nodes, for the same reasons, as counting every node."""
+    import random
+
+    rng = random.Random(7)
+    for _ in range(300):
+        nodes = [f"n{i}" for i in range(4)]
+        claims = [claim(f"c{i}", volume=f"pv{i}" if rng.random() < 0.7 else None,
+                        class_name=rng.choice(["block", "gp2", None])) for i in range(8)]
+        volumes = [csi_volume(f"pv{i}", driver=rng.choice([BLOCK, EBS]), handle=f"h{rng.randint(0, 5)}")
+                   for i in range(8)]
+        pods = [pod(f"p{i}", *rng.sample([c.metadata.name for c in claims], rng.randint(0, 3)),
+                    node=rng.choice(nodes)) for i in range(rng.randint(0, 8))]
+        attachments = [(rng.choice(nodes), rng.choice([BLOCK, EBS]), f"pv{rng.randint(0, 9)}")
+                       for _ in range(rng.randint(0, 4))]
+        csinodes = [csinode(n, **{BLOCK_KEY: rng.randint(0, 4), "ebs_csi_aws_com": rng.randint(0, 4)})
+                    for n in nodes if rng.random() < 0.8]
+        cluster = Cluster(claims=claims, volumes=volumes, pods=pods, csinodes=csinodes, attachments=attachments)
+        new = pod("new", *rng.sample([c.metadata.name for c in claims], rng.randint(1, 3)))
+
+        def at_most(node: str) -> int:
+            return sum(len(vb.pod_claim_names(p)) for p in pods if p.spec.node_name == node) + \
+                sum(1 for where, _, _ in attachments if where == node)
+
+        assert nvl.nodes_over_limit(new, nodes, cluster.objects, at_most=at_most) == cluster.refused(new, nodes)
