@@ -140,7 +140,8 @@ class CSINodeDriver(Base, kw_only=True):
 
 
 class CSINodeSpec(Base, kw_only=True):
-    drivers: list[CSINodeDriver] = msgspec.field(default_factory=list)
+    # null from a kubelet with no CSI driver registered yet (the apiserver keeps it so)
+    drivers: list[CSINodeDriver] | None = None
 
 
 class CSINode(Base, kw_only=True):

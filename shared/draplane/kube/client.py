@@ -12,6 +12,7 @@ import dataclasses
 import logging
 import time
 from pathlib import Path
+from collections.abc import Callable
 from typing import Any, AsyncIterator, TypeVar
 from urllib.parse import urlencode
 
@@ -23,6 +24,7 @@ from kubernetes_asyncio import client as k8s_client
 from kubernetes_asyncio import config as k8s_config
 
 from draplane.api import apps, core, policy, resource, scheduling, storage
+from draplane.api.meta import ListMeta
 from draplane.kube.metrics import ApiserverMetrics
 from draplane.kube.ratelimit import TokenBucket, retry_after_seconds, retry_delay
 
@@ -340,8 +342,11 @@ class KubeClient:
     async def list(
         self, model: type[T], namespace: str | None = None, *, label_selector: str | None = None,
         field_selector: str | None = None, limit: int = 500,
+        undecodable: Callable[[bytes, msgspec.ValidationError], None] | None = None,
     ) -> tuple[list[T], str]:
-        """All objects (following `continue`) and the list's resourceVersion to watch from."""
+        """All objects (following `continue`) and the list's resourceVersion to watch from.
+        With `undecodable`, an object the model cannot hold (a field of another type than it
+        declares) is given to it, with the error, and left out, instead of failing the list."""
         kind = kind_of(model)
         items: list[T] = []
         token = None
@@ -350,7 +355,21 @@ class KubeClient:
                 "GET", kind.path(namespace),
                 query={"labelSelector": label_selector, "fieldSelector": field_selector, "limit": limit, "continue": token},
             )
-            page = msgspec.json.decode(data, type=kind.list_model)
+            try:
+                page = msgspec.json.decode(data, type=kind.list_model)
+            except msgspec.ValidationError:
+                if undecodable is None:
+                    raise
+                page = msgspec.json.decode(data, type=_RawPage)
+                for raw in page.items:
+                    try:
+                        items.append(msgspec.json.decode(raw, type=model))
+                    except msgspec.ValidationError as exc:
+                        undecodable(bytes(raw), exc)
+                token = page.metadata.continue_ if page.metadata else None
+                if not token:
+                    return items, (page.metadata.resource_version if page.metadata else "") or ""
+                continue
             items.extend(page.items)
             token = page.metadata.continue_ if page.metadata else None
             if not token:
@@ -488,3 +507,10 @@ def _api_error(status: int, data: bytes, method: str, path: str) -> KubeApiError
         return KubeApiError(status, body.reason or str(status), body.message or data.decode(errors="replace"), method, path, body.details)
     except (msgspec.DecodeError, msgspec.ValidationError):
         return KubeApiError(status, str(status), data.decode(errors="replace")[:500], method, path)
+
+
+class _RawPage(msgspec.Struct, rename="camel", kw_only=True):
+    """A list page whose items are decoded one by one (KubeClient.list's `undecodable`)."""
+
+    metadata: ListMeta | None = None
+    items: list[msgspec.Raw] = msgspec.field(default_factory=list)

@@ -36,6 +36,10 @@ class _Meta(msgspec.Struct):
     namespace: str = ""
 
 
+class _Object(msgspec.Struct):
+    metadata: _Meta = msgspec.field(default_factory=_Meta)
+
+
 class _Bookmark(msgspec.Struct):
     metadata: _Meta
 
@@ -58,10 +62,23 @@ async def watch_objects(
     # watching, and the consumer gets that last state as the deletion (like an informer's tombstone).
     known: dict[tuple[str, str], T] = {}
     failures = 0
+
+    def undecodable(data: bytes, exc: msgspec.ValidationError) -> None:
+        # One object draplane's model cannot hold must not stop the watch of every other one
+        # (a kubelet's CSINode with `drivers: null` once stopped the binder's): it is left out,
+        # named, with the field.
+        try:
+            meta = msgspec.json.decode(data, type=_Object).metadata
+        except msgspec.DecodeError:
+            meta = _Meta()
+        where = f"{meta.namespace}/{meta.name}" if meta.namespace else meta.name or "(unnamed)"
+        log.error("%s %s left out: it does not decode as draplane reads it: %s", kind.plural, where, exc)
+
     while True:
         try:
             items, resource_version = await client.list(
-                model, namespace, label_selector=label_selector, field_selector=field_selector
+                model, namespace, label_selector=label_selector, field_selector=field_selector,
+                undecodable=undecodable,
             )
         except KubeApiError as exc:
             failures += 1
@@ -94,7 +111,11 @@ async def watch_objects(
                         if status.get("code") == 410:
                             raise KubeApiError(410, "Expired", status.get("message", ""), "WATCH", kind.path(namespace))
                         raise KubeApiError(status.get("code", 500), status.get("reason", ""), status.get("message", ""), "WATCH", kind.path(namespace))
-                    obj = decoder.decode(event.object)
+                    try:
+                        obj = decoder.decode(event.object)
+                    except msgspec.ValidationError as exc:
+                        undecodable(bytes(event.object), exc)
+                        continue
                     resource_version = obj.metadata.resource_version or resource_version
                     key = _key(obj)
                     if event.type == "DELETED":

@@ -129,7 +129,7 @@ def attached_by_attachments(node: str, attachments: Iterable[tuple[str, str]],
 def volume_limits(csinode: CSINode | None) -> dict[str, int]:
     if csinode is None:
         return {}
-    return {d.name: d.allocatable.count for d in csinode.spec.drivers
+    return {d.name: d.allocatable.count for d in csinode.spec.drivers or ()
             if d.allocatable is not None and d.allocatable.count is not None}
 
 
@@ -155,7 +155,7 @@ def filter_node(wanted: Mapping[str, AttachableVolume], csinode: CSINode | None,
     if not new:
         return None
     if required_drivers:
-        registered = {d.name for d in csinode.spec.drivers} if csinode is not None else set()
+        registered = {d.name for d in csinode.spec.drivers or ()} if csinode is not None else set()
         for driver in sorted(set(new.values())):
             if driver in required_drivers and driver not in registered:
                 return driver_missing(driver)

@@ -169,3 +169,70 @@ async def test_a_watch_the_apiserver_drops_mid_stream_resumes_where_it_was():
     assert seen == [("SYNCED", None), ("ADDED", "a"), ("ADDED", "b")]
     assert len(lists) == 1, "a broken stream is resumed, not listed again"
     assert "resourceVersion=6" in watches[1]
+
+
+async def test_an_object_that_does_not_decode_is_left_out_named_and_the_watch_goes_on(caplog):
+    """A kubelet's CSINode with `drivers: null` once failed the binder's list of CSINodes, and its
+    restarts listed it again and again: the binder never became ready. One object that draplane's
+    model cannot hold is now left out with an error naming it and the field, in the list and in
+    the watch; every other object still comes, and the watch does not restart."""
+    import json
+
+    from kubernetes_asyncio import client as k8s_client
+
+    from draplane.api.storage import CSINode
+    from draplane.kube import KubeClient
+
+    def csinode(name: str, version: str, drivers) -> dict:
+        return {"apiVersion": "storage.k8s.io/v1", "kind": "CSINode",
+                "metadata": {"name": name, "resourceVersion": version}, "spec": {"drivers": drivers}}
+
+    listing = json.dumps({"kind": "CSINodeList", "apiVersion": "storage.k8s.io/v1", "metadata": {"resourceVersion": "5"},
+                          "items": [csinode("good", "3", None), csinode("bad", "4", "not-a-list")]}).encode()
+    lists, watches = [], []
+
+    def chunk(data: bytes) -> bytes:
+        return b"%x\r\n%s\r\n" % (len(data), data)
+
+    async def apiserver(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        request_line = (await reader.readuntil(b"\r\n\r\n")).decode().split("\r\n")[0]
+        if "watch=true" not in request_line:
+            lists.append(request_line)
+            writer.write(b"HTTP/1.1 200 OK\r\nContent-Type: application/json\r\nContent-Length: %d\r\n\r\n%s"
+                         % (len(listing), listing))
+            await writer.drain()
+            writer.close()
+            return
+        watches.append(request_line)
+        writer.write(b"HTTP/1.1 200 OK\r\nContent-Type: application/json\r\nTransfer-Encoding: chunked\r\n\r\n")
+        for name, version, drivers in (("worse", "6", {"a": 1}), ("later", "7", [{"name": "x.example.com"}])):
+            event = json.dumps({"type": "ADDED", "object": csinode(name, version, drivers)}).encode()
+            writer.write(chunk(event + b"\n"))
+        await writer.drain()
+        await reader.read()  # open until the client goes
+
+    server = await asyncio.start_server(apiserver, "127.0.0.1", 0)
+    configuration = k8s_client.Configuration()
+    configuration.host = f"http://127.0.0.1:{server.sockets[0].getsockname()[1]}"
+    caplog.set_level("ERROR", logger="draplane.kube.watching")
+    try:
+        async with KubeClient(k8s_client.ApiClient(configuration)) as kube:
+            stream = watch_objects(kube, CSINode)
+            seen = []
+
+            async def until_later():
+                async for event in stream:
+                    seen.append((event.type, event.object.metadata.name if event.object else None))
+                    if seen[-1] == ("ADDED", "later"):
+                        return
+
+            await asyncio.wait_for(until_later(), 10)
+            await stream.aclose()
+    finally:
+        server.close()
+        await server.wait_closed()
+    assert seen == [("ADDED", "good"), ("SYNCED", None), ("ADDED", "later")]
+    assert len(lists) == 1 and len(watches) == 1, "nothing was listed or watched again"
+    errors = [r.getMessage() for r in caplog.records]
+    assert any("csinodes bad left out" in e and "spec.drivers" in e for e in errors), errors
+    assert any("csinodes worse left out" in e and "spec.drivers" in e for e in errors), errors

@@ -205,3 +205,21 @@ def test_the_bound_on_volumes_in_use_never_changes_a_verdict():
                 sum(1 for where, _, _ in attachments if where == node)
 
         assert nvl.nodes_over_limit(new, nodes, cluster.objects, at_most=at_most) == cluster.refused(new, nodes)
+
+
+def test_a_kubelets_csinode_without_drivers_decodes_and_limits_nothing():
+    """A kubelet writes its CSINode before any CSI driver registers, with `drivers: null`: it
+    decodes (a list of them once broke the binder's CSINode watch, and with it every placement),
+    sets no limit, and lacks every driver that must be there."""
+    import msgspec
+
+    from draplane.api.storage import CSINodeList
+
+    (bare,) = msgspec.json.decode(
+        b'{"items": [{"metadata": {"name": "n1"}, "spec": {"drivers": null}}]}', type=CSINodeList).items
+    assert nvl.volume_limits(bare) == {}
+    strict = CSIDriver(metadata=ObjectMeta(name=BLOCK), spec=CSIDriverSpec(prevent_pod_scheduling_if_missing=True))
+    cluster = Cluster(claims=[claim("a", volume="pv-a")], volumes=[csi_volume("pv-a")], csinodes=[bare])
+    assert cluster.refused(pod("new", "a"), nodes=("n1",)) == {}
+    cluster.objects.drivers.append(strict)
+    assert cluster.refused(pod("new", "a"), nodes=("n1",)) == {"n1": nvl.driver_missing(BLOCK)}
