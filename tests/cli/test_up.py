@@ -32,6 +32,31 @@ def _wait_for_line(process, needle, timeout):
     raise AssertionError(f"{needle!r} not printed within {timeout}s:\n{''.join(lines)}")
 
 
+def _kubectl_for(kubeconfig: Path):
+    """The cache's kubectl against `up`'s cluster, as a user runs it: its output, or the test fails
+    naming the command and what kubectl said."""
+    from draplane.localenv import binaries
+
+    def kubectl(*args: str, stdin: str | None = None) -> str:
+        done = subprocess.run([str(binaries.require(binaries.KUBECTL)), f"--kubeconfig={kubeconfig}", *args],
+                              input=stdin, capture_output=True, text=True, timeout=120)
+        assert done.returncode == 0, f"kubectl {' '.join(args)}: {done.stderr}"
+        return done.stdout
+
+    return kubectl
+
+
+def wait(what: str, check, timeout: float = 60.0):
+    """`check()`'s first true value, asked every 0.5 s."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        value = check()
+        if value:
+            return value
+        time.sleep(0.5)
+    raise AssertionError(f"timed out waiting for {what}")
+
+
 def _descendants(pid: int) -> set[int]:
     found, frontier = set(), [pid]
     while frontier:
@@ -231,7 +256,6 @@ async def test_up_restarts_a_killed_service_keeps_each_runs_logs_and_stops_only_
 
 async def test_kwok_plays_the_kubelets_pods_run_a_plain_delete_frees_the_device_and_drain_moves_work(tmp_path,
                                                                                                     control_plane):
-    from draplane.localenv import binaries
 
     workdir = tmp_path / "up"
     process = subprocess.Popen(
@@ -239,21 +263,7 @@ async def test_kwok_plays_the_kubelets_pods_run_a_plain_delete_frees_the_device_
         stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, start_new_session=True,
     )
     kubeconfig = workdir / "controlplane" / "kubeconfig"
-
-    def kubectl(*args: str, stdin: str | None = None) -> str:
-        done = subprocess.run([str(binaries.require(binaries.KUBECTL)), f"--kubeconfig={kubeconfig}", *args],
-                              input=stdin, capture_output=True, text=True, timeout=120)
-        assert done.returncode == 0, f"kubectl {' '.join(args)}: {done.stderr}"
-        return done.stdout
-
-    def wait(what: str, check, timeout: float = 60.0):
-        deadline = time.monotonic() + timeout
-        while time.monotonic() < deadline:
-            value = check()
-            if value:
-                return value
-            time.sleep(0.5)
-        raise AssertionError(f"timed out waiting for {what}")
+    kubectl = _kubectl_for(kubeconfig)
 
     # One L4 node (one whole GPU) and one A100 node: a pod asks for the L4's GPU by product.
     manifest = """
@@ -361,7 +371,6 @@ async def test_up_with_three_shards_honours_what_a_pod_says_of_where_it_may_run(
     is left alone (no node, its claim unallocated, PodScheduled=False SchedulingGated) until its
     gate is removed; a second pod asking for a host port taken on its node waits with
     kube-scheduler's NodePorts reason."""
-    from draplane.localenv import binaries
 
     workdir = tmp_path / "up"
     process = subprocess.Popen(
@@ -370,21 +379,7 @@ async def test_up_with_three_shards_honours_what_a_pod_says_of_where_it_may_run(
         stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, start_new_session=True,
     )
     kubeconfig = workdir / "controlplane" / "kubeconfig"
-
-    def kubectl(*args: str, stdin: str | None = None) -> str:
-        done = subprocess.run([str(binaries.require(binaries.KUBECTL)), f"--kubeconfig={kubeconfig}", *args],
-                              input=stdin, capture_output=True, text=True, timeout=120)
-        assert done.returncode == 0, f"kubectl {' '.join(args)}: {done.stderr}"
-        return done.stdout
-
-    def wait(what: str, check, timeout: float = 60.0):
-        deadline = time.monotonic() + timeout
-        while time.monotonic() < deadline:
-            value = check()
-            if value:
-                return value
-            time.sleep(0.5)
-        raise AssertionError(f"timed out waiting for {what}")
+    kubectl = _kubectl_for(kubeconfig)
 
     def pod_json(name: str) -> dict:
         return json.loads(kubectl("get", "pod", name, "-o", "json"))

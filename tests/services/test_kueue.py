@@ -17,6 +17,7 @@ import pytest
 from draplane.localenv.kueue import API_VERSION, Kueue
 from draplane.simulation import scenario
 from conftest import ensure_class  # noqa: E402  (tests/services/conftest.py)
+from test_user_flows import one_gpu_template_yaml
 
 pytestmark = pytest.mark.integration
 
@@ -56,17 +57,7 @@ spec: {{clusterQueue: team-{tag}}}
 def job_yaml(namespace: str, scheduler: str, class_name: str) -> str:
     """Two pods of one GPU each (a claim template), queued in `team`; suspended, as Kueue's
     webhook would make it."""
-    return f"""
-apiVersion: resource.k8s.io/v1
-kind: ResourceClaimTemplate
-metadata: {{name: one-gpu, namespace: {namespace}}}
-spec:
-  spec:
-    devices:
-      requests:
-        - name: gpu
-          exactly: {{deviceClassName: {class_name}}}
----
+    return one_gpu_template_yaml(namespace, class_name) + f"""---
 apiVersion: batch/v1
 kind: Job
 metadata:
