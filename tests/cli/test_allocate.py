@@ -295,3 +295,129 @@ def test_a_device_taint_rule_in_the_input_keeps_the_claim_off_the_tainted_device
     code, out, err = run(capsys, *inputs(tmp_path, claim=tolerating), write(tmp_path, "rule.yaml", rule))
     assert code == 0, err
     assert yaml.safe_load(out)["status"]["allocation"]["devices"]["results"][0]["device"] == "gpu-1"
+
+
+# --- Pods among the files: placed with their constraints, as the binder and a shard would ----------
+
+NODES = """
+apiVersion: v1
+kind: Node
+metadata: {name: node-a, labels: {kubernetes.io/hostname: node-a, topology.kubernetes.io/zone: z1}}
+status: {allocatable: {cpu: "8", memory: 32Gi, pods: "110"}}
+---
+apiVersion: v1
+kind: Node
+metadata: {name: node-b, labels: {kubernetes.io/hostname: node-b, topology.kubernetes.io/zone: z2}}
+status: {allocatable: {cpu: "8", memory: 32Gi, pods: "110"}}
+"""
+
+ANY_GPU = """
+apiVersion: resource.k8s.io/v1
+kind: DeviceClass
+metadata: {name: any-gpu}
+spec:
+  selectors: [{cel: {expression: 'device.driver == "gpu.nvidia.com"'}}]
+"""
+
+
+def gpu_claim(name: str) -> str:
+    return f"""
+apiVersion: resource.k8s.io/v1
+kind: ResourceClaim
+metadata: {{name: {name}, namespace: default}}
+spec:
+  devices:
+    requests: [{{name: gpu, exactly: {{deviceClassName: any-gpu}}}}]
+"""
+
+
+def pod(name: str, claim: str | None = None, *, node: str | None = None, labels: str = "{}", extra: str = "") -> str:
+    claims = f"\n  resourceClaims: [{{name: gpu, resourceClaimName: {claim}}}]" if claim else ""
+    bound = f"\n  nodeName: {node}" if node else ""
+    return f"""
+apiVersion: v1
+kind: Pod
+metadata: {{name: {name}, namespace: default, labels: {labels}}}
+spec:{bound}{claims}{extra}
+  containers: [{{name: c, image: registry.k8s.io/pause:3.10, resources: {{requests: {{cpu: "1"}}}}}}]
+"""
+
+
+def documents(out: str) -> list[dict]:
+    loaded = yaml.safe_load(out)
+    return loaded["items"] if loaded.get("kind") == "List" else [loaded]
+
+
+def bindings(out: str) -> dict[str, str]:
+    return {d["metadata"]["name"]: d["target"]["name"] for d in documents(out) if d["kind"] == "Binding"}
+
+
+def test_a_pod_is_placed_where_its_node_selector_says_with_its_claim_allocated_there(tmp_path, capsys):
+    files = [write(tmp_path, "cluster.yaml", NODES + "---" + SLICES + "---" + ANY_GPU),
+             write(tmp_path, "work.yaml", gpu_claim("c1") + "---" + pod("p1", "c1", extra="\n  nodeSelector: {topology.kubernetes.io/zone: z2}"))]
+    code, out, err = run(capsys, *files)
+    assert code == 0, err
+    assert bindings(out) == {"p1": "node-b"}
+    (claim,) = [d for d in documents(out) if d["kind"] == "ResourceClaim"]
+    assert [r["pool"] for r in claim["status"]["allocation"]["devices"]["results"]] == ["node-b"]
+    assert [c["name"] for c in claim["status"]["reservedFor"]] == ["p1"]
+    assert "placed 1 pod(s): Pod default/p1 on node node-b" in err
+
+
+def test_pods_placed_in_turn_honour_anti_affinity_against_bound_and_earlier_pods(tmp_path, capsys):
+    anti = """
+  affinity:
+    podAntiAffinity:
+      requiredDuringSchedulingIgnoredDuringExecution:
+      - {topologyKey: kubernetes.io/hostname, labelSelector: {matchLabels: {app: web}}}"""
+    work = "---".join([pod("bound", node="node-a", labels="{app: web}"),
+                       gpu_claim("c1"), pod("p1", "c1", labels="{app: web}", extra=anti),
+                       gpu_claim("c2"), pod("p2", "c2", labels="{app: web}", extra=anti)])
+    code, out, err = run(capsys, write(tmp_path, "cluster.yaml", NODES + "---" + SLICES + "---" + ANY_GPU),
+                         write(tmp_path, "work.yaml", work))
+    # p1 cannot share node-a with the bound web pod; p2 then has no node left
+    assert code == 1, err
+    assert bindings(out) == {"p1": "node-b"}
+    assert "cannot place Pod default/p2: 0/2 nodes are available: 2 node(s) didn't match pod anti-affinity rules." in err
+
+
+def test_a_pod_goes_to_its_local_volumes_node_and_waits_for_a_missing_claim(tmp_path, capsys):
+    volume = """
+apiVersion: v1
+kind: PersistentVolume
+metadata: {name: local-a}
+spec:
+  capacity: {storage: 10Gi}
+  accessModes: [ReadWriteOnce]
+  storageClassName: local
+  local: {path: /mnt/a}
+  claimRef: {namespace: default, name: data}
+  nodeAffinity:
+    required:
+      nodeSelectorTerms: [{matchExpressions: [{key: kubernetes.io/hostname, operator: In, values: [node-a]}]}]
+---
+apiVersion: v1
+kind: PersistentVolumeClaim
+metadata: {name: data, namespace: default, annotations: {pv.kubernetes.io/bind-completed: "yes"}}
+spec: {accessModes: [ReadWriteOnce], storageClassName: local, volumeName: local-a, resources: {requests: {storage: 1Gi}}}
+"""
+    mounts = "\n  volumes: [{name: data, persistentVolumeClaim: {claimName: %s}}]"
+    work = "---".join([gpu_claim("c1"), pod("p1", "c1", extra=mounts % "data"),
+                       gpu_claim("c2"), pod("p2", "c2", extra=mounts % "missing")])
+    code, out, err = run(capsys, write(tmp_path, "cluster.yaml", NODES + "---" + SLICES + "---" + ANY_GPU),
+                         write(tmp_path, "volumes.yaml", volume), write(tmp_path, "work.yaml", work))
+    assert code == 1, err
+    assert bindings(out) == {"p1": "node-a"}
+    assert 'cannot place Pod default/p2: 0/2 nodes are available: persistentvolumeclaim "missing" not found.' in err
+
+
+def test_a_pod_with_a_template_claim_or_an_absent_claim_is_invalid_input(tmp_path, capsys):
+    cluster = write(tmp_path, "cluster.yaml", NODES + "---" + SLICES + "---" + ANY_GPU)
+    templated = pod("p1").replace("spec:", "spec:\n  resourceClaims: [{name: gpu, resourceClaimTemplateName: t}]", 1)
+    code, _, err = run(capsys, cluster, write(tmp_path, "work.yaml", templated))
+    assert code == 2 and "Pod default/p1: field spec.resourceClaims[0]: resourceClaimTemplateName" in err, err
+    code, _, err = run(capsys, cluster, write(tmp_path, "work.yaml", pod("p1", "nowhere")))
+    assert code == 2, err
+    assert "spec.resourceClaims[0].resourceClaimName: ResourceClaim default/nowhere is not among the files" in err
+    code, _, err = run(capsys, "--node", "node-a", cluster, write(tmp_path, "work.yaml", gpu_claim("c1") + "---" + pod("p1", "c1")))
+    assert code == 2 and "--node" in err

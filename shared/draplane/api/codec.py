@@ -14,6 +14,9 @@ import msgspec
 import yaml
 
 from draplane.api.core import Node, Pod
+from draplane.api.storage import (
+    CSIDriver, CSINode, PersistentVolume, PersistentVolumeClaim, StorageClass, VolumeAttachment,
+)
 from draplane.api.resource import DeviceClass, DeviceTaintRule, ResourceClaim, ResourceClaimTemplate, ResourceSlice
 
 T = TypeVar("T", bound=msgspec.Struct)
@@ -28,6 +31,12 @@ MODELS: dict[tuple[str, str], type[msgspec.Struct]] = {
     ("resource.k8s.io/v1", "DeviceTaintRule"): DeviceTaintRule,
     ("v1", "Node"): Node,
     ("v1", "Pod"): Pod,
+    ("v1", "PersistentVolumeClaim"): PersistentVolumeClaim,
+    ("v1", "PersistentVolume"): PersistentVolume,
+    ("storage.k8s.io/v1", "StorageClass"): StorageClass,
+    ("storage.k8s.io/v1", "CSINode"): CSINode,
+    ("storage.k8s.io/v1", "CSIDriver"): CSIDriver,
+    ("storage.k8s.io/v1", "VolumeAttachment"): VolumeAttachment,
 }
 
 _json_encoder = msgspec.json.Encoder()

@@ -5,6 +5,13 @@ are in use; the others are pending and are allocated together, all-or-nothing, o
 best node per the scoring policy. Prints the pending claims with `status.allocation` as
 kube-scheduler would write it.
 
+With pending Pods and the Node objects they may go to among the files, it places each pod in turn
+as the binder and a shard would: its node fit, pod (anti-)affinity and topology spread against the
+pods bound in the files, its PersistentVolumeClaims (with PersistentVolumes, StorageClasses,
+CSINodes, CSIDrivers and VolumeAttachments), and its claims (named by resourceClaimName). Prints,
+as kube-scheduler writes them, each placed pod's claims with status.allocation and reservedFor,
+and its Binding to the node.
+
 Exit 0: allocated. Exit 1: cannot be allocated (why, per node, on stderr). Exit 2: invalid input or
 an evaluation error (one line on stderr naming the object and the field). Never a traceback.
 """
@@ -24,9 +31,10 @@ EXIT_ALLOCATED = 0
 EXIT_UNALLOCATABLE = 1
 EXIT_INVALID = 2
 
-INPUT_KINDS = ("DeviceClass", "ResourceSlice", "ResourceClaim", "Node", "DeviceTaintRule")
+INPUT_KINDS = ("DeviceClass", "ResourceSlice", "ResourceClaim", "Node", "DeviceTaintRule", "Pod",
+               "PersistentVolumeClaim", "PersistentVolume", "StorageClass", "CSINode", "CSIDriver", "VolumeAttachment")
 # Read and checked, but not needed to allocate: a directory of manifests usually holds them too.
-IGNORED_KINDS = ("Pod", "ResourceClaimTemplate", "Namespace")
+IGNORED_KINDS = ("ResourceClaimTemplate", "Namespace")
 
 
 class InputError(Exception):
@@ -70,6 +78,12 @@ def _run(args: argparse.Namespace) -> int:
     from draplane.allocation import AllocationError, DeviceAllocator, NodeFailure, NodePlacement, get_policy
 
     objects = load_inputs(args.files)
+    pending_pods = [o for o in objects if o.kind == "Pod" and not o.spec.node_name]
+    if pending_pods and any(o.kind == "Node" for o in objects):
+        return _place_pods(args, objects, pending_pods)
+    if pending_pods:
+        _error("note: the Pods in the files are not placed without the Node objects they may go to; "
+               "the pending claims are allocated alone")
     classes = [o for o in objects if o.kind == "DeviceClass"]
     slices = [o for o in objects if o.kind == "ResourceSlice"]
     nodes = [o for o in objects if o.kind == "Node"]
@@ -125,6 +139,83 @@ def _run(args: argparse.Namespace) -> int:
         print(yaml.safe_dump(document, sort_keys=False), end="")
     print(f"allocated {len(out)} claim(s) on node {outcome.node} (policy {args.policy})", file=sys.stderr)
     return EXIT_ALLOCATED
+
+
+def _place_pods(args: argparse.Namespace, objects: list, pending_pods: list) -> int:
+    """Each pending pod placed in turn, the ones before it counted as bound (see the module)."""
+    from draplane.api.resource import ResourceClaimConsumerReference, ResourceClaimStatus
+    from draplane.cli.explain import Snapshot
+    from draplane.scheduling.placing import NotPlaced
+    from draplane.scheduling.unschedulable import pre_filter_problem
+    from draplane.scheduling.volume_binding import VolumeUnschedulable
+
+    if args.node:
+        raise InputError("--node: with Pods and Nodes among the files each pod goes where its own constraints "
+                         "allow; pin one with a nodeSelector on kubernetes.io/hostname instead")
+
+    def of(kind: str) -> list:
+        return [o for o in objects if o.kind == kind]
+
+    for obj in objects:  # the shard keys pods and claims by uid; files often leave it out
+        if obj.kind in ("Pod", "ResourceClaim") and not obj.metadata.uid:
+            obj.metadata.uid = f"offline-{obj.kind.lower()}-{obj.metadata.namespace or 'default'}-{obj.metadata.name}"
+    claims = {(c.metadata.namespace or "default", c.metadata.name): c for c in of("ResourceClaim")}
+    snapshot = Snapshot(slices=of("ResourceSlice"), classes=of("DeviceClass"), nodes=of("Node"), claims=of("ResourceClaim"),
+                        pods=[p for p in of("Pod") if p.spec.node_name], taint_rules=of("DeviceTaintRule"),
+                        volume_claims=of("PersistentVolumeClaim"), volumes=of("PersistentVolume"),
+                        storage_classes=of("StorageClass"), csinodes=of("CSINode"), csidrivers=of("CSIDriver"),
+                        volume_attachments=of("VolumeAttachment"))
+    state = snapshot.state()
+    out, placed_lines, refused = [], [], 0
+    for pod in pending_pods:
+        namespace = pod.metadata.namespace or "default"
+        pod_claims = []
+        for i, ref in enumerate(pod.spec.resource_claims or ()):
+            where = f"Pod {namespace}/{pod.metadata.name}: field spec.resourceClaims[{i}]"
+            if not ref.resource_claim_name:
+                raise InputError(f"{where}: resourceClaimTemplateName makes its claim when the pod is created, "
+                                 "which does not happen offline; give the ResourceClaim and name it by resourceClaimName")
+            claim = claims.get((namespace, ref.resource_claim_name))
+            if claim is None:
+                raise InputError(f"{where}.resourceClaimName: ResourceClaim {namespace}/{ref.resource_claim_name} "
+                                 "is not among the files")
+            pod_claims.append(claim)
+        try:
+            volumes = snapshot.pod_volumes(pod)
+        except VolumeUnschedulable as exc:
+            _error(f"cannot place Pod {namespace}/{pod.metadata.name}: "
+                   f"{pre_filter_problem(len(snapshot.nodes), exc.message)}")
+            refused += 1
+            continue
+        outcome = state.place_pod(pod, pod_claims, volumes=volumes)
+        if isinstance(outcome, NotPlaced):
+            if outcome.claim_error or outcome.scheduler_error:
+                raise InputError(f"Pod {namespace}/{pod.metadata.name}: {outcome.claim_error or outcome.message}")
+            _error(f"cannot place Pod {namespace}/{pod.metadata.name}: {outcome.message}")
+            refused += 1
+            continue
+        for claim in pod_claims:
+            status = claim.status or ResourceClaimStatus()
+            status.allocation = outcome.allocations.get(claim.metadata.uid, status.allocation)
+            consumer = ResourceClaimConsumerReference(resource="pods", name=pod.metadata.name, uid=pod.metadata.uid)
+            if all(r.uid != consumer.uid for r in status.reserved_for or ()):
+                status.reserved_for = [*(status.reserved_for or ()), consumer]
+            claim.status = status
+            state.set_claim(claim)
+        pod.spec.node_name = outcome.node
+        state.set_pod(pod)
+        snapshot.pods.append(pod)  # its volumes count against the node's attach limits for the next
+        out += [*(msgspec.to_builtins(c) for c in pod_claims), {
+            "apiVersion": "v1", "kind": "Binding",
+            "metadata": {"name": pod.metadata.name, "namespace": namespace},
+            "target": {"apiVersion": "v1", "kind": "Node", "name": outcome.node}}]
+        placed_lines.append(f"Pod {namespace}/{pod.metadata.name} on node {outcome.node}")
+    if out:
+        document: Any = out[0] if len(out) == 1 else {"apiVersion": "v1", "kind": "List", "items": out}
+        print(json.dumps(document, indent=2) if args.output == "json" else yaml.safe_dump(document, sort_keys=False),
+              end="\n" if args.output == "json" else "")
+        print(f"placed {len(placed_lines)} pod(s): {'; '.join(placed_lines)}", file=sys.stderr)
+    return EXIT_UNALLOCATABLE if refused else EXIT_ALLOCATED
 
 
 def _name(obj) -> str:
