@@ -421,3 +421,15 @@ def test_a_pod_with_a_template_claim_or_an_absent_claim_is_invalid_input(tmp_pat
     assert "spec.resourceClaims[0].resourceClaimName: ResourceClaim default/nowhere is not among the files" in err
     code, _, err = run(capsys, "--node", "node-a", cluster, write(tmp_path, "work.yaml", gpu_claim("c1") + "---" + pod("p1", "c1")))
     assert code == 2 and "--node" in err
+
+
+def test_without_a_node_object_for_every_sliced_node_the_claims_are_allocated_alone(tmp_path, capsys):
+    """kube-scheduler places pods on Node objects only: a pod is not placed against part of the
+    cluster; the claims are allocated alone, as without pods, and stderr says why."""
+    only_a = NODES.split("---")[0]
+    files = [write(tmp_path, "cluster.yaml", only_a + "---" + SLICES + "---" + ANY_GPU),
+             write(tmp_path, "work.yaml", gpu_claim("c1") + "---" + pod("p1", "c1"))]
+    code, out, err = run(capsys, *files)
+    assert code == 0, err
+    assert documents(out)[0]["kind"] == "ResourceClaim" and not bindings(out)
+    assert "placed only with a Node object for every node their ResourceSlices name (none for node-b)" in err

@@ -5,7 +5,8 @@ are in use; the others are pending and are allocated together, all-or-nothing, o
 best node per the scoring policy. Prints the pending claims with `status.allocation` as
 kube-scheduler would write it.
 
-With pending Pods and the Node objects they may go to among the files, it places each pod in turn
+With pending Pods among the files, and a Node object for every node the ResourceSlices name (the
+nodes a pod may go to), it places each pod in turn
 as the binder and a shard would: its node fit, pod (anti-)affinity and topology spread against the
 pods bound in the files, its PersistentVolumeClaims (with PersistentVolumes, StorageClasses,
 CSINodes, CSIDrivers and VolumeAttachments), and its claims (named by resourceClaimName). Prints,
@@ -79,11 +80,15 @@ def _run(args: argparse.Namespace) -> int:
 
     objects = load_inputs(args.files)
     pending_pods = [o for o in objects if o.kind == "Pod" and not o.spec.node_name]
-    if pending_pods and any(o.kind == "Node" for o in objects):
+    node_objects = {o.metadata.name for o in objects if o.kind == "Node"}
+    without_node = sorted({o.spec.node_name for o in objects if o.kind == "ResourceSlice" and o.spec.node_name}
+                          - node_objects)
+    if pending_pods and node_objects and not without_node:
         return _place_pods(args, objects, pending_pods)
     if pending_pods:
-        _error("note: the Pods in the files are not placed without the Node objects they may go to; "
-               "the pending claims are allocated alone")
+        missing = f" (none for {', '.join(without_node)})" if node_objects else ""
+        _error(f"note: the Pods in the files are placed only with a Node object for every node their "
+               f"ResourceSlices name{missing}; the pending claims are allocated alone")
     classes = [o for o in objects if o.kind == "DeviceClass"]
     slices = [o for o in objects if o.kind == "ResourceSlice"]
     nodes = [o for o in objects if o.kind == "Node"]
