@@ -433,3 +433,71 @@ def test_without_a_node_object_for_every_sliced_node_the_claims_are_allocated_al
     assert code == 0, err
     assert documents(out)[0]["kind"] == "ResourceClaim" and not bindings(out)
     assert "placed only with a Node object for every node their ResourceSlices name (none for node-b)" in err
+
+
+def test_pods_placed_in_turn_do_not_share_a_volume_one_of_them_took(tmp_path, capsys):
+    """VolumeBinding's PreBind, offline: the first pod's WaitForFirstConsumer claim takes the one
+    free local volume (its claimRef written, printed), so the second pod's claim finds none; a
+    ReadWriteOncePod claim the first pod mounts keeps the second off it too. Namespaces left out
+    of the files are "default", as kubectl reads them."""
+    storage = """
+apiVersion: storage.k8s.io/v1
+kind: StorageClass
+metadata: {name: local}
+provisioner: kubernetes.io/no-provisioner
+volumeBindingMode: WaitForFirstConsumer
+---
+apiVersion: v1
+kind: PersistentVolume
+metadata: {name: only-one}
+spec:
+  capacity: {storage: 10Gi}
+  accessModes: [ReadWriteOnce]
+  storageClassName: local
+  local: {path: /mnt/one}
+  nodeAffinity:
+    required:
+      nodeSelectorTerms: [{matchExpressions: [{key: kubernetes.io/hostname, operator: In, values: [node-a]}]}]
+status: {phase: Available}
+"""
+    def pvc(name: str, access: str = "ReadWriteOnce", class_line: str = "storageClassName: local") -> str:
+        return f"""
+apiVersion: v1
+kind: PersistentVolumeClaim
+metadata: {{name: {name}}}
+spec: {{accessModes: [{access}], {class_line}, resources: {{requests: {{storage: 1Gi}}}}}}
+"""
+    mounts = "\n  volumes: [{name: data, persistentVolumeClaim: {claimName: %s}}]"
+    cluster = write(tmp_path, "cluster.yaml", NODES + "---" + SLICES + "---" + ANY_GPU + "---" + storage)
+    work = "---".join([pvc("first"), pvc("second"), gpu_claim("c1"), pod("p1", "c1", extra=mounts % "first"),
+                       gpu_claim("c2"), pod("p2", "c2", extra=mounts % "second")])
+    code, out, err = run(capsys, cluster, write(tmp_path, "work.yaml", work))
+    assert code == 1, err
+    assert bindings(out) == {"p1": "node-a"}
+    (volume,) = [d for d in documents(out) if d["kind"] == "PersistentVolume"]
+    assert volume["spec"]["claimRef"]["name"] == "first"
+    assert "cannot place Pod default/p2: 0/2 nodes are available: 2 node(s) didn't find available persistent " \
+           "volumes to bind." in err
+    bound = """
+apiVersion: v1
+kind: PersistentVolume
+metadata: {name: rwop}
+spec:
+  capacity: {storage: 10Gi}
+  accessModes: [ReadWriteOncePod]
+  storageClassName: manual
+  hostPath: {path: /mnt/rwop}
+  claimRef: {namespace: default, name: shared}
+---
+apiVersion: v1
+kind: PersistentVolumeClaim
+metadata: {name: shared, annotations: {pv.kubernetes.io/bind-completed: "yes"}}
+spec: {accessModes: [ReadWriteOncePod], storageClassName: manual, volumeName: rwop, resources: {requests: {storage: 1Gi}}}
+"""
+    work = "---".join([gpu_claim("c1"), pod("p1", "c1", extra=mounts % "shared"),
+                       gpu_claim("c2"), pod("p2", "c2", extra=mounts % "shared")])
+    code, out, err = run(capsys, write(tmp_path, "cluster.yaml", NODES + "---" + SLICES + "---" + ANY_GPU),
+                         write(tmp_path, "rwop.yaml", bound), write(tmp_path, "work.yaml", work))
+    assert code == 1, err
+    assert list(bindings(out)) == ["p1"]
+    assert "ReadWriteOncePod access mode already in-use by another pod" in err

@@ -105,6 +105,11 @@ class PlacementWriter:
         except PlacementFailed as failure:
             await self._unreserve(placement, pod, written, failure)
             return False
+        except BaseException:
+            # an error the results consumer retries (the apiserver, NATS) or a cancel: the hold
+            # PreBind took on the node's attach capacity goes too, or it outlives the attempt
+            self.volumes.forget_attachments(placement.pod.uid)
+            raise
         self._bound(placement, pod)
         return True
 

@@ -193,7 +193,7 @@ class VolumeBinder:
                 self._wake_all()
         self._index_by_node(key, old, None if gone else pod)
         if gone or pod.spec.node_name:
-            self.forget_attachments(pod.metadata.uid or "")  # counted by the node index now, or gone
+            self.forget_attachments(pod.metadata.uid or "", wake=False)  # counted by the node index now, or gone
         for tracked, add in ((old, False), (None if kind == "DELETED" else pod, True)):
             if tracked is None:
                 continue
@@ -211,8 +211,8 @@ class VolumeBinder:
         infos hold the pods not finished)."""
         before = old.spec.node_name if old is not None and nvl.uses_claims(old) else None
         after = new.spec.node_name if new is not None and nvl.uses_claims(new) else None
-        if before == after:
-            return
+        if before == after and (old is None or new is None or old.metadata.uid == new.metadata.uid):
+            return  # (a pod recreated under the same name is taken out and put back: its claims differ)
         if before:
             pods = self.pods_on_node.get(before, set())
             if key in pods:
@@ -296,10 +296,14 @@ class VolumeBinder:
             self._count_claims(node, len(vb.pod_claim_names(pod)))
         return why
 
-    def forget_attachments(self, pod_uid: str) -> None:
-        """The undo of assume_attachments: the placement failed after PreBind passed."""
+    def forget_attachments(self, pod_uid: str, *, wake: bool = True) -> None:
+        """The undo of assume_attachments: the placement failed after PreBind passed. Its room on
+        the node is free again: the waiting pods are tried again (unless `wake` is off: the pod is
+        bound there, and still takes it)."""
         node = self._binding_node.pop(pod_uid, None)
         if node is not None:
+            if wake:
+                self._wake_all()
             on_node = self._binding.get(node, {})
             pod = on_node.pop(pod_uid, None)
             if pod is not None:

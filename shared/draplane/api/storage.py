@@ -75,10 +75,25 @@ class CSIPersistentVolumeSource(Base, kw_only=True):
     volume_handle: str
 
 
+class InTreeDiskSource(Base, kw_only=True):
+    """The identity of an in-tree cloud disk that kube-scheduler counts as its CSI driver's
+    (NodeVolumeLimits' migration); each source names it by one of these fields."""
+
+    volume_id: str | None = msgspec.field(default=None, name="volumeID")
+    pd_name: str | None = None
+    disk_uri: str | None = msgspec.field(default=None, name="diskURI")
+
+
 class PersistentVolumeSpec(Base, kw_only=True):
     capacity: dict[str, str] | None = None
-    # the one volume source NodeVolumeLimits counts (the others decode to nothing)
+    # the volume sources NodeVolumeLimits counts (the others decode to nothing): CSI, and the
+    # in-tree cloud disks whose CSI migration kube-scheduler takes as on
     csi: CSIPersistentVolumeSource | None = None
+    aws_elastic_block_store: InTreeDiskSource | None = None
+    gce_persistent_disk: InTreeDiskSource | None = None
+    azure_disk: InTreeDiskSource | None = None
+    cinder: InTreeDiskSource | None = None
+    portworx_volume: InTreeDiskSource | None = None
     access_modes: list[str] | None = None
     claim_ref: ObjectReference | None = None
     storage_class_name: str | None = None

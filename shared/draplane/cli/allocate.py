@@ -210,7 +210,8 @@ def _place_pods(args: argparse.Namespace, objects: list, pending_pods: list) -> 
         pod.spec.node_name = outcome.node
         state.set_pod(pod)
         snapshot.pods.append(pod)  # its volumes count against the node's attach limits for the next
-        out += [*(msgspec.to_builtins(c) for c in pod_claims), {
+        written = _volume_prebind(snapshot, pod, volumes, outcome.node)
+        out += [*(msgspec.to_builtins(c) for c in pod_claims), *written, {
             "apiVersion": "v1", "kind": "Binding",
             "metadata": {"name": pod.metadata.name, "namespace": namespace},
             "target": {"apiVersion": "v1", "kind": "Node", "name": outcome.node}}]
@@ -221,6 +222,39 @@ def _place_pods(args: argparse.Namespace, objects: list, pending_pods: list) -> 
               end="\n" if args.output == "json" else "")
         print(f"placed {len(placed_lines)} pod(s): {'; '.join(placed_lines)}", file=sys.stderr)
     return EXIT_UNALLOCATABLE if refused else EXIT_ALLOCATED
+
+
+def _volume_prebind(snapshot, pod, volumes, node: str) -> list[dict]:
+    """VolumeBinding's PreBind on the files: each volume matched to a claim gets it in its claimRef
+    and the claim is taken as bound to it, each claim to provision gets the node in its
+    selected-node annotation; so the pods placed after it see them taken. The objects written,
+    as kube-scheduler writes them."""
+    from draplane.api.storage import ANNOTATION_BIND_COMPLETED, ANNOTATION_SELECTED_NODE, ObjectReference
+    from draplane.scheduling import volume_binding
+
+    if volumes is None:
+        return []
+    labels = next((n.metadata.labels or {} for n in snapshot.nodes if n.metadata.name == node), {})
+    plan = volume_binding.plan_for_node(volumes, node, labels)
+    if isinstance(plan, list):  # cannot happen: the shard's Filter passed this node with these volumes
+        raise InputError(f"Pod {pod.metadata.namespace or 'default'}/{pod.metadata.name}: node {node} no longer fits "
+                         f"its volumes: {', '.join(plan)}")
+    namespace = pod.metadata.namespace or "default"
+    claims = {c.metadata.name: c for c in snapshot.volume_claims if (c.metadata.namespace or "default") == namespace}
+    pvs = {v.metadata.name: v for v in snapshot.volumes}
+    written = []
+    for claim_name, volume_name in plan.bindings:
+        claim, volume = claims[claim_name], pvs[volume_name]
+        volume.spec.claim_ref = ObjectReference(kind="PersistentVolumeClaim", api_version="v1", namespace=namespace,
+                                                name=claim_name, uid=claim.metadata.uid)
+        claim.spec.volume_name = volume_name  # as the PV controller completes it
+        claim.metadata.annotations = {**(claim.metadata.annotations or {}), ANNOTATION_BIND_COMPLETED: "yes"}
+        written.append(msgspec.to_builtins(volume))
+    for claim_name in plan.provisions:
+        claim = claims[claim_name]
+        claim.metadata.annotations = {**(claim.metadata.annotations or {}), ANNOTATION_SELECTED_NODE: node}
+        written.append(msgspec.to_builtins(claim))
+    return written
 
 
 def _name(obj) -> str:

@@ -57,18 +57,27 @@ class Snapshot:
     def pod_volumes(self, pod: Pod) -> volume_binding.PodVolumes | None:
         """The binder's volume PreFilters over this snapshot (NodeVolumeLimits' Filter too, as the
         binder evaluates it); raises VolumeUnschedulable."""
+        # (files given to `draplane allocate` may leave the namespace out: "default", as kubectl)
         def claims(namespace: str) -> dict[str, PersistentVolumeClaim]:
-            return {c.metadata.name: c for c in self.volume_claims if c.metadata.namespace == namespace}
+            return {c.metadata.name: c for c in self.volume_claims if (c.metadata.namespace or "default") == namespace}
 
-        volumes = {v.metadata.name: v for v in self.volumes}
-        classes = {c.metadata.name: c for c in self.storage_classes}
-        found = volume_binding.pre_filter(pod, claims(pod.metadata.namespace or ""), volumes, classes)
-        if found is None:
-            return None
+        namespace = pod.metadata.namespace or "default"
         pods_on: dict[str, list[Pod]] = {}
         for other in self.pods:
             if other.spec.node_name and not (other.status and other.status.phase in ("Succeeded", "Failed")):
                 pods_on.setdefault(other.spec.node_name, []).append(other)
+
+        def used_by_other_pod(claim: str) -> bool:
+            # VolumeRestrictions: a ReadWriteOncePod claim a scheduled pod (not this one) uses
+            return any((other.metadata.namespace or "default") == namespace and other.metadata.uid != pod.metadata.uid
+                       and claim in dict(volume_binding.pod_claim_names(other))
+                       for pods in pods_on.values() for other in pods)
+
+        volumes = {v.metadata.name: v for v in self.volumes}
+        classes = {c.metadata.name: c for c in self.storage_classes}
+        found = volume_binding.pre_filter(pod, claims(namespace), volumes, classes, used_by_other_pod)
+        if found is None:
+            return None
         attachments_on: dict[str, list[tuple[str, str]]] = {}
         for attachment in self.volume_attachments:
             attachments_on.setdefault(attachment.spec.node_name, []).append(

@@ -115,6 +115,15 @@ async def watch_objects(
                         obj = decoder.decode(event.object)
                     except msgspec.ValidationError as exc:
                         undecodable(bytes(event.object), exc)
+                        # the version the consumer holds is no longer the object's: gone for it
+                        try:
+                            meta = msgspec.json.decode(event.object, type=_Object).metadata
+                        except msgspec.DecodeError:
+                            continue  # not even a name and a version: nothing to say of it
+                        resource_version = meta.resourceVersion or resource_version
+                        gone = known.pop((meta.namespace, meta.name), None)
+                        if gone is not None:
+                            yield WatchEvent("DELETED", gone)
                         continue
                     resource_version = obj.metadata.resource_version or resource_version
                     key = _key(obj)

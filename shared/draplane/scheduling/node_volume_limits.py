@@ -11,9 +11,10 @@ CSINode does not list it.
 A volume is counted when it is a claim's: bound to a CSI PersistentVolume (driver and handle), or
 not bound yet, with a StorageClass whose provisioner names the driver (the handle is then the
 claim's own name, so one claim counts once). Claims of the in-tree provisioners kube-scheduler
-migrates to CSI count as their CSI driver's, on nodes with a CSINode. Not modelled: in-tree volume
-sources inline in a pod or in a PersistentVolume (awsElasticBlockStore and the like; draplane does
-not decode them).
+migrates to CSI count as their CSI driver's, on nodes with a CSINode, and so do PersistentVolumes
+of those in-tree cloud disks (awsElasticBlockStore, gcePersistentDisk, azureDisk, cinder,
+portworxVolume). Not modelled: such disks inline in a pod's volumes (draplane does not decode
+them), and, as in kube-scheduler, VolumeAttachments of in-tree PersistentVolumes.
 
 The binder evaluates it, holding the claims, volumes, classes, CSINodes and attachments, when it
 publishes a pending pod (the nodes it refuses go in PodVolumes.over_limit, which the shard's
@@ -86,6 +87,23 @@ def _from_class(claim: PersistentVolumeClaim, classes: Mapping[str, StorageClass
     return volume_unique_name(provisioner, handle), AttachableVolume(provisioner)
 
 
+def _migrated(volume: PersistentVolume) -> tuple[str, AttachableVolume] | None:
+    """An in-tree cloud disk PersistentVolume, as kube-scheduler translates it to CSI: counted as
+    its driver's on nodes with a CSINode, by the disk's own identity."""
+    spec = volume.spec
+    for source, plugin, handle in (
+            (spec.aws_elastic_block_store, "kubernetes.io/aws-ebs", lambda d: d.volume_id),
+            (spec.gce_persistent_disk, "kubernetes.io/gce-pd", lambda d: d.pd_name),
+            (spec.azure_disk, "kubernetes.io/azure-disk", lambda d: d.disk_uri),
+            (spec.cinder, "kubernetes.io/cinder", lambda d: d.volume_id),
+            (spec.portworx_volume, "kubernetes.io/portworx-volume", lambda d: d.volume_id)):
+        if source is not None:
+            driver = MIGRATED_PROVISIONERS[plugin]
+            return (volume_unique_name(driver, handle(source) or volume.metadata.name or ""),
+                    AttachableVolume(driver, needs_csinode=True))
+    return None
+
+
 def attachable_volumes(pod: Pod, claims: Mapping[str, PersistentVolumeClaim], volumes: Mapping[str, PersistentVolume],
                        classes: Mapping[str, StorageClass]) -> dict[str, AttachableVolume]:
     """The pod's volumes that count against attach limits, by unique name (driver/handle).
@@ -107,7 +125,7 @@ def attachable_volumes(pod: Pod, claims: Mapping[str, PersistentVolumeClaim], vo
             counted = (volume_unique_name(volume.spec.csi.driver, volume.spec.csi.volume_handle),
                        AttachableVolume(volume.spec.csi.driver))
         else:
-            counted = None  # not a CSI volume (an in-tree source is not decoded: not counted)
+            counted = _migrated(volume)
         if counted is not None:
             found[counted[0]] = counted[1]
     return found
@@ -198,7 +216,7 @@ class VolumeObjects:
     attachments_on: Callable[[str], Iterable[tuple[str, str]]]
 
     def attachable(self, pod: Pod) -> dict[str, AttachableVolume]:
-        return attachable_volumes(pod, self.claims(pod.metadata.namespace or ""), self.volumes, self.classes)
+        return attachable_volumes(pod, self.claims(pod.metadata.namespace or "default"), self.volumes, self.classes)
 
     def attached(self, node: str, *, without: str | None = None) -> Attached:
         """What the node's pods (but the one named by uid `without`) and attachments use."""

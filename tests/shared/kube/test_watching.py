@@ -205,7 +205,8 @@ async def test_an_object_that_does_not_decode_is_left_out_named_and_the_watch_go
             return
         watches.append(request_line)
         writer.write(b"HTTP/1.1 200 OK\r\nContent-Type: application/json\r\nTransfer-Encoding: chunked\r\n\r\n")
-        for name, version, drivers in (("worse", "6", {"a": 1}), ("later", "7", [{"name": "x.example.com"}])):
+        for name, version, drivers in (("worse", "6", {"a": 1}), ("later", "7", [{"name": "x.example.com"}]),
+                                       ("good", "8", "no longer a list")):
             event = json.dumps({"type": "ADDED", "object": csinode(name, version, drivers)}).encode()
             writer.write(chunk(event + b"\n"))
         await writer.drain()
@@ -220,18 +221,19 @@ async def test_an_object_that_does_not_decode_is_left_out_named_and_the_watch_go
             stream = watch_objects(kube, CSINode)
             seen = []
 
-            async def until_later():
+            async def until_good_goes():
                 async for event in stream:
                     seen.append((event.type, event.object.metadata.name if event.object else None))
-                    if seen[-1] == ("ADDED", "later"):
+                    if seen[-1] == ("DELETED", "good"):
                         return
 
-            await asyncio.wait_for(until_later(), 10)
+            await asyncio.wait_for(until_good_goes(), 10)
             await stream.aclose()
     finally:
         server.close()
         await server.wait_closed()
-    assert seen == [("ADDED", "good"), ("SYNCED", None), ("ADDED", "later")]
+    # "good", modified into a shape draplane cannot hold, is gone for the consumer: not kept stale
+    assert seen == [("ADDED", "good"), ("SYNCED", None), ("ADDED", "later"), ("DELETED", "good")]
     assert len(lists) == 1 and len(watches) == 1, "nothing was listed or watched again"
     errors = [r.getMessage() for r in caplog.records]
     assert any("csinodes bad left out" in e and "spec.drivers" in e for e in errors), errors

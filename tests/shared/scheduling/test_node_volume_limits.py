@@ -223,3 +223,19 @@ def test_a_kubelets_csinode_without_drivers_decodes_and_limits_nothing():
     assert cluster.refused(pod("new", "a"), nodes=("n1",)) == {}
     cluster.objects.drivers.append(strict)
     assert cluster.refused(pod("new", "a"), nodes=("n1",)) == {"n1": nvl.driver_missing(BLOCK)}
+
+
+def test_an_in_tree_ebs_volume_counts_as_the_ebs_csi_drivers_where_the_node_has_a_csinode():
+    """A gp2 claim, once bound, sits on a PersistentVolume with an awsElasticBlockStore source:
+    kube-scheduler translates it and counts it as ebs.csi.aws.com's (on nodes with a CSINode)."""
+    from draplane.api.storage import InTreeDiskSource
+
+    def ebs(name: str, volume_id: str) -> PersistentVolume:
+        return PersistentVolume(metadata=ObjectMeta(name=name), spec=PersistentVolumeSpec(
+            aws_elastic_block_store=InTreeDiskSource(volume_id=volume_id)))
+
+    cluster = Cluster(claims=[claim("a", volume="pv-a", class_name="gp2"), claim("b", volume="pv-b", class_name="gp2")],
+                      volumes=[ebs("pv-a", "vol-0a"), ebs("pv-b", "vol-0b")], pods=[pod("running", "a", node="n1")],
+                      csinodes=[csinode("n1", ebs_csi_aws_com=1)])
+    assert cluster.refused(pod("new", "b"), nodes=("n1", "n2")) == {"n1": nvl.REASON_MAX_VOLUME_COUNT}
+    assert cluster.refused(pod("shares", "a"), nodes=("n1",)) == {}  # the same disk: attached once

@@ -259,12 +259,15 @@ def claim(draw: Draw, i: int, volumes: list[dict]) -> dict:
 
 # NodeVolumeLimits: block volumes of two CSI drivers, limited per node by CSINodes; the second
 # driver's CSIDriver keeps its pods off nodes that do not register it (VolumeLimitScaling).
-CSI_DRIVER, STRICT_DRIVER = "block.csi.example.com", "strict.csi.example.com"
+CSI_DRIVER, STRICT_DRIVER, EBS_DRIVER = "block.csi.example.com", "strict.csi.example.com", "ebs.csi.aws.com"
 CSI_STORAGE_CLASSES = [
     {"apiVersion": "storage.k8s.io/v1", "kind": "StorageClass", "metadata": {"name": "block"},
      "provisioner": CSI_DRIVER, "volumeBindingMode": "WaitForFirstConsumer"},
     {"apiVersion": "storage.k8s.io/v1", "kind": "StorageClass", "metadata": {"name": "strict"},
      "provisioner": STRICT_DRIVER, "volumeBindingMode": "WaitForFirstConsumer"},
+    # an in-tree provisioner kube-scheduler counts as its CSI driver (migration)
+    {"apiVersion": "storage.k8s.io/v1", "kind": "StorageClass", "metadata": {"name": "gp2"},
+     "provisioner": "kubernetes.io/aws-ebs", "volumeBindingMode": "WaitForFirstConsumer"},
 ]
 CSI_DRIVERS = [
     {"apiVersion": "storage.k8s.io/v1", "kind": "CSIDriver", "metadata": {"name": STRICT_DRIVER},
@@ -273,12 +276,15 @@ CSI_DRIVERS = [
 
 
 def csi_volume(draw: Draw, i: int) -> dict:
-    """A CSI block volume of either driver, reachable from every node."""
-    driver, class_name = choice(draw, ((CSI_DRIVER, "block"), (CSI_DRIVER, "block"), (STRICT_DRIVER, "strict")))
+    """A CSI block volume of either driver, or an in-tree EBS disk, reachable from every node."""
+    driver, class_name = choice(draw, ((CSI_DRIVER, "block"), (CSI_DRIVER, "block"), (STRICT_DRIVER, "strict"),
+                                       (EBS_DRIVER, "gp2")))
+    source = {"awsElasticBlockStore": {"volumeID": f"vol-0{i:016x}", "fsType": "ext4"}} if driver == EBS_DRIVER \
+        else {"csi": {"driver": driver, "volumeHandle": f"vol-{i}"}}
     return {"apiVersion": "v1", "kind": "PersistentVolume", "metadata": {"name": f"csi-pv-{i}"},
             "spec": {"capacity": {"storage": "10Gi"}, "accessModes": ["ReadWriteOnce"],
                      "persistentVolumeReclaimPolicy": "Delete", "storageClassName": class_name,
-                     "volumeMode": "Filesystem", "csi": {"driver": driver, "volumeHandle": f"vol-{i}"}},
+                     "volumeMode": "Filesystem", **source},
             "status": {"phase": "Available"}}
 
 
@@ -298,7 +304,7 @@ def csi_claim(draw: Draw, i: int, volumes: list[dict]) -> dict:
         metadata["annotations"] = {"pv.kubernetes.io/bind-completed": "yes"}
         status = {"phase": "Bound", "accessModes": ["ReadWriteOnce"], "capacity": pv["spec"]["capacity"]}
     else:
-        spec["storageClassName"] = choice(draw, ("block", "block", "strict"))
+        spec["storageClassName"] = choice(draw, ("block", "block", "strict", "gp2"))
         status = {"phase": "Pending"}
     return {"apiVersion": "v1", "kind": "PersistentVolumeClaim", "metadata": metadata, "spec": spec,
             "status": status}
@@ -307,7 +313,7 @@ def csi_claim(draw: Draw, i: int, volumes: list[dict]) -> dict:
 def csi_node(draw: Draw, node_name: str) -> dict:
     """The node's CSINode: the drivers it registers, the first with an attach limit (mostly)."""
     drivers = []
-    for driver in (CSI_DRIVER, STRICT_DRIVER):
+    for driver in (CSI_DRIVER, STRICT_DRIVER, EBS_DRIVER):
         if chance(draw, 75):
             entry: dict = {"name": driver, "nodeID": node_name, "topologyKeys": None}
             if chance(draw, 80):
@@ -318,9 +324,10 @@ def csi_node(draw: Draw, node_name: str) -> dict:
 
 
 def attachment(draw: Draw, i: int, volume: dict, nodes: list[dict]) -> dict:
-    """A VolumeAttachment of a CSI volume to a node (left from a pod gone, or being made)."""
+    """A VolumeAttachment of a volume to a node (left from a pod gone, or being made)."""
+    attacher = volume["spec"]["csi"]["driver"] if "csi" in volume["spec"] else EBS_DRIVER
     return {"apiVersion": "storage.k8s.io/v1", "kind": "VolumeAttachment", "metadata": {"name": f"va-{i}"},
-            "spec": {"attacher": volume["spec"]["csi"]["driver"], "nodeName": choice(draw, nodes)["metadata"]["name"],
+            "spec": {"attacher": attacher, "nodeName": choice(draw, nodes)["metadata"]["name"],
                      "source": {"persistentVolumeName": volume["metadata"]["name"]}}}
 
 
