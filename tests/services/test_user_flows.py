@@ -497,8 +497,9 @@ async def test_a_deployment_behind_a_service_spreads_over_nodes_by_kube_schedule
         scheduling, kube, kubectl, namespace, shards):
     """No constraint in the pod spec: kube-scheduler's default profile spreads the replicas of a
     ReplicaSet (and a Service's pods) over hostnames and zones, ScheduleAnyway. Busy-first packing
-    alone would stack three one-GPU replicas on one 8-GPU node; draplane spreads them over three,
-    as kube-scheduler does. Pods that nothing owns or selects still pack."""
+    alone would stack three two-GPU replicas on one 8-GPU node; draplane spreads them over three,
+    as kube-scheduler does, each with both its GPUs there. Pods that nothing owns or selects still
+    pack."""
     class_name, nodes = await gpu_cluster(scheduling, kube, nodes=3)
     await scheduling.start(shards=shards)
     service = f"""
@@ -509,16 +510,23 @@ spec:
   selector: {{app: infer}}
   ports: [{{port: 80, protocol: TCP}}]
 """
-    await kubectl.apply("---".join([one_gpu_template_yaml(namespace, class_name), service,
-                                    deployment_yaml(namespace, "infer", scheduling.scheduler_name, 3, "")]))
+    two_gpus = one_gpu_template_yaml(namespace, class_name).replace("name: one-gpu", "name: two-gpus").replace(
+        "exactly: {deviceClassName: " + class_name + "}", "exactly: {deviceClassName: " + class_name + ", count: 2}")
+    deployment = deployment_yaml(namespace, "infer", scheduling.scheduler_name, 3, "").replace(
+        "resourceClaimTemplateName: one-gpu", "resourceClaimTemplateName: two-gpus")
+    await kubectl.apply("---".join([one_gpu_template_yaml(namespace, class_name), two_gpus, service, deployment]))
 
     async def replicas_bound():
         pods = (await get_json(kubectl, "pods", "-n", namespace, "-l", "app=infer"))["items"]
-        bound = [p["spec"]["nodeName"] for p in pods if p["spec"].get("nodeName")]
+        bound = [p for p in pods if p["spec"].get("nodeName")]
         return bound if len(bound) == 3 else None
 
-    bound = await scheduling.wait_for(replicas_bound, 60, "3 replicas bound")
-    assert sorted(bound) == sorted(nodes), bound
+    replicas = await scheduling.wait_for(replicas_bound, 60, "3 replicas bound")
+    assert sorted(p["spec"]["nodeName"] for p in replicas) == sorted(nodes), replicas
+    for replica in replicas:
+        (status,) = replica["status"]["resourceClaimStatuses"]
+        results = await claim_results(kubectl, namespace, status["resourceClaimName"])
+        assert [r["pool"] for r in results] == [replica["spec"]["nodeName"]] * 2, results
     # pods that nothing owns or selects pack where the devices are busiest
     await kubectl.apply(pod_yaml(namespace, "plain-0", scheduling.scheduler_name, template="one-gpu"))
     first = (await wait_bound(scheduling, kubectl, namespace, "plain-0"))["spec"]["nodeName"]
