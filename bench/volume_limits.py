@@ -2,7 +2,7 @@
 
 A cluster of N nodes, each with a CSINode limiting one CSI driver to `--limit` volumes and
 `--per-node` bound pods of one CSI volume each: the binder evaluates the Filter over every node
-when it publishes such a pod (draplane.scheduling.node_volume_limits.nodes_over_limit). Printed
+when it publishes such a pod (draplane.scheduling.framework.plugins.node_volume_limits.nodes_over_limit). Printed
 side by side, in one process: counting every node's volumes, and with the binder's bound on the
 volumes in use (its per-node count of mounted claims), which passes nodes far from the limit
 unread. Both must refuse the same nodes; the script fails if they do not.
@@ -23,7 +23,7 @@ from draplane.api.storage import (
     CSINode, CSINodeDriver, CSINodeSpec, CSIPersistentVolumeSource, PersistentVolume, PersistentVolumeClaim,
     PersistentVolumeClaimSpec, PersistentVolumeSpec, VolumeNodeResources,
 )
-from draplane.scheduling import node_volume_limits as nvl
+from draplane.scheduling.framework.plugins import node_volume_limits as nvl
 
 DRIVER = "ebs.csi.aws.com"
 

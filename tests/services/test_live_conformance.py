@@ -69,7 +69,7 @@ from draplane.api.resource import (  # noqa: E402
     ResourceSlice,
 )
 from draplane.kube import KubeApiError  # noqa: E402
-from draplane.scheduling.placing import CANNOT_ALLOCATE, device_reason  # noqa: E402
+from draplane.scheduling.framework.plugins.dynamic_resources import CANNOT_ALLOCATE, device_reason  # noqa: E402
 from draplane_inventory.service import InventoryService, InventorySettings  # noqa: E402
 
 pytestmark = pytest.mark.integration

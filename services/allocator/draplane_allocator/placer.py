@@ -17,7 +17,7 @@ import asyncio
 import logging
 import time
 
-from draplane.allocation.nodefit import pod_requests
+from draplane.component_helpers.resource import pod_requests
 from draplane.api.core import Pod
 from draplane.api.resource import ResourceClaim
 from draplane.scheduling import preemption

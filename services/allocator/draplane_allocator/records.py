@@ -5,12 +5,12 @@ from __future__ import annotations
 
 import dataclasses
 
-from draplane.allocation.nodefit import pod_host_ports
+from draplane.scheduling.framework.plugins.node_ports import pod_host_ports
 from draplane.api.core import Pod
 from draplane.api.resource import ResourceClaim
 from draplane.scheduling import reservation_protocol as protocol
 from draplane.scheduling import reservations as rv
-from draplane.scheduling.inter_pod_affinity import required_anti_affinity
+from draplane.scheduling.framework.plugins.inter_pod_affinity import required_anti_affinity
 from draplane.scheduling.messages import ClaimPlacement, GangCommit, PendingPod, Placement
 from draplane.scheduling.placing import NotPlaced, Placed
 

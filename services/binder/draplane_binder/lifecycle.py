@@ -23,6 +23,7 @@ from draplane.api.resource import (
     ResourceClaimStatus,
     ResourceClaimTemplate,
 )
+from draplane.scheduling.framework.plugins import scheduling_gates
 
 POD_CLAIM_NAME_ANNOTATION = "resource.kubernetes.io/pod-claim-name"
 DELETE_PROTECTION_FINALIZER = "resource.kubernetes.io/delete-protection"
@@ -238,7 +239,7 @@ def pod_is_done(pod: Pod) -> bool:
 def pod_is_gated(pod: Pod) -> bool:
     """Held by `spec.schedulingGates`: kube-scheduler's SchedulingGates plugin keeps such a pod out
     of every scheduling attempt until the last gate is removed."""
-    return bool(pod.spec.scheduling_gates)
+    return scheduling_gates.pre_enqueue(pod) is not None
 
 
 def reserved_for_to_drop(claim: ResourceClaim, pods_by_uid: Mapping[str, Pod]) -> list[ResourceClaimConsumerReference]:

@@ -19,7 +19,8 @@ import nats.errors
 import nats.js.errors
 from nats.js import JetStreamContext
 
-from draplane.allocation.nodefit import node_names_required
+from draplane.scheduling.framework.plugins import scheduling_gates
+from draplane.scheduling.framework.plugins.node_affinity import node_names_required
 from draplane.api.core import Pod, PodResourceClaimStatus
 from draplane.api.resource import ResourceClaim, ResourceClaimTemplate
 from draplane.audit_publisher import AuditPublisher
@@ -32,7 +33,7 @@ from draplane.scheduling.unschedulable import (
     CLAIM_ERROR, CONDITION_REASON, ERROR_CONDITION_REASON, EVENT_REASON, GANG_WAITING, VOLUME_UNBOUND, claim_problem,
     pre_filter_problem,
 )
-from draplane.scheduling.volume_binding import PodVolumes, VolumeUnschedulable, pod_claim_names
+from draplane.scheduling.framework.plugins.volume_binding import PodVolumes, VolumeUnschedulable, pod_claim_names
 from draplane.structured_logs import fields
 from draplane_binder import in_flight as inf
 from draplane_binder import lifecycle as lc
@@ -193,8 +194,7 @@ class PendingQueue:
             # we when we manage claims), but no scheduling is tried and nothing is written on the
             # pod: the apiserver set PodScheduled=False/SchedulingGated when it took the pod.
             # Removing the last gate is a pod update, which queues the pod again.
-            log.debug("pod %s/%s: waiting for scheduling gates %s", namespace, key[1],
-                      [g.name for g in pod.spec.scheduling_gates or ()])
+            log.debug("pod %s/%s: %s", namespace, key[1], scheduling_gates.pre_enqueue(pod))
             return
         self.first_seen.setdefault(uid, time.time())
         try:

@@ -33,7 +33,7 @@ from draplane.scheduling import reservation_protocol as protocol
 from draplane.scheduling import reservations as rv
 from draplane.scheduling.messages import ClaimRef, Placement
 from draplane.jetstream.reservation_store import ReservationStore
-from draplane.scheduling.volume_binding import pod_claim_names
+from draplane.scheduling.framework.plugins.volume_binding import pod_claim_names
 from draplane.structured_logs import fields
 from draplane_binder import lifecycle as lc
 from draplane_binder.cache import ClusterCache

@@ -25,7 +25,7 @@ from draplane.scheduling import reservation_protocol as protocol
 from draplane.scheduling import reservations as rv
 from draplane.jetstream import streams
 from draplane.scheduling.messages import ClaimRef, ClaimReleased, Subjects, encode_message
-from draplane.scheduling.placing import allocation_node
+from draplane.scheduling.framework.plugins.dynamic_resources import allocation_node
 from draplane.jetstream.reservation_store import ReservationStore
 from draplane.structured_logs import fields
 from draplane_binder.cache import ClusterCache

@@ -4,7 +4,7 @@ without topologySpreadConstraints spreads by (PendingPod.default_spread; the sha
 draplane.scheduling.pod_scores).
 
 Only selectors are kept: (namespace, name) -> selector, per kind. The decision is
-draplane.scheduling.pod_topology_spread.default_selector's. It only scores, so a pod published
+draplane.scheduling.framework.plugins.pod_topology_spread.default_selector's. It only scores, so a pod published
 before a watch has listed goes without it rather than waiting; a selector that changes later
 applies to the pods published after (kube-scheduler reads its listers at scoring time too).
 """
@@ -18,7 +18,7 @@ from draplane.api.apps import ReplicaSet, ReplicationController, Service, Statef
 from draplane.api.core import Pod
 from draplane.api.policy import LabelSelector
 from draplane.kube import KubeClient, watch_objects
-from draplane.scheduling import pod_topology_spread as spread
+from draplane.scheduling.framework.plugins import pod_topology_spread as spread
 
 Key = tuple[str, str]
 

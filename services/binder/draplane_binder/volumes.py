@@ -3,12 +3,12 @@ PersistentVolumes and StorageClasses, the PreFilter that goes into each PendingP
 PreBind step that binds or provisions the pod's unbound claims on the chosen node and waits until
 they are bound.
 
-The decisions are draplane.scheduling.volume_binding's; this component owns the caches and the
+The decisions are draplane.scheduling.framework.plugins.volume_binding's; this component owns the caches and the
 writes. Writes are merge patches guarded by the object's resourceVersion, so a volume another
 scheduler took meanwhile fails the write (409) instead of being given twice.
 
 NodeVolumeLimits is evaluated here too, over caches of CSINodes, CSIDrivers and VolumeAttachments
-and an index of the pods on each node that use claims (draplane.scheduling.node_volume_limits):
+and an index of the pods on each node that use claims (draplane.scheduling.framework.plugins.node_volume_limits):
 the nodes it refuses go into the PendingPod; PreBind checks the chosen node again, counting the pods
 being bound there meanwhile (kube-scheduler's assumed pods), and holds the pod's volumes on it
 until the pod is bound or the placement undone (`forget_attachments`).
@@ -39,8 +39,9 @@ from draplane.api.storage import (
     PersistentVolumeClaim, StorageClass, VolumeAttachment,
 )
 from draplane.kube import KubeApiError, KubeClient, watch_objects
-from draplane.scheduling import node_volume_limits as nvl
-from draplane.scheduling import volume_binding as vb
+from draplane.scheduling.framework.plugins import node_volume_limits as nvl
+from draplane.scheduling.framework.plugins import volume_binding as vb
+from draplane.scheduling.framework.runtime import volume_plan
 from draplane_binder.lifecycle import pod_is_done
 
 log = logging.getLogger(__name__)
@@ -323,7 +324,7 @@ class VolumeBinder:
             volumes = self._claims_pre_filter(pod)
         except vb.VolumeUnschedulable as exc:
             return exc.message
-        plan = vb.plan_for_node(volumes, node, self.node_labels.get(node, {}))
+        plan = volume_plan(volumes, node, self.node_labels.get(node, {}))
         if isinstance(plan, list):
             return f"node {node} no longer fits the pod's volumes: {', '.join(plan)}"
         over_limit = self.assume_attachments(pod, node)

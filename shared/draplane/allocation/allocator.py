@@ -49,7 +49,7 @@ from draplane.allocation.inventory import (
     node_matches,
 )
 from draplane.allocation.state import AllocatedState
-from draplane.allocation.tolerations import tolerates
+from draplane.component_helpers.taints import tolerates
 
 from draplane.allocation.scoring import FIRST_FIT, ScoringPolicy
 

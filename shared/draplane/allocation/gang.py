@@ -48,12 +48,17 @@ from draplane.api.resource import AllocationResult, CELDeviceSelector, DeviceSel
 from draplane.allocation.allocator import ClaimPlan, NodePlacement
 from draplane.allocation.device_allocator import DeviceAllocator
 from draplane.allocation.errors import AllocationError
-from draplane.allocation.nodefit import NodeFitError, node_fit, pod_requests, term_matches
+from draplane.component_helpers.errors import SpecError
+from draplane.component_helpers.node_affinity import term_matches
+from draplane.component_helpers.resource import pod_requests
 from draplane.allocation.scoring import ScoringPolicy
 from draplane.allocation.state import claim_key
 
 # What the pods already bound to a node request (sum_requests' answer): (requests, pod count).
 BoundRequests = Callable[[str], tuple[Mapping[str, int], int]]
+# The pod's node-local filters (the scheduling framework's node_fit) on a node, given its requests
+# and what the pods there request: passed in, because the framework sits above this search.
+PodFits = Callable[[Pod, Node, Mapping[str, int], tuple[Mapping[str, int], int]], bool]
 
 
 class DomainKind(str, enum.Enum):
@@ -73,13 +78,14 @@ class GangTopology:
 
 @dataclass(frozen=True, slots=True)
 class GangMember:
-    """One pod of the gang: its name (namespace/name), its claims and, for node fit, the pod."""
+    """One pod of the gang: its name (namespace/name), its claims and, for node fit (place_gang's
+    `pod_fits`), the pod."""
 
     name: str
     claims: tuple[ResourceClaim, ...]
     pod: Pod | None = None
     # Filters beyond node fit that the member's own state decides (its volumes, in
-    # draplane.scheduling.volume_binding): a node it refuses takes no part of this member.
+    # draplane.scheduling.framework.plugins.volume_binding): a node it refuses takes no part of this member.
     # `constraint_key` tells members apart whose filters differ, as their specs do.
     node_allowed: Callable[[Node], bool] | None = None
     constraint_key: bytes = b""
@@ -177,8 +183,10 @@ class _BudgetExhausted(Exception):
 
 class _GangSearch:
     def __init__(self, cluster: DeviceAllocator, members: list[_Member], policy: ScoringPolicy,
-                 bound: BoundRequests | None, budget: SearchBudget, deadline: float, attempts: list[int]):
+                 bound: BoundRequests | None, budget: SearchBudget, deadline: float, attempts: list[int],
+                 pod_fits: PodFits | None = None):
         self.devices = cluster
+        self.pod_fits = pod_fits
         self.members = members
         self.policy = policy
         self.bound = bound
@@ -355,9 +363,9 @@ class _GangSearch:
         newest = group[-1]
         if newest.spec.node_allowed is not None and not newest.spec.node_allowed(node):
             return False
-        if newest.spec.pod is None:
+        if newest.spec.pod is None or self.pod_fits is None:
             return True
-        return node_fit(newest.spec.pod, node, requests=newest.requests, in_use=(used, count + len(group) - 1)).fits
+        return self.pod_fits(newest.spec.pod, node, newest.requests, (used, count + len(group) - 1))
 
     def _hold(self, group: NodeGroupPlacement | None) -> None:
         if group is not None:
@@ -492,7 +500,7 @@ def _members(gang: Gang) -> list[_Member]:
     for m in gang.members:
         try:
             requests = pod_requests(m.pod) if m.pod is not None else {}
-        except NodeFitError as exc:
+        except SpecError as exc:
             raise GangError(f"gang {gang.name}: member {m.name}: {exc}") from None
         allocated = [c.status.allocation for c in m.claims if is_allocated(c)]
         shape = (tuple(encode_json(c.spec) for c in m.claims if not is_allocated(c)),
@@ -523,12 +531,17 @@ def place_gang(
     budget: SearchBudget = SearchBudget(),
     bound: BoundRequests | None = None,
     policy: ScoringPolicy | None = None,
+    pod_fits: PodFits | None = None,
 ) -> GangPlacement | GangUnplaceable:
     """Every member of the gang placed, jointly, or the one reason it cannot be. The cluster's state
     is as before when this returns; `commit_gang` records a placement.
 
     Raises GangError for a gang that cannot be searched, AllocationError for a claim the allocator
-    rejects (its message names the claim and field)."""
+    rejects (its message names the claim and field). A member with a pod needs `pod_fits`."""
+    if pod_fits is None:
+        with_pod = [m.name for m in gang.members if m.pod is not None]
+        if with_pod:
+            raise GangError(f"gang {gang.name}: member {with_pod[0]} has a pod, and nothing checks its node fit")
     policy = policy or cluster.policy
     members = _largest_first(cluster, _members(gang))
     demand = sum(cluster.allocator.plan(c).min_devices
@@ -542,7 +555,7 @@ def place_gang(
         if domain.free < 1000.0 * demand:
             too_small.append(domain)  # fewer free devices than the gang asks: no search can fit it
             continue
-        search = _GangSearch(cluster, members, policy, bound, budget, deadline, attempts)
+        search = _GangSearch(cluster, members, policy, bound, budget, deadline, attempts, pod_fits)
         try:
             placed = search.run(domain.nodes, domain.attribute)
         except _BudgetExhausted:
@@ -560,7 +573,7 @@ def place_gang(
         search.take_everything_back()
         if exhausted:
             break
-    return _explain(cluster, gang, members, best, policy, bound, exhausted, attempts[0], demand, too_small)
+    return _explain(cluster, gang, members, best, policy, bound, exhausted, attempts[0], demand, too_small, pod_fits)
 
 
 def commit_gang(cluster: DeviceAllocator, placement: GangPlacement) -> None:
@@ -578,11 +591,11 @@ def release_gang(cluster: DeviceAllocator, placement: GangPlacement) -> None:
 
 def _explain(cluster: DeviceAllocator, gang: Gang, members: list[_Member], best: _GangSearch | None,
              policy: ScoringPolicy, bound: BoundRequests | None, exhausted: bool, attempts: int,
-             demand: int, too_small: list[_Domain]) -> GangUnplaceable:
+             demand: int, too_small: list[_Domain], pod_fits: PodFits | None) -> GangUnplaceable:
     # Where each member fits alone, on the whole cluster's state as it is (the search took back
     # everything); budget-free, as it is one allocation per member shape and node.
     probe = _GangSearch(cluster, members, policy, bound, SearchBudget(node_attempts=1 << 62, seconds=1e9),
-                        float("inf"), [0])
+                        float("inf"), [0], pod_fits)
     alone = probe._alone_candidates(sorted(cluster.nodes), None)
     fits = {m.spec.name: tuple(alone[m.shape]) for m in members}
     nowhere = tuple(m.spec.name for m in members if not alone[m.shape])

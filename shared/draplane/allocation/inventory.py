@@ -250,7 +250,7 @@ class Pool:
 
 
 def node_selector_matches(selector: NodeSelector, node: Node) -> bool:
-    from draplane.allocation.nodefit import term_matches
+    from draplane.component_helpers.node_affinity import term_matches
 
     labels = (node.metadata.labels or {}) if node is not None else {}
     name = (node.metadata.name or "") if node is not None else ""

@@ -37,6 +37,8 @@ class NodeStatus(Base, kw_only=True):
     capacity: dict[str, str] | None = None
     allocatable: dict[str, str] | None = None
     conditions: list[Condition] | None = None
+    # what the kubelet says the node supports (NodeDeclaredFeatures reads it)
+    declared_features: list[str] | None = None
 
 
 class Node(Base, kw_only=True):
@@ -67,6 +69,25 @@ class ContainerPort(Base, kw_only=True):
     host_ip: str | None = msgspec.field(default=None, name="hostIP")  # not "hostIp"
 
 
+class ContainerRestartRuleOnExitCodes(Base, kw_only=True):
+    operator: str | None = None
+    values: list[int] | None = None
+
+
+class ContainerRestartRule(Base, kw_only=True):
+    action: str | None = None
+    exit_codes: ContainerRestartRuleOnExitCodes | None = None
+
+
+class VolumeMount(Base, kw_only=True):
+    name: str
+    mount_path: str = ""
+    read_only: bool | None = None
+    sub_path: str | None = None
+    # alpha (VolumeBindMountOptions): needs a node that declares the feature
+    bind_mount_options: list[str] | None = None
+
+
 class Container(Base, kw_only=True):
     name: str
     image: str | None = None
@@ -74,6 +95,8 @@ class Container(Base, kw_only=True):
     ports: list[ContainerPort] | None = None
     # Always on an init container: a sidecar, running (and holding its ports) as long as the pod
     restart_policy: str | None = None
+    restart_policy_rules: list[ContainerRestartRule] | None = None
+    volume_mounts: list[VolumeMount] | None = None
 
 
 class PreferredSchedulingTerm(Base, kw_only=True):
@@ -191,6 +214,10 @@ class PodSpec(Base, kw_only=True):
     scheduling_gates: list[PodSchedulingGate] | None = None
     topology_spread_constraints: list[TopologySpreadConstraint] | None = None
     volumes: list[Volume] | None = None
+    ephemeral_containers: list[Container] | None = None
+    host_network: bool | None = None
+    # false: the pod runs in its own user namespace
+    host_users: bool | None = None
 
 
 class PodResourceClaimStatus(Base, kw_only=True):

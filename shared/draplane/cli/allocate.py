@@ -152,7 +152,7 @@ def _place_pods(args: argparse.Namespace, objects: list, pending_pods: list) -> 
     from draplane.cli.explain import Snapshot
     from draplane.scheduling.placing import NotPlaced
     from draplane.scheduling.unschedulable import pre_filter_problem
-    from draplane.scheduling.volume_binding import VolumeUnschedulable
+    from draplane.scheduling.framework.plugins.volume_binding import VolumeUnschedulable
 
     if args.node:
         raise InputError("--node: with Pods and Nodes among the files each pod goes where its own constraints "
@@ -230,12 +230,12 @@ def _volume_prebind(snapshot, pod, volumes, node: str) -> list[dict]:
     selected-node annotation; so the pods placed after it see them taken. The objects written,
     as kube-scheduler writes them."""
     from draplane.api.storage import ANNOTATION_BIND_COMPLETED, ANNOTATION_SELECTED_NODE, ObjectReference
-    from draplane.scheduling import volume_binding
+    from draplane.scheduling.framework.runtime import volume_plan
 
     if volumes is None:
         return []
     labels = next((n.metadata.labels or {} for n in snapshot.nodes if n.metadata.name == node), {})
-    plan = volume_binding.plan_for_node(volumes, node, labels)
+    plan = volume_plan(volumes, node, labels)
     if isinstance(plan, list):  # cannot happen: the shard's Filter passed this node with these volumes
         raise InputError(f"Pod {pod.metadata.namespace or 'default'}/{pod.metadata.name}: node {node} no longer fits "
                          f"its volumes: {', '.join(plan)}")

@@ -26,9 +26,11 @@ from draplane.api.storage import (
 )
 from draplane.scheduling import preemption
 from draplane.scheduling.gangs import GangSpecError, gang_spec, pod_group_key
-from draplane.scheduling.placing import SchedulingState, NotPlaced, Placed, allocation_node
+from draplane.scheduling.framework.plugins.dynamic_resources import allocation_node
+from draplane.scheduling.placing import SchedulingState, NotPlaced, Placed
 from draplane.scheduling.unschedulable import FailureReason
-from draplane.scheduling import extended_resources, node_volume_limits, volume_binding
+from draplane.scheduling import extended_resources
+from draplane.scheduling.framework.plugins import node_volume_limits, scheduling_gates, volume_binding
 
 # How many node names to list per failure class before "and N more".
 NODES_SHOWN = 5
@@ -239,7 +241,7 @@ def explain_pod(snapshot: Snapshot, pod: Pod) -> list[str]:
     if missing:
         lines.extend(f"Cannot be scheduled yet: {m}" for m in missing)
         return lines
-    gates = [g.name for g in pod.spec.scheduling_gates or ()]
+    gates = scheduling_gates.gates(pod)
     if gates:
         lines.append(f"Held by scheduling gates {', '.join(gates)}: no scheduler tries it until every gate is "
                      "removed (by whoever added it: Kueue, a quota controller).")

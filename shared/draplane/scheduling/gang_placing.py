@@ -17,12 +17,15 @@ import msgspec
 
 from draplane.allocation.errors import AllocationError
 from draplane.allocation.gang import Gang, GangError, GangMember, GangPlacement, GangUnplaceable, SearchBudget, place_gang
-from draplane.allocation.nodefit import NodeFitError, pod_requests
+from draplane.component_helpers.errors import SpecError
+from draplane.component_helpers.resource import pod_requests
 from draplane.allocation.state import claim_key
 from draplane.api.core import Node, Pod
 from draplane.api.resource import ResourceClaim, ResourceClaimStatus
-from draplane.scheduling import preemption, volume_binding
+from draplane.scheduling import preemption
+from draplane.scheduling.framework.plugins import volume_binding
 from draplane.scheduling.gangs import GangSpec
+from draplane.scheduling.framework.runtime import node_fit, volume_reasons
 from draplane.scheduling.placing import SchedulingState, Placed
 
 
@@ -48,7 +51,7 @@ def _as_allocated(state: SchedulingState, claim: ResourceClaim) -> ResourceClaim
 def _volumes_allow(volumes: volume_binding.PodVolumes | None) -> Callable[[Node], bool] | None:
     if volumes is None:
         return None
-    return lambda node: not volume_binding.node_reasons(volumes, node.metadata.name or "", node.metadata.labels or {})
+    return lambda node: not volume_reasons(volumes, node.metadata.name or "", node.metadata.labels or {})
 
 
 def place_gang_members(
@@ -63,7 +66,7 @@ def place_gang_members(
     """All members placed on the shard's state, or the gang's one explanation. The state is as
     before when this returns. `gone`: uids of bound pods to count as evicted (their CPU and memory
     off their nodes; preemption frees their claims in the core itself). `volumes`: per member
-    uid, what the binder's VolumeBinding PreFilter found (draplane.scheduling.volume_binding). Raises GangError (and
+    uid, what the binder's VolumeBinding PreFilter found (draplane.scheduling.framework.plugins.volume_binding). Raises GangError (and
     AllocationError) for a gang that cannot be searched, naming the member or claim."""
     gang_members = []
     by_key: dict[str, tuple[Pod, list[ResourceClaim]]] = {}
@@ -88,7 +91,8 @@ def place_gang_members(
                 used[resource] = used.get(resource, 0) + amount
         return used, count
 
-    outcome = place_gang(state.devices, Gang(spec.key, tuple(gang_members), spec.topology), budget=budget, bound=bound)
+    outcome = place_gang(state.devices, Gang(spec.key, tuple(gang_members), spec.topology), budget=budget, bound=bound,
+                         pod_fits=node_local_fits)
     if isinstance(outcome, GangUnplaceable):
         return outcome
     allocated = outcome.claims_allocated()
@@ -106,7 +110,7 @@ def place_gang_members(
                 new_claims.append(uid)
         try:
             requests = pod_requests(pod)
-        except NodeFitError as exc:  # place_gang read them already; kept for a clear message
+        except SpecError as exc:  # place_gang read them already; kept for a clear message
             raise GangError(f"gang {spec.key}: member {key}: {exc}") from None
         placed[pod.metadata.uid or ""] = Placed(node=node, allocations=allocations, new_claims=new_claims,
                                                 requests=requests)
@@ -157,3 +161,8 @@ def gang_preemption_for(
 
 
 __all__ = ["AllocationError", "GangError", "GangPlaced", "gang_preemption_for", "place_gang_members"]
+
+
+def node_local_fits(pod, node, requests, in_use) -> bool:
+    """The framework's node-local filters, for the gang search (allocation.gang.PodFits)."""
+    return node_fit(pod, node, requests=requests, in_use=in_use).fits

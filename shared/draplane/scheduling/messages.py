@@ -18,7 +18,7 @@ from draplane.api.core import PodSpec
 from draplane.api.policy import LabelSelector
 from draplane.api.resource import AllocationResult
 from draplane.messages.refs import ObjectRef
-from draplane.scheduling.volume_binding import PodVolumes
+from draplane.scheduling.framework.plugins.volume_binding import PodVolumes
 
 SCHEMA_VERSION = 1
 DEFAULT_PREFIX = "draplane."
@@ -58,7 +58,7 @@ class PendingPod(msgspec.Struct, tag="pending", kw_only=True):
     # take a claim it has not heard of yet for one that does not exist. 0 from an older binder.
     cluster_revision: int = 0
     # What the binder's VolumeBinding PreFilter found of the pod's PersistentVolumeClaims: the
-    # shard's Filter reads it per node (draplane.scheduling.volume_binding). None: no claims, or
+    # shard's Filter reads it per node (draplane.scheduling.framework.plugins.volume_binding). None: no claims, or
     # an older binder.
     volumes: PodVolumes | None = None
     # The pod's extended resources that DRA serves through the claim made for it (KEP-5004, its

@@ -20,14 +20,11 @@ from collections.abc import Collection, Iterable, Mapping, Sequence
 
 import msgspec
 
+from draplane.allocation.allocator import NodePlacement
 from draplane.allocation.device_allocator import DeviceAllocator, NodeResources, Unallocatable
 from draplane.allocation.errors import AllocationError, Reason
 from draplane.allocation.fragmented_devices import (
     claim_demands, device_capacity, fragmented_devices, has_partly_used_devices,
-)
-from draplane.allocation.nodefit import (
-    CPU, MEMORY, REASON_AFFINITY_CONFLICT, REASON_NOT_NAMED_BY_AFFINITY, HostPort, NodeFitError, node_allocatable,
-    REASON_NODE_PORTS, node_fit, node_names_required, pod_host_ports, pod_requests, ports_conflict,
 )
 from draplane.allocation.state import claim_key
 from draplane.api.core import Node, Pod
@@ -41,70 +38,24 @@ from draplane.api.resource import (
     ResourceSlice,
 )
 from draplane.cel.errors import CELError
+from draplane.component_helpers.errors import SpecError
+from draplane.component_helpers.resource import CPU, MEMORY, node_allocatable, pod_requests
+from draplane.scheduling.framework.interface import HostPort, PreFilterRejected
+from draplane.scheduling.framework.plugins import node_declared_features, node_ports
+from draplane.scheduling.framework.plugins.dynamic_resources import (
+    CANNOT_ALLOCATE, allocation_node, device_reason, failure_class,
+)
+from draplane.scheduling.framework.runtime import Cycle, named_nodes, node_fit, volume_reasons
 from draplane.scheduling import reservations as rv
 from draplane.api.policy import LabelSelector, PodDisruptionBudget
-from draplane.scheduling import inter_pod_affinity as ipa
+from draplane.scheduling.framework.plugins import inter_pod_affinity as ipa
 from draplane.scheduling import pod_scores
-from draplane.scheduling import pod_topology_spread as spread
-from draplane.scheduling import volume_binding
+from draplane.scheduling.framework.plugins import pod_topology_spread as spread
+from draplane.scheduling.framework.plugins import volume_binding
 from draplane.scheduling import preemption
 from draplane.scheduling.messages import NodeFailure
 from draplane.scheduling.placed_pods import PlacedPod, PlacedPods
 from draplane.scheduling.unschedulable import FailureReason, pre_filter_problem, summarize
-
-_CLASS_OF_REASON = {
-    Reason.NO_DEVICES: FailureReason.NO_MATCHING_DEVICE,
-    Reason.CLASS_SELECTOR: FailureReason.NO_MATCHING_DEVICE,
-    Reason.REQUEST_SELECTOR: FailureReason.NO_MATCHING_DEVICE,
-    Reason.TAINTED: FailureReason.DEVICES_TAINTED,
-    Reason.POOL_INCOMPLETE: FailureReason.NO_MATCHING_DEVICE,
-    Reason.POOL_INVALID: FailureReason.NO_MATCHING_DEVICE,
-    Reason.CONSTRAINT: FailureReason.CONSTRAINT_FAILED,
-    Reason.IN_USE: FailureReason.CAPACITY_EXHAUSTED,
-    Reason.CAPACITY: FailureReason.CAPACITY_EXHAUSTED,
-    Reason.COUNTERS: FailureReason.CAPACITY_EXHAUSTED,
-    Reason.NOT_ENOUGH_DEVICES: FailureReason.CAPACITY_EXHAUSTED,
-    Reason.SEARCH_LIMIT: FailureReason.CAPACITY_EXHAUSTED,
-    Reason.NODE_FILTERED: FailureReason.NODE_DOES_NOT_FIT,
-}
-
-
-def failure_class(reason: Reason) -> FailureReason:
-    return _CLASS_OF_REASON.get(reason, FailureReason.CAPACITY_EXHAUSTED)
-
-
-# kube-scheduler's DynamicResources filter says this for a node where the claims do not fit.
-CANNOT_ALLOCATE = "cannot allocate all claims"
-
-_WORDS_OF_REASON = {
-    Reason.NO_DEVICES: "the node has no devices",
-    Reason.CLASS_SELECTOR: "no device matches the device class",
-    Reason.REQUEST_SELECTOR: "no device matches the request's selectors",
-    Reason.IN_USE: "capacity exhausted (too few matching devices are free)",
-    Reason.TAINTED: "matching devices have taints the request does not tolerate",
-    Reason.CAPACITY: "capacity exhausted (matching devices lack the requested capacity)",
-    Reason.COUNTERS: "capacity exhausted (matching devices' shared counters are used up)",
-    Reason.CONSTRAINT: "no combination of devices satisfies the claim's constraints",
-    Reason.NOT_ENOUGH_DEVICES: "not enough devices",
-    Reason.POOL_INCOMPLETE: "a resource pool is being updated",
-    Reason.POOL_INVALID: "a resource pool is invalid",
-    Reason.SEARCH_LIMIT: "the device search reached its limit",
-}
-
-
-def device_reason(failure) -> str:
-    """A node's device failure as kube-scheduler's message counts it, named by claim and request,
-    with no per-node numbers so that alike nodes count together. A per-node error is told in its
-    own words, which name the claim and field: kube-scheduler would fail the attempt with them."""
-    if getattr(failure, "from_error", False):
-        return f"{CANNOT_ALLOCATE}: {failure.message}"
-    words = _WORDS_OF_REASON.get(failure.reason, failure.message)
-    if failure.claim and failure.request:
-        return f"{CANNOT_ALLOCATE}: resourceclaim {failure.claim}, request {failure.request}: {words}"
-    if failure.claim:
-        return f"{CANNOT_ALLOCATE}: resourceclaim {failure.claim}: {words}"
-    return f"{CANNOT_ALLOCATE}: {words}"
-
 
 @dataclasses.dataclass(slots=True)
 class Placed:
@@ -137,24 +88,6 @@ def _selects(evaluate, expressions: list[str], record) -> bool:
         return all(evaluate(expression, record) is True for expression in expressions)
     except CELError:
         return False
-
-
-def allocation_node(allocation: AllocationResult | None) -> str | None:
-    selector = allocation.node_selector if allocation else None
-    for term in selector.node_selector_terms if selector else ():
-        for req in term.match_fields or ():
-            if req.key == "metadata.name" and req.operator == "In" and req.values and len(req.values) == 1:
-                return req.values[0]
-    return None
-
-
-class PreFilterRejected(NodeFitError):
-    """A PreFilter refused the pod on every node at once (kube-scheduler then runs no Filter):
-    its message is kube-scheduler's, `0/N nodes are available: <reason>.`"""
-
-    def __init__(self, reason: str, nodes: int) -> None:
-        super().__init__(pre_filter_problem(nodes, reason))
-        self.reason = reason
 
 
 class SchedulingState:
@@ -266,9 +199,9 @@ class SchedulingState:
             try:
                 requests = pod_requests(pod)
                 running = preemption.RunningPod.from_pod(pod)
-            except NodeFitError:
+            except SpecError:
                 requests, running = {}, None
-            self.assume_pod(uid, pod.spec.node_name, requests, pod_host_ports(pod.spec))
+            self.assume_pod(uid, pod.spec.node_name, requests, node_ports.pod_host_ports(pod.spec))
             self._forget_running(uid)
             self.placed.set_bound(PlacedPod(uid=uid, namespace=pod.metadata.namespace or "default",
                                             labels=pod.metadata.labels or {}, node=pod.spec.node_name,
@@ -493,7 +426,7 @@ class SchedulingState:
         for other in pods_here.values():
             for resource, amount in other.items():
                 used[resource] = used.get(resource, 0) + amount
-        ports = self.ports_here(name, without=pod.metadata.uid) if pod_host_ports(pod.spec) else ()
+        ports = self.ports_here(name, without=pod.metadata.uid) if node_ports.pod_host_ports(pod.spec) else ()
         return node_fit(pod, node, requests=requests, in_use=(used, len(pods_here)), ports_in_use=ports)
 
     def _topology_spread(self, pod: Pod) -> spread.PreFilterState | None:
@@ -527,7 +460,7 @@ class SchedulingState:
         if allocatable is None or allocatable[0] is not node:
             try:
                 parsed = node_allocatable(node) if node is not None else {}
-            except NodeFitError:
+            except SpecError:
                 parsed = {}
             allocatable = self._allocatable[name] = (node, parsed.get(CPU, 0), parsed.get(MEMORY, 0))
         used = self._used.get(name)
@@ -539,19 +472,21 @@ class SchedulingState:
             used = self._used[name] = (cpu, memory)
         return allocatable[1] - used[0], allocatable[2] - used[1]
 
-    def _not_placed(self, device_failures: dict, node_filter, fit_failures: dict[str, tuple[str, list[str]]]) -> NotPlaced:
-        """One failure per node, as kube-scheduler reports them: node fit where the node fails it
-        (looked at here for nodes the device search never reached), else the devices' reason."""
+    def _not_placed(self, device_failures: dict, cycle: Cycle) -> NotPlaced:
+        """One failure per node, as kube-scheduler reports them: the first Filter that refuses the
+        node (run here for nodes the device search never reached), else the devices' reason."""
         failures = []
         for name in sorted(self.nodes):
-            if name not in fit_failures:
-                # The device search skips node fit where the devices do not fit; kube-scheduler
-                # reports node fit first, so it is asked here.
-                node_filter(self.nodes[name])
-            if name in fit_failures:
-                detail, reasons = fit_failures[name]
-                failures.append(NodeFailure(node=name, reason=FailureReason.NODE_DOES_NOT_FIT.value, detail=detail,
-                                            reasons=reasons))
+            rejection = cycle.rejections.get(name)
+            if rejection is None:
+                # The device search skips the other Filters where the devices do not fit;
+                # kube-scheduler runs them first, so they are asked here.
+                rejection = cycle.filter_node(self.nodes[name])
+            if rejection is not None and rejection.plugin == node_declared_features.NAME and name in device_failures:
+                rejection = None  # DynamicResources runs before it
+            if rejection is not None:
+                failures.append(NodeFailure(node=name, reason=FailureReason.NODE_DOES_NOT_FIT.value,
+                                            detail=", ".join(rejection.details), reasons=list(rejection.reasons)))
             elif name in device_failures:
                 f = device_failures[name]
                 failures.append(NodeFailure(node=name, reason=failure_class(f.reason).value, detail=f.message,
@@ -607,9 +542,9 @@ class SchedulingState:
             labels = node.metadata.labels or {}
             return (spreading is not None and spread.filter_node(spreading, labels) == spread.REASON_MISSING_LABEL) \
                 or (affinity is not None and ipa.filter_node(affinity, labels) == ipa.REASON_AFFINITY) \
-                or bool(volume_binding.node_reasons(volumes, name, labels))
+                or bool(volume_reasons(volumes, name, labels))
 
-        wanted_ports = pod_host_ports(pod.spec)
+        wanted_ports = node_ports.pod_host_ports(pod.spec)
         meta = pod.metadata
 
         def refused_without(name: str, gone: frozenset[str]) -> str | None:
@@ -618,8 +553,8 @@ class SchedulingState:
             labels = (self.nodes[name].metadata.labels or {}) if name in self.nodes else {}
             if wanted_ports:
                 held = self.ports_here(name, now, without=gone)
-                if ports_conflict(wanted_ports, held):
-                    return REASON_NODE_PORTS
+                if node_ports.ports_conflict(wanted_ports, held):
+                    return node_ports.REASON
             if spreading is not None:
                 state = spread.pre_filter(pod, self.node_domains, self.placed.without(gone), now=time.time())
                 reason = spread.filter_node(state, labels) if state is not None else None
@@ -661,56 +596,22 @@ class SchedulingState:
                     node=node, reason=FailureReason.CAPACITY_EXHAUSTED.value, detail=detail, reasons=[message])])
         return None
 
-    def _pod_filter(self, pod: Pod, requests: dict[str, int], *, volumes: volume_binding.PodVolumes | None = None,
-                    pinned: Collection[str] = ()):
-        """The pod's filters but DynamicResources, as one node filter, in kube-scheduler's order,
-        and the failures it records: node -> (detail, the reasons kube-scheduler would count) for
-        each node it refused. Runs the PreFilters first; raises PodAffinityError or SpreadError
-        for a constraint that cannot be evaluated."""
-        fit_failures: dict[str, tuple[str, list[str]]] = {}
+    def _cycle(self, pod: Pod, requests: dict[str, int], *, volumes: volume_binding.PodVolumes | None = None,
+               pinned: Collection[str] = ()) -> Cycle:
+        """The pod's PreFilters, and its Filters but DynamicResources' device search as one node
+        filter (`Cycle.filter_node`), in kube-scheduler's order. Raises PreFilterRejected when a
+        PreFilter refuses every node, PodAffinityError or SpreadError for a constraint that cannot
+        be evaluated."""
         fit_key = _fit_key(pod, requests)
-        named = node_names_required(pod)
-        if named is not None and not named:
-            raise PreFilterRejected(REASON_AFFINITY_CONFLICT, len(self.nodes))
-        spreading = self._topology_spread(pod)
-        affinity = self._inter_pod_affinity(pod)
-
-        def node_filter(node: Node) -> bool:
-            # kube-scheduler's filters run in order and the first to reject a node names it: node
-            # fit (NodeUnschedulable ... NodeResourcesFit) before DynamicResources.
-            name = node.metadata.name or ""
-            if named is not None and name not in named:
-                # left out by NodeAffinity's PreFilter: no filter runs there
-                fit_failures[name] = (REASON_NOT_NAMED_BY_AFFINITY, [REASON_NOT_NAMED_BY_AFFINITY])
-                return False
-            try:
-                fit = self._node_fit(pod, requests, node, fit_key)
-            except NodeFitError as exc:
-                fit_failures[name] = (str(exc), [str(exc)])
-                return False
-            if not fit.fits:
-                fit_failures[name] = (", ".join(fit.reasons), list(fit.scheduler_reasons))
-                return False
-            # kube-scheduler's order after NodeResourcesFit: VolumeRestrictions, NodeVolumeLimits,
-            # VolumeBinding, VolumeZone, PodTopologySpread, InterPodAffinity
-            if volumes is not None:
-                volume_reasons = volume_binding.node_reasons(volumes, name, node.metadata.labels or {})
-                if volume_reasons:
-                    fit_failures[name] = (", ".join(volume_reasons), volume_reasons)
-                    return False
-            for plugin_state, plugin in ((spreading, spread), (affinity, ipa)):
-                if plugin_state is not None:
-                    reason = plugin.filter_node(plugin_state, node.metadata.labels or {})
-                    if reason is not None:
-                        fit_failures[name] = (reason, [reason])
-                        return False
-            if pinned and name not in pinned:
-                fit_failures[name] = ("the pod's other claims are allocated on another node",
-                                      ["resourceclaim not available on the node"])
-                return False
-            return True
-
-        return node_filter, fit_failures
+        return Cycle(
+            pod=pod,
+            node_local=lambda node: self._node_fit(pod, requests, node, fit_key),
+            named=named_nodes(pod),
+            volumes=volumes,
+            spreading=self._topology_spread(pod),
+            affinity=self._inter_pod_affinity(pod),
+            pinned=pinned,
+        )
 
     def _preferences(self, pod: Pod, default_spread: LabelSelector | None = None) -> dict[str, float] | None:
         """What the pod's preferred pod affinity and ScheduleAnyway spread (or the default
@@ -725,6 +626,20 @@ class SchedulingState:
                                                             domains=self.node_domains,
                                                             default_spread=default_spread))
 
+    def _named_by_devices_first(self, pending: Sequence[ResourceClaim], cycle: Cycle, device_failures: dict) -> None:
+        """A node that only NodeDeclaredFeatures refused was never searched for devices; kube-scheduler
+        runs DynamicResources before it, so where the claims do not fit there, their reason names the
+        node (rare: only pods that need a declared feature get here)."""
+        for name, rejection in cycle.rejections.items():
+            if rejection.plugin != node_declared_features.NAME or name in device_failures:
+                continue
+            try:
+                found = self.devices.allocate_on_node(pending, name)
+            except AllocationError:
+                continue
+            if not isinstance(found, NodePlacement):
+                device_failures[name] = found
+
     def filter_nodes(self, pod: Pod, *, volumes: volume_binding.PodVolumes | None = None) -> tuple[list[str], NotPlaced]:
         """Every node through the pod's filters but DynamicResources (a pod without claims is
         placed by these alone): the feasible nodes, sorted, and kube-scheduler's account of the
@@ -732,15 +647,15 @@ class SchedulingState:
         against kube-scheduler's framework, and for tools that show where a pod could go."""
         try:
             requests = pod_requests(pod)
-            node_filter, fit_failures = self._pod_filter(pod, requests, volumes=volumes)
+            cycle = self._cycle(pod, requests, volumes=volumes)
         except PreFilterRejected as exc:
             failures = [NodeFailure(node=name, reason=FailureReason.NODE_DOES_NOT_FIT.value, detail=exc.reason,
                                     reasons=[exc.reason]) for name in sorted(self.nodes)]
-            return [], NotPlaced(message=str(exc), failures=failures)
-        except (NodeFitError, ipa.PodAffinityError, spread.SpreadError) as exc:
+            return [], NotPlaced(message=pre_filter_problem(len(self.nodes), exc.reason), failures=failures)
+        except (SpecError, ipa.PodAffinityError, spread.SpreadError) as exc:
             return [], NotPlaced(message=str(exc), failures=[], claim_error=str(exc))
-        feasible = [name for name in sorted(self.nodes) if node_filter(self.nodes[name])]
-        return feasible, self._not_placed({}, node_filter, fit_failures)
+        feasible = [name for name in sorted(self.nodes) if cycle.filter_node(self.nodes[name]) is None]
+        return feasible, self._not_placed({}, cycle)
 
     def place_pod(self, pod: Pod, claims: Sequence[ResourceClaim], *,
                   volumes: volume_binding.PodVolumes | None = None,
@@ -753,7 +668,7 @@ class SchedulingState:
         `default_spread`, the selector of the pods it spreads among by default (pod_scores)."""
         try:
             requests = pod_requests(pod)
-        except NodeFitError as exc:
+        except SpecError as exc:
             return NotPlaced(message=str(exc), failures=[], claim_error=str(exc))
         if dra_extended_resources:
             requests = {r: v for r, v in requests.items() if r not in dra_extended_resources}
@@ -781,10 +696,16 @@ class SchedulingState:
             return waiting
 
         try:
-            node_filter, fit_failures = self._pod_filter(pod, requests, volumes=volumes, pinned=pinned)
+            cycle = self._cycle(pod, requests, volumes=volumes, pinned=pinned)
             bonus = self._preferences(pod, default_spread)
-        except (NodeFitError, ipa.PodAffinityError, spread.SpreadError) as exc:
+        except PreFilterRejected as exc:
+            message = pre_filter_problem(len(self.nodes), exc.reason)
+            return NotPlaced(message=message, failures=[], claim_error=message)
+        except (SpecError, ipa.PodAffinityError, spread.SpreadError) as exc:
             return NotPlaced(message=str(exc), failures=[], claim_error=str(exc))
+
+        def node_filter(node: Node) -> bool:
+            return cycle.filter_node(node) is None
 
         if not pending:
             candidates = sorted(pinned) if pinned else sorted(self.nodes)
@@ -795,7 +716,7 @@ class SchedulingState:
                 node = self.nodes.get(name)
                 if node is not None and node_filter(node):
                     return Placed(node=name, allocations=done, new_claims=[], requests=requests)
-            return self._not_placed({}, node_filter, fit_failures)
+            return self._not_placed({}, cycle)
 
         resources = NodeResources(requests.get(CPU, 0), requests.get(MEMORY, 0), self._free_cpu_memory)
         try:
@@ -808,7 +729,8 @@ class SchedulingState:
             return NotPlaced(message=message, failures=[], claim_error=message, scheduler_error=True)
         if isinstance(outcome, Unallocatable):
             device_failures = {f.node: f for f in outcome.failures if f.reason is not Reason.NODE_FILTERED}
-            return self._not_placed(device_failures, node_filter, fit_failures)
+            self._named_by_devices_first(pending, cycle, device_failures)
+            return self._not_placed(device_failures, cycle)
         allocations = dict(done)
         new_claims = []
         for claim, allocation in zip(pending, outcome.allocations):
@@ -829,4 +751,5 @@ def _fit_key(pod: Pod, requests: dict[str, int]) -> bytes:
     """All node fit reads of a pod, besides its name in error messages (errors are not kept)."""
     spec = pod.spec
     return _FIT_KEY_ENCODER.encode((sorted(requests.items()), spec.node_selector, spec.affinity, spec.tolerations,
-                                    pod_host_ports(spec)))
+                                    node_ports.pod_host_ports(spec), spec.node_name,
+                                    sorted(node_declared_features.required_features(spec))))

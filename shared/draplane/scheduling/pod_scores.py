@@ -43,8 +43,8 @@ from collections.abc import Mapping
 
 from draplane.api.core import Node, Pod, PodAffinityTerm, PodSpec, WeightedPodAffinityTerm
 from draplane.api.policy import LabelSelector
-from draplane.scheduling import pod_topology_spread as spread
-from draplane.scheduling.inter_pod_affinity import PodAffinityError, term_selects
+from draplane.scheduling.framework.plugins import pod_topology_spread as spread
+from draplane.scheduling.framework.plugins.inter_pod_affinity import PodAffinityError, term_selects
 from draplane.scheduling.placed_pods import PlacedPods, term_namespaces
 
 MAX_NODE_SCORE = 100

@@ -55,15 +55,10 @@ from dataclasses import dataclass, field
 from draplane.allocation.allocator import NodePlacement
 from draplane.allocation.device_allocator import DeviceAllocator
 from draplane.allocation.errors import AllocationError, NodeFailure
-from draplane.allocation.nodefit import (
-    REASON_AFFINITY,
-    REASON_NODE_PORTS,
-    REASON_TAINT_PREFIX,
-    REASON_UNSCHEDULABLE,
-    HostPort,
-    node_fit,
-    pod_requests,
-)
+from draplane.component_helpers.resource import pod_requests
+from draplane.scheduling.framework.interface import HostPort
+from draplane.scheduling.framework.plugins import node_ports
+from draplane.scheduling.framework.runtime import NODE_LOCAL_UNRESOLVABLE, node_fit
 from draplane.api.core import Pod
 from draplane.api.policy import LabelSelectorError, PodDisruptionBudget, label_selector_matches, selector_is_empty
 from draplane.api.resource import ResourceClaim
@@ -310,9 +305,9 @@ def plan_preemption(
         # left undone. With it, the port's holder is a victim like any other (NodePorts' refusal is
         # Unschedulable, not UnschedulableAndUnresolvable, in kube-scheduler).
         ports = ports_in_use(name) if ports_in_use and refused_without is None else None
-        blocking = [r for r in node_fit(pod, node, requests=requests, in_use=({}, 0), ports_in_use=ports).reasons
-                    if r in (REASON_UNSCHEDULABLE, REASON_AFFINITY, REASON_NODE_PORTS)
-                    or r.startswith(REASON_TAINT_PREFIX)]
+        blocking = [plugin for plugin in node_fit(pod, node, requests=requests, in_use=({}, 0),
+                                                  ports_in_use=ports).plugins
+                    if plugin in NODE_LOCAL_UNRESOLVABLE or plugin == node_ports.NAME]
         if blocking or (blocked is not None and blocked(name)):
             per_node[name] = NOT_HELPFUL
             continue

@@ -29,10 +29,11 @@ from collections.abc import Callable, Collection, Iterable
 
 import msgspec
 
-from draplane.allocation.nodefit import HostPort, ports_conflict
+from draplane.scheduling.framework.interface import HostPort
+from draplane.scheduling.framework.plugins.node_ports import ports_conflict
 from draplane.api.core import PodAffinityTerm
 from draplane.api.resource import AllocationResult
-from draplane.scheduling.inter_pod_affinity import PlacedPod, conflicts_on_one_node
+from draplane.scheduling.framework.plugins.inter_pod_affinity import PlacedPod, conflicts_on_one_node
 from draplane.shared_instances import SharedInstances
 
 SCHEMA_VERSION = 1

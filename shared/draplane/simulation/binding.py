@@ -20,7 +20,8 @@ from typing import Sequence
 
 from draplane.allocation.allocator import NodeAllocator, NodePlacement, SelectorMatcher
 from draplane.allocation.inventory import Inventory
-from draplane.allocation.nodefit import node_fit, pod_requests
+from draplane.component_helpers.resource import pod_requests
+from draplane.scheduling.framework.runtime import node_fit
 from draplane.allocation.scoring import ScoringPolicy
 from draplane.allocation.state import AllocatedState
 from draplane.allocation.fragmentation import PodShape

@@ -10,7 +10,7 @@ import uuid
 
 import pytest
 
-from draplane.allocation.nodefit import pod_requests
+from draplane.component_helpers.resource import pod_requests
 from draplane.simulation import scenario
 from conftest import audit, create_many, ensure_class  # noqa: E402  (tests/services/conftest.py)
 

@@ -29,7 +29,7 @@ from draplane.localenv.processes import ServerProcess, free_port
 from draplane.messages import audit
 from draplane.messages.inventory import SCHEMA_VERSION, FeedEntry, InventoryNames, encode
 from draplane.simulation import scenario
-from draplane.scheduling.placing import allocation_node
+from draplane.scheduling.framework.plugins.dynamic_resources import allocation_node
 from draplane_audit.metrics import AuditMetrics
 from draplane_audit.subscriber import AuditSubscriber
 from conftest import ensure_class, pod_scheduled_false  # noqa: E402  (tests/services/conftest.py)

@@ -18,10 +18,11 @@ from draplane.allocation.gang import (
     GangUnplaceable,
     SearchBudget,
     commit_gang,
-    place_gang,
     release_gang,
 )
+from draplane.allocation.gang import place_gang as place_gang_with
 from draplane.api.core import Container, Node, NodeSpec, NodeStatus, Pod, PodSpec, ResourceRequirements
+from draplane.scheduling.gang_placing import node_local_fits
 from draplane.api.meta import ObjectMeta
 
 from allocation_builders import (
@@ -36,6 +37,12 @@ from allocation_builders import (
     slice_,
     sub,
 )
+
+
+def place_gang(cluster, gang, **kwargs):
+    """place_gang with the scheduling framework's node fit, as the shard hands it over."""
+    kwargs.setdefault("pod_fits", node_local_fits)
+    return place_gang_with(cluster, gang, **kwargs)
 
 
 def gpu_node(name: str, gpus: int = 8, cliques: list[str] | None = None) -> object:
@@ -340,3 +347,9 @@ def test_a_claim_allocated_before_is_kept_and_pins_its_member():
     assert sorted(placed.claims_allocated()) == ["default/pinned-0-own", "default/pinned-1-own"]
     assert held_claims(c) == {"default/earlier"}
     assert c.state.claims()["default/earlier"][0].device[2] == placement.allocations[0].devices.results[0].device
+
+
+def test_a_member_with_a_pod_and_nothing_to_check_its_node_fit_is_refused():
+    c = make_cluster([gpu_node("node-0")], nodes=[k8s_node("node-0", cpu="8")])
+    with pytest.raises(GangError, match="nothing checks its node fit"):
+        place_gang_with(c, gpu_gang("small", 2, 4, cpu="4"))

@@ -13,7 +13,8 @@ import msgspec
 from hypothesis import example, given, reject
 from hypothesis import strategies as st
 
-from draplane.allocation.nodefit import NodeFitError, pod_requests
+from draplane.component_helpers.errors import SpecError
+from draplane.component_helpers.resource import pod_requests
 from draplane.api.core import Pod, PodSpec
 from draplane.api.meta import ObjectMeta
 from draplane.api.resource import AllocationResult, DeviceAllocationResult, DeviceRequestAllocationResult
@@ -97,7 +98,7 @@ def first_uses(message) -> None:
             pod = Pod(metadata=ObjectMeta(name=message.pod.name, namespace=message.pod.namespace), spec=message.spec)
             try:
                 pod_requests(pod)
-            except NodeFitError as exc:
+            except SpecError as exc:
                 assert message.pod.name in str(exc)
     elif isinstance(message, Placement):
         for placed in message.claims:

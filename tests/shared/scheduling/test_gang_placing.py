@@ -171,7 +171,7 @@ def test_a_gang_facing_more_victim_nodes_than_trials_is_refused_before_any_searc
 # --- members' volumes ----------------------------------------------------------------------------------
 
 from draplane.api.meta import NodeSelector, NodeSelectorRequirement, NodeSelectorTerm  # noqa: E402
-from draplane.scheduling.volume_binding import BoundVolume, PodVolumes  # noqa: E402
+from draplane.scheduling.framework.plugins.volume_binding import BoundVolume, PodVolumes  # noqa: E402
 
 
 def pinned_to(node: str) -> PodVolumes:

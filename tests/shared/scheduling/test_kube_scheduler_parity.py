@@ -100,8 +100,21 @@ def test_generator_reaches_every_filter(kube_scheduler):
         "node(s) unavailable due to PersistentVolumeClaim with ReadWriteOncePod access mode already in-use by "
         "another pod",
         "node(s) exceed max volume count", "strict.csi.example.com CSI driver is not installed on the node",
+        "node(s) didn't match Pod's required features", "node(s) didn't satisfy plugin(s) [NodeName]",
     }
     assert wanted <= seen, f"never provoked: {sorted(wanted - seen)}"
     assert feasible > 100 and refused_everywhere > 100
     assert scores_vary == {"InterPodAffinity", "PodTopologySpread"}  # compared where every node is feasible
     assert default_spreading > 20, default_spreading
+
+
+def test_the_framework_runs_the_default_profiles_filters_in_its_order(kube_scheduler):
+    """draplane's runtime names kube-scheduler's Filter plugins in the order its default profile
+    runs them (the first to refuse a node is the one counted), and gates pods as its PreEnqueue does."""
+    from draplane.scheduling.framework.plugins import scheduling_gates
+    from draplane.scheduling.framework.runtime import DEFAULT_FILTERS
+
+    listed = kube_scheduler.filter({"nodes": [], "pods": [], "pod": generate.case(random.Random(1).randint)["pod"],
+                                    "listPlugins": True})
+    assert listed["plugins"]["Filter"] == list(DEFAULT_FILTERS)
+    assert scheduling_gates.NAME in listed["plugins"]["PreEnqueue"]

@@ -14,10 +14,12 @@ import msgspec
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from draplane.allocation.nodefit import NodeFitError, matches_node_affinity, untolerated_taint
+from draplane.component_helpers.errors import SpecError
+from draplane.component_helpers.node_affinity import matches_node_affinity
+from draplane.component_helpers.taints import untolerated_taint
 from draplane.api.core import Node, Pod, PodAffinityTerm
-from draplane.scheduling import inter_pod_affinity as ipa
-from draplane.scheduling import pod_topology_spread as spread
+from draplane.scheduling.framework.plugins import inter_pod_affinity as ipa
+from draplane.scheduling.framework.plugins import pod_topology_spread as spread
 from draplane.scheduling.placed_pods import PlacedPod, PlacedPods
 
 NOW = 1000.0
@@ -145,7 +147,7 @@ def spread_by_walk(pod: Pod, pods) -> list[dict[str, int]]:
             try:
                 if c.honor_node_affinity and not matches_node_affinity(pod, node):
                     continue
-            except NodeFitError:
+            except SpecError:
                 continue
             if c.honor_taints and untolerated_taint(pod.spec.tolerations or [], node.spec.taints if node.spec else []):
                 continue

@@ -469,7 +469,7 @@ def pod_named(name: str, uid: str, node: str):
 
 def test_volumes_filter_nodes_after_node_fit_with_kube_schedulers_reasons():
     from draplane.api.meta import NodeSelector, NodeSelectorRequirement, NodeSelectorTerm
-    from draplane.scheduling.volume_binding import BoundVolume, PodVolumes
+    from draplane.scheduling.framework.plugins.volume_binding import BoundVolume, PodVolumes
 
     def pinned_to(node: str) -> PodVolumes:
         return PodVolumes(bound=(BoundVolume(claim="data", volume="pv", node_affinity=NodeSelector(

@@ -153,7 +153,7 @@ def test_the_hold_for_a_preemptor_is_not_refused_for_the_port_or_anti_affinity_i
     until they go: the preemptor's hold (nominate) passes over them, and over nobody else's."""
     import pytest
 
-    from draplane.allocation.nodefit import HostPort
+    from draplane.scheduling.framework.interface import HostPort
     from draplane.scheduling import reservation_protocol as protocol
     from draplane.scheduling import reservations as rv
 

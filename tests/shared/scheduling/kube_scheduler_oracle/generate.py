@@ -75,8 +75,31 @@ def node(draw: Draw, i: int) -> dict:
                    "pods": choice(draw, ("3", "110", "110"))}
     if chance(draw, 30):
         allocatable[DEVICE_PLUGIN_RESOURCE] = choice(draw, ("1", "2"))
+    status: dict = {"allocatable": allocatable, "capacity": allocatable}
+    if chance(draw, 25):
+        status["declaredFeatures"] = [f for f in DECLARABLE_FEATURES if chance(draw, 50)]
     return {"apiVersion": "v1", "kind": "Node", "metadata": {"name": name, "labels": labels}, "spec": spec,
-            "status": {"allocatable": allocatable, "capacity": allocatable}}
+            "status": status}
+
+
+# What kubelets declare in status.declaredFeatures (NodeDeclaredFeatures); the first three are the
+# ones a pod's spec can call for.
+DECLARABLE_FEATURES = ("RestartAllContainersOnContainerExits", "UserNamespacesHostNetworkSupport",
+                       "VolumeBindMountOptions", "DRAOptionalNodeOperations")
+
+
+def needs_node_features(draw: Draw, spec: dict) -> None:
+    """Now and then, a pod spec that calls for a feature some nodes lack."""
+    main = spec["containers"][0]
+    if chance(draw, 6):
+        main["restartPolicyRules"] = [{"action": "RestartAllContainers",
+                                       "exitCodes": {"operator": "In", "values": [42]}}]
+    if chance(draw, 6):
+        spec["hostNetwork"] = True
+        spec["hostUsers"] = choice(draw, (False, False, True))
+    if chance(draw, 6):
+        main["volumeMounts"] = [{"name": "scratch", "mountPath": "/scratch",
+                                 "bindMountOptions": [choice(draw, ("noexec", "nodev"))]}]
 
 
 def selector(draw: Draw) -> dict:
@@ -394,6 +417,9 @@ def pending_pod(draw: Draw, nodes: list[dict]) -> dict:
                 toleration["effect"] = choice(draw, ("NoSchedule", "NoExecute"))
             tolerations.append(toleration)
         spec["tolerations"] = tolerations
+    needs_node_features(draw, spec)
+    if chance(draw, 4):  # draplane allocate and explain are handed such pods
+        spec["nodeName"] = choice(draw, [n["metadata"]["name"] for n in nodes] + ["node-elsewhere"])
     return {"apiVersion": "v1", "kind": "Pod",
             "metadata": {"name": "pending", "namespace": "ns", "uid": "uid-pending", "labels": pod_labels(draw)},
             "spec": spec}
@@ -507,7 +533,8 @@ def case(draw: Draw) -> dict:
 def draplane_filter(case: dict) -> dict:
     """The case through draplane's filters (SchedulingState.filter_nodes), in the oracle's shape:
     {"feasible", "reasons" (node -> reasons), "message"}."""
-    from draplane.allocation.nodefit import node_names_required
+    from draplane.scheduling.framework.interface import PreFilterRejected
+    from draplane.scheduling.framework.runtime import named_nodes
     from draplane.scheduling import pod_scores
     from draplane.api.core import Node, Pod
     from draplane.scheduling.placing import SchedulingState
@@ -515,7 +542,7 @@ def draplane_filter(case: dict) -> dict:
     from draplane.api.storage import (
         CSIDriver, CSINode, PersistentVolume, PersistentVolumeClaim, StorageClass, VolumeAttachment,
     )
-    from draplane.scheduling import node_volume_limits, volume_binding
+    from draplane.scheduling.framework.plugins import node_volume_limits, volume_binding
     from draplane.scheduling.unschedulable import pre_filter_problem
 
     state = SchedulingState()
@@ -526,9 +553,15 @@ def draplane_filter(case: dict) -> dict:
         state.set_pod(other)
     pod = msgspec.convert(case["pod"], Pod)
     volumes = None
-    if volume_binding.pod_claim_names(pod) and node_names_required(pod) != frozenset():
+    try:
+        named_nodes(pod)
+        names_conflict = False
+    except PreFilterRejected:
+        names_conflict = True
+    if volume_binding.pod_claim_names(pod) and not names_conflict:
         # the binder's PreFilter (draplane_binder.volumes), over the same objects, where the binder
-        # runs it: not for a pod whose node names cancel out (NodeAffinity's PreFilter comes first)
+        # runs it: not for a pod whose node names cancel out (NodeAffinity's and NodeName's
+        # PreFilters come first)
         claims = {c["metadata"]["name"]: msgspec.convert(c, PersistentVolumeClaim) for c in case.get("claims", ())}
         pvs = {v["metadata"]["name"]: msgspec.convert(v, PersistentVolume) for v in case.get("volumes", ())}
         classes = {c["metadata"]["name"]: msgspec.convert(c, StorageClass) for c in case.get("storageClasses", ())}
@@ -573,7 +606,7 @@ def draplane_filter(case: dict) -> dict:
 def default_spread(case: dict, pod) -> Any:
     """The pod's default spreading selector, as the binder finds it (draplane_binder.spreading)."""
     from draplane.api.apps import ReplicaSet, ReplicationController, Service, StatefulSet
-    from draplane.scheduling import pod_topology_spread
+    from draplane.scheduling.framework.plugins import pod_topology_spread
 
     if pod.spec.topology_spread_constraints:
         return None

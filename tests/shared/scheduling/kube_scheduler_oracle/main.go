@@ -71,6 +71,8 @@ type input struct {
 	ReplicaSets    []*appsv1.ReplicaSet          `json:"replicaSets"`
 	StatefulSets   []*appsv1.StatefulSet         `json:"statefulSets"`
 	Controllers    []*v1.ReplicationController   `json:"replicationControllers"`
+	// ask for the profile's plugins at PreEnqueue and Filter, in the order they run
+	ListPlugins bool `json:"listPlugins"`
 }
 
 type output struct {
@@ -81,6 +83,8 @@ type output struct {
 	// PodTopologySpread only: the two that read other pods)
 	Scores map[string]map[string]int64 `json:"scores,omitempty"`
 	Error  string                      `json:"error,omitempty"`
+	// with listPlugins: extension point -> its plugins, in order
+	Plugins map[string][]string `json:"plugins,omitempty"`
 }
 
 // noNominations: no pod of a case is nominated to a node (the scheduling queue would say which).
@@ -188,6 +192,17 @@ func run(ctx context.Context, profile *schedulerapi.KubeSchedulerProfile, in inp
 	}
 	informerFactory.Start(ctx.Done())
 	informerFactory.WaitForCacheSync(ctx.Done())
+	if in.ListPlugins {
+		listed := schedFramework.ListPlugins()
+		out.Plugins = map[string][]string{}
+		for point, set := range map[string]*schedulerapi.PluginSet{"PreEnqueue": &listed.PreEnqueue, "Filter": &listed.Filter} {
+			names := []string{}
+			for _, p := range set.Enabled {
+				names = append(names, p.Name)
+			}
+			out.Plugins[point] = names
+		}
+	}
 
 	pod := in.Pod
 	allNodes, err := snapshot.NodeInfos().List()

@@ -17,7 +17,9 @@ from draplane.api.storage import (
     StorageClass, TopologySelectorLabelRequirement, TopologySelectorTerm, VolumeNodeAffinity,
     VolumeResourceRequirements,
 )
-from draplane.scheduling import volume_binding as vb
+from draplane.scheduling.framework.plugins import volume_binding as vb
+from draplane.scheduling.framework.plugins import volume_restrictions, volume_zone
+from draplane.scheduling.framework.runtime import volume_plan, volume_reasons
 from draplane.scheduling.messages import PendingPod, PodRef, decode_message, encode_message
 
 HOST = "kubernetes.io/hostname"
@@ -132,14 +134,14 @@ def test_bound_claims_carry_their_volumes_node_affinity_and_zones():
     got = vb.pre_filter(pod("data"), {"data": claim("data", volume="pv-1", bound=True)}, {"pv-1": pv}, classes())
     (bound,) = got.bound
     assert bound.volume == "pv-1" and bound.found
-    assert bound.zones == (vb.ZoneRequirement("topology.kubernetes.io/zone", ("z1", "z2")),)
-    assert vb.node_reasons(got, "n2", labels("n2")) == []
-    assert vb.node_reasons(got, "n1", labels("n1")) == [vb.REASON_NODE_CONFLICT]
+    assert bound.zones == (volume_zone.ZoneRequirement("topology.kubernetes.io/zone", ("z1", "z2")),)
+    assert volume_reasons(got, "n2", labels("n2")) == []
+    assert volume_reasons(got, "n1", labels("n1")) == [vb.REASON_NODE_CONFLICT]
 
 
 def test_a_claim_bound_to_a_volume_that_does_not_exist_fails_every_node():
     got = vb.pre_filter(pod("data"), {"data": claim("data", volume="gone", bound=True)}, {}, classes())
-    assert vb.node_reasons(got, "n1", labels("n1")) == [vb.REASON_PV_NOT_EXIST]
+    assert volume_reasons(got, "n1", labels("n1")) == [vb.REASON_PV_NOT_EXIST]
 
 
 def test_candidates_leave_out_what_cannot_fit_the_claim_on_any_node():
@@ -223,15 +225,15 @@ def test_reasons_come_in_kube_schedulers_order():
 def test_volume_zone_compares_bound_volumes_zone_with_the_nodes_and_ignores_zoneless_nodes():
     pv = volume("pv", labels={"failure-domain.beta.kubernetes.io/zone": "z1"})
     got = vb.pre_filter(pod("data"), {"data": claim("data", volume="pv", bound=True)}, {"pv": pv}, classes())
-    assert vb.node_reasons(got, "n1", labels("n1", **{"topology.kubernetes.io/zone": "z1"})) == []
-    assert vb.node_reasons(got, "n1", labels("n1", **{"topology.kubernetes.io/zone": "z2"})) == [vb.REASON_ZONE_CONFLICT]
-    assert vb.node_reasons(got, "n1", labels("n1")) == []
+    assert volume_reasons(got, "n1", labels("n1", **{"topology.kubernetes.io/zone": "z1"})) == []
+    assert volume_reasons(got, "n1", labels("n1", **{"topology.kubernetes.io/zone": "z2"})) == [volume_zone.REASON]
+    assert volume_reasons(got, "n1", labels("n1")) == []
 
 
 def test_the_plan_on_a_node_that_no_longer_fits_is_its_reasons():
     got = vb.pre_filter(pod("data"), {"data": claim("data")}, by_name(volume("pv", nodes=("n1",))), classes())
-    assert vb.plan_for_node(got, "n2", labels("n2")) == [vb.REASON_BIND_CONFLICT]
-    assert vb.plan_for_node(None, "n2", labels("n2")) == vb.VolumePlan()
+    assert volume_plan(got, "n2", labels("n2")) == [vb.REASON_BIND_CONFLICT]
+    assert volume_plan(None, "n2", labels("n2")) == vb.VolumePlan()
 
 
 def test_pod_volumes_travel_in_the_pending_pod():
@@ -249,9 +251,9 @@ def test_a_read_write_once_pod_claim_another_scheduled_pod_uses_fails_every_node
     pv = volume("pv", nodes=("n9",), access=("ReadWriteOncePod",))
     got = vb.pre_filter(pod("data"), {"data": data}, {"pv": pv}, classes(), lambda name: name == "data")
     assert got.in_use_elsewhere == ("data",)
-    assert vb.node_reasons(got, "n1", labels("n1")) == [vb.REASON_RWOP_CONFLICT]  # before the volume's affinity
+    assert volume_reasons(got, "n1", labels("n1")) == [volume_restrictions.REASON_RWOP_CONFLICT]  # before the volume's affinity
     free = vb.pre_filter(pod("data"), {"data": data}, {"pv": pv}, classes(), lambda name: False)
-    assert vb.node_reasons(free, "n9", labels("n9")) == []
+    assert volume_reasons(free, "n9", labels("n9")) == []
     # a ReadWriteOnce claim may be shared by pods on one node: not this plugin's business
     shared = claim("data", volume="pv", bound=True)
     assert vb.pre_filter(pod("data"), {"data": shared}, {"pv": pv}, classes(), lambda name: True).in_use_elsewhere == ()

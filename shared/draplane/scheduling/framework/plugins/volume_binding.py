@@ -1,4 +1,4 @@
-"""kube-scheduler's VolumeBinding and VolumeZone plugins: where a pod's PersistentVolumeClaims let it run.
+"""VolumeBinding: where a pod's PersistentVolumeClaims let it run.
 
 Split as kube-scheduler splits it, because the two halves run in different processes here:
 
@@ -10,7 +10,11 @@ Split as kube-scheduler splits it, because the two halves run in different proce
 - Filter (`filter_node`, in the shard, per node): a bound claim's volume must be reachable from the
   node; each unbound claim must find an available volume there (the smallest that fits, none
   chosen twice) or be provisionable there. Its answer for the chosen node is also the plan the
-  binder carries out in PreBind (`plan_for_node`), so both halves decide alike.
+  binder carries out in PreBind (`plan_for_node`, after the runtime has run all four volume
+  filters again), so both halves decide alike.
+
+The binder's PreFilter also gathers what VolumeRestrictions, NodeVolumeLimits and VolumeZone read
+on each node, since only it sees claims and volumes; their Filters are their own modules.
 
 Reason strings and messages are kube-scheduler 1.37's. Not modelled: CSI storage capacity
 (CSIStorageCapacity objects), CSI migration of in-tree volumes, and VolumeAttributesClass beyond
@@ -23,7 +27,6 @@ from typing import Callable, Iterable, Mapping
 
 import msgspec
 
-from draplane.allocation.nodefit import NodeFitError, term_matches
 from draplane.api.core import Pod
 from draplane.api.meta import NodeSelector
 from draplane.api.policy import LabelSelectorError, label_selector_matches
@@ -32,25 +35,22 @@ from draplane.api.storage import (
     ANNOTATION_BETA_STORAGE_CLASS, ANNOTATION_BIND_COMPLETED, ANNOTATION_SELECTED_NODE, NO_PROVISIONER,
     PersistentVolume, PersistentVolumeClaim, StorageClass, TopologySelectorTerm,
 )
+from draplane.component_helpers.errors import SpecError
+from draplane.component_helpers.node_affinity import term_matches
+from draplane.scheduling.framework.plugins import volume_zone
+from draplane.scheduling.framework.plugins.volume_restrictions import READ_WRITE_ONCE_POD
+from draplane.scheduling.framework.plugins.volume_zone import ZoneRequirement
+
+NAME = "VolumeBinding"
 
 # Filter reasons, in the order kube-scheduler appends them for one node.
 REASON_NODE_CONFLICT = "node(s) didn't match PersistentVolume's node affinity"
 REASON_BIND_CONFLICT = "node(s) didn't find available persistent volumes to bind"
 REASON_PV_NOT_EXIST = "node(s) unavailable due to one or more pvc(s) bound to non-existent pv(s)"
-REASON_ZONE_CONFLICT = "node(s) had no available volume zone"
 REASON_UNBOUND_IMMEDIATE = "pod has unbound immediate PersistentVolumeClaims"
-# VolumeRestrictions: a ReadWriteOncePod claim another pod uses already.
-REASON_RWOP_CONFLICT = ("node(s) unavailable due to PersistentVolumeClaim with ReadWriteOncePod access mode already "
-                        "in-use by another pod")
-READ_WRITE_ONCE_POD = "ReadWriteOncePod"
 
 WAIT_FOR_FIRST_CONSUMER = "WaitForFirstConsumer"
 
-# The labels VolumeZone compares between a bound volume and the node, beta ones read as GA ones.
-_ZONE_LABELS = ("failure-domain.beta.kubernetes.io/zone", "failure-domain.beta.kubernetes.io/region",
-                "topology.kubernetes.io/zone", "topology.kubernetes.io/region")
-_GA_LABEL = {"failure-domain.beta.kubernetes.io/zone": "topology.kubernetes.io/zone",
-             "failure-domain.beta.kubernetes.io/region": "topology.kubernetes.io/region"}
 
 
 class VolumeUnschedulable(Exception):
@@ -60,11 +60,6 @@ class VolumeUnschedulable(Exception):
     def __init__(self, message: str) -> None:
         super().__init__(message)
         self.message = message
-
-
-class ZoneRequirement(msgspec.Struct, frozen=True, array_like=True):
-    key: str
-    values: tuple[str, ...]
 
 
 class BoundVolume(msgspec.Struct, frozen=True, kw_only=True):
@@ -104,7 +99,7 @@ class PodVolumes(msgspec.Struct, frozen=True, kw_only=True):
     unbound: tuple[UnboundClaim, ...] = ()
     # VolumeRestrictions: the pod's ReadWriteOncePod claims that a scheduled pod uses already
     in_use_elsewhere: tuple[str, ...] = ()
-    # NodeVolumeLimits: the nodes it refuses, with the reason (draplane.scheduling.node_volume_limits)
+    # NodeVolumeLimits: the nodes it refuses, with the reason (draplane.scheduling.framework.plugins.node_volume_limits)
     over_limit: dict[str, str] | None = None
 
 
@@ -175,12 +170,6 @@ def owned_by(claim: PersistentVolumeClaim, pod: Pod) -> bool:
         ref.controller and ref.uid == pod.metadata.uid for ref in claim.metadata.owner_references or ())
 
 
-def _zones(volume: PersistentVolume) -> tuple[ZoneRequirement, ...]:
-    labels = volume.metadata.labels or {}
-    return tuple(ZoneRequirement(key, tuple(v for v in labels[key].split("__") if v))
-                 for key in _ZONE_LABELS if key in labels)
-
-
 def pre_filter(pod: Pod, claims: Mapping[str, PersistentVolumeClaim], volumes: Mapping[str, PersistentVolume],
                classes: Mapping[str, StorageClass],
                used_by_other_pod: Callable[[str], bool] | None = None) -> PodVolumes | None:
@@ -221,7 +210,7 @@ def pre_filter(pod: Pod, claims: Mapping[str, PersistentVolumeClaim], volumes: M
                 bound.append(BoundVolume(claim=name, volume=claim.spec.volume_name or "", found=False))
             else:
                 bound.append(BoundVolume(
-                    claim=name, volume=volume.metadata.name or "", zones=_zones(volume),
+                    claim=name, volume=volume.metadata.name or "", zones=volume_zone.volume_zones(volume),
                     node_affinity=volume.spec.node_affinity.required if volume.spec.node_affinity else None))
             continue
         class_name = claim_class(claim)
@@ -294,7 +283,7 @@ def _affinity_holds(selector: NodeSelector | None, labels: Mapping[str, str]) ->
         try:
             if term_matches(term, labels, ""):
                 return True
-        except NodeFitError:
+        except SpecError:
             continue  # a term that cannot be read selects nothing, as in Kubernetes
     return False
 
@@ -383,43 +372,10 @@ def filter_node(volumes: PodVolumes, node: str, labels: Mapping[str, str]) -> tu
     return [], VolumePlan(bindings=tuple(bindings), provisions=tuple(provisions))
 
 
-def zone_conflict(volumes: PodVolumes, labels: Mapping[str, str]) -> str | None:
-    """VolumeZone's Filter: every bound volume's zone and region labels hold on the node. A node
-    with none of those labels (a single-zone cluster) takes any volume."""
-    if not any(key in labels for key in _ZONE_LABELS):
-        return None
-    for bound in volumes.bound:
-        for zone in bound.zones:
-            value = labels.get(zone.key)
-            if value is None:
-                value = labels.get(_GA_LABEL.get(zone.key, zone.key))
-            if value is None or value not in zone.values:
-                return REASON_ZONE_CONFLICT
-    return None
-
-
-def node_reasons(volumes: PodVolumes | None, node: str, labels: Mapping[str, str]) -> list[str]:
-    """VolumeRestrictions, NodeVolumeLimits, VolumeBinding, then VolumeZone, as kube-scheduler
-    runs them: the first to reject the node names it."""
-    if volumes is None:
-        return []
-    if volumes.in_use_elsewhere:
-        return [REASON_RWOP_CONFLICT]
-    if volumes.over_limit and node in volumes.over_limit:
-        return [volumes.over_limit[node]]
-    found, _ = filter_node(volumes, node, labels)
-    if found:
-        return found
-    zone = zone_conflict(volumes, labels)
-    return [zone] if zone else []
-
-
 def plan_for_node(volumes: PodVolumes | None, node: str, labels: Mapping[str, str]) -> VolumePlan | list[str]:
-    """PreBind's plan on the chosen node, or the reasons it no longer will do (the volumes changed
-    since the shard looked)."""
+    """PreBind's plan on the chosen node, or VolumeBinding's reasons it no longer will do (the
+    volumes changed since the shard looked). The runtime runs the other volume filters first."""
     if volumes is None:
         return VolumePlan()
-    found = node_reasons(volumes, node, labels)
-    if found:
-        return found
-    return filter_node(volumes, node, labels)[1]
+    found, plan = filter_node(volumes, node, labels)
+    return found or plan

@@ -1,15 +1,12 @@
 import msgspec
 import pytest
 
-from draplane.allocation.nodefit import (
-    REASON_AFFINITY,
-    REASON_TOO_MANY_PODS,
-    REASON_UNSCHEDULABLE,
-    NodeFitError,
-    node_fit,
-    pod_requests,
-    sum_requests,
-)
+from draplane.component_helpers.errors import SpecError
+from draplane.component_helpers.resource import pod_requests, sum_requests
+from draplane.scheduling.framework.plugins.node_affinity import REASON as REASON_AFFINITY
+from draplane.scheduling.framework.plugins.node_resources_fit import REASON_TOO_MANY_PODS
+from draplane.scheduling.framework.plugins.node_unschedulable import REASON as REASON_UNSCHEDULABLE
+from draplane.scheduling.framework.runtime import node_fit
 from draplane.api.core import Node, Pod
 
 
@@ -34,26 +31,6 @@ def make_pod(name="p", containers=None, init=None, overhead=None, **spec) -> Pod
     if overhead is not None:
         raw_spec["overhead"] = overhead
     return msgspec.convert({"metadata": {"name": name}, "spec": raw_spec}, Pod)
-
-
-def test_requests_sum_containers_take_max_init_and_add_overhead():
-    pod = make_pod(
-        containers=[{"cpu": "500m", "memory": "1Gi"}, {"cpu": "250m", "nvidia.com/gpu": "1"}],
-        init=[{"cpu": "2", "memory": "100Mi"}, {"cpu": "100m", "memory": "3Gi"}],
-        overhead={"cpu": "10m", "memory": "1Mi"},
-    )
-    assert pod_requests(pod) == {"cpu": 2010, "memory": 3 * 2**30 + 2**20, "nvidia.com/gpu": 1}
-
-
-def test_request_defaults_to_limit_and_rounds_up():
-    pod = msgspec.convert(
-        {"metadata": {"name": "p"}, "spec": {"containers": [
-            {"name": "c", "resources": {"limits": {"cpu": "1", "memory": "1500m"}, "requests": {"cpu": "0.0005"}}}
-        ]}},
-        Pod,
-    )
-    # 0.5 millicores rounds up to 1, 1.5 bytes to 2.
-    assert pod_requests(pod) == {"cpu": 1, "memory": 2}
 
 
 def test_fits_and_insufficient_cpu_memory_scalar():
@@ -155,7 +132,7 @@ def test_affinity_terms_are_ored_requirements_anded_and_fields_match_name():
 )
 def test_bad_affinity_is_reported_with_its_field(requirement, message):
     pod = make_pod(name="web", affinity=affinity({"matchExpressions": [requirement]}))
-    with pytest.raises(NodeFitError, match=message) as err:
+    with pytest.raises(SpecError, match=message) as err:
         node_fit(pod, make_node(labels={"zone": "a"}))
     assert "pod web: spec.affinity.nodeAffinity.requiredDuringSchedulingIgnoredDuringExecution" \
         ".nodeSelectorTerms[0].matchExpressions[0]" in str(err.value)
@@ -163,14 +140,8 @@ def test_bad_affinity_is_reported_with_its_field(requirement, message):
 
 def test_bad_match_field_key():
     pod = make_pod(affinity=affinity({"matchFields": [expr("metadata.uid", "In", "x")]}))
-    with pytest.raises(NodeFitError, match="only metadata.name"):
+    with pytest.raises(SpecError, match="only metadata.name"):
         node_fit(pod, make_node())
-
-
-def test_bad_quantity_names_pod_and_field():
-    pod = make_pod(name="web", containers=[{"cpu": "lots"}])
-    with pytest.raises(NodeFitError, match=r"pod web: spec.containers\[0\].resources.requests\['cpu'\]"):
-        pod_requests(pod)
 
 
 def test_taints_and_tolerations():
@@ -197,15 +168,21 @@ def test_unschedulable_node():
     assert node_fit(tolerant, node).fits
 
 
-def test_all_reasons_are_reported_together():
+def test_all_reasons_are_reported_together_in_the_profiles_order():
     node = make_node(unschedulable=True, labels={"zone": "a"}, taints=[{"key": "k", "effect": "NoSchedule"}])
     fit = node_fit(make_pod(nodeSelector={"zone": "b"}, containers=[{"cpu": "5"}]), node)
     assert fit.reasons == (
         REASON_UNSCHEDULABLE,
-        REASON_AFFINITY,
         "node(s) had untolerated taint {k}",
+        REASON_AFFINITY,
         "Insufficient cpu",
     )
+    assert fit.plugins == ("NodeUnschedulable", "TaintToleration", "NodeAffinity", "NodeResourcesFit")
+    # kube-scheduler stops at the first plugin that refuses the node, and counts only its reason
+    assert fit.scheduler_reasons == (REASON_UNSCHEDULABLE,)
+    tainted_only = node_fit(make_pod(nodeSelector={"zone": "b"}),
+                            make_node(labels={"zone": "a"}, taints=[{"key": "k", "effect": "NoSchedule"}]))
+    assert tainted_only.scheduler_reasons == ("node(s) had untolerated taint(s)",)
 
 
 def ported_pod(name: str, *ports: dict, sidecar_ports: tuple = (), init_ports: tuple = ()) -> Pod:
@@ -221,7 +198,8 @@ def ported_pod(name: str, *ports: dict, sidecar_ports: tuple = (), init_ports: t
 
 
 def test_host_ports_are_read_as_kube_scheduler_reads_them():
-    from draplane.allocation.nodefit import HostPort, pod_host_ports
+    from draplane.scheduling.framework.interface import HostPort
+    from draplane.scheduling.framework.plugins.node_ports import pod_host_ports
 
     pod = ported_pod("p", {"containerPort": 80, "hostPort": 8080}, {"containerPort": 9090},
                      {"containerPort": 53, "hostPort": 53, "protocol": "UDP", "hostIP": "10.0.0.1"},
@@ -242,13 +220,15 @@ def test_host_ports_are_read_as_kube_scheduler_reads_them():
     (("TCP", "0.0.0.0", 8080), ("TCP", "10.0.0.1", 8080), True),  # held on every IP
 ])
 def test_host_port_conflicts_as_check_conflict_decides(held, wanted, conflict):
-    from draplane.allocation.nodefit import HostPort, ports_conflict
+    from draplane.scheduling.framework.interface import HostPort
+    from draplane.scheduling.framework.plugins.node_ports import ports_conflict
 
     assert ports_conflict([HostPort(*wanted)], [HostPort(*held)]) is conflict
 
 
 def test_a_host_port_taken_on_the_node_is_kube_schedulers_node_ports_reason():
-    from draplane.allocation.nodefit import REASON_NODE_PORTS, REASON_TAINTS
+    from draplane.scheduling.framework.plugins.node_ports import REASON as REASON_NODE_PORTS
+    from draplane.scheduling.framework.plugins.taint_toleration import REASON as REASON_TAINTS
 
     first = ported_pod("first", {"containerPort": 80, "hostPort": 8080})
     second = ported_pod("second", {"containerPort": 8080, "hostPort": 8080})
@@ -266,3 +246,62 @@ def test_a_host_port_taken_on_the_node_is_kube_schedulers_node_ports_reason():
         {"name": "c", "ports": [{"containerPort": 1, "hostPort": 8080}], "resources": {"requests": {"cpu": "2"}}}]}}, Pod)
     fit = node_fit(hungry, busy, [first])
     assert fit.reasons == (REASON_NODE_PORTS, "Insufficient cpu") and fit.scheduler_reasons == (REASON_NODE_PORTS,)
+
+
+# --- the cycle ---------------------------------------------------------------------------------
+
+
+def name_affinity(*names):
+    """Required node affinity whose terms each name one node."""
+    return affinity(*({"matchFields": [expr("metadata.name", "In", n)]} for n in names))
+
+
+def test_node_affinity_and_node_name_narrow_the_nodes_together():
+    from draplane.scheduling.framework.interface import PreFilterRejected
+    from draplane.scheduling.framework.runtime import named_nodes
+
+    assert named_nodes(make_pod()) is None
+    only_a = named_nodes(make_pod(affinity=name_affinity("a", "b"), nodeName="a"))
+    assert only_a.nodes == {"a"} and only_a.plugins == ("NodeAffinity", "NodeName")
+    assert only_a.left_out.reasons == ("node(s) didn't satisfy plugin(s) [NodeAffinity NodeName]",)
+    assert named_nodes(make_pod(nodeName="c")).left_out.reasons == ("node(s) didn't satisfy plugin(s) [NodeName]",)
+    with pytest.raises(PreFilterRejected, match=r"didn't satisfy plugin\(s\) \[NodeAffinity NodeName\] simultaneously"):
+        named_nodes(make_pod(affinity=name_affinity("a", "b"), nodeName="c"))
+    # one term naming two nodes at once: NodeAffinity's own refusal
+    conflicting = affinity({"matchFields": [expr("metadata.name", "In", "a"), expr("metadata.name", "In", "b")]})
+    with pytest.raises(PreFilterRejected, match="pod affinity terms conflict"):
+        named_nodes(make_pod(affinity=conflicting))
+
+
+def test_the_first_filter_to_refuse_names_the_node_and_node_declared_features_comes_last():
+    from draplane.scheduling.framework.runtime import DEFAULT_FILTERS, Cycle
+
+    assert DEFAULT_FILTERS[0] == "NodeName" and DEFAULT_FILTERS[-1] == "NodeDeclaredFeatures"
+    needs_feature = make_pod(hostNetwork=True, hostUsers=False, containers=[{"cpu": "1"}])
+    plain = make_node("plain")
+    cordoned = make_node("cordoned", unschedulable=True)
+    cycle = Cycle(pod=needs_feature, node_local=lambda node: node_fit(needs_feature, node), pinned=("elsewhere",))
+    # NodeUnschedulable runs before, and refuses first
+    assert cycle.filter_node(cordoned).plugin == "NodeUnschedulable"
+    # the node lacks the feature, but the claims' node (DynamicResources) is named before it
+    assert cycle.filter_node(plain).plugin == "DynamicResources"
+    unpinned = Cycle(pod=needs_feature, node_local=lambda node: node_fit(needs_feature, node))
+    refused = unpinned.filter_node(plain)
+    assert refused.plugin == "NodeDeclaredFeatures" and unpinned.rejections == {"plain": refused}
+    declared = msgspec.convert({"metadata": {"name": "ok"}, "status": {
+        "allocatable": {"cpu": "4", "memory": "8Gi", "pods": "110"},
+        "declaredFeatures": ["UserNamespacesHostNetworkSupport"]}}, Node)
+    assert unpinned.filter_node(declared) is None
+
+
+def test_a_node_named_elsewhere_runs_no_filter():
+    from draplane.scheduling.framework.runtime import Cycle, named_nodes
+
+    pod = make_pod(nodeName="n2")
+    asked = []
+    cycle = Cycle(pod=pod, node_local=lambda node: asked.append(node.metadata.name) or node_fit(pod, node),
+                  named=named_nodes(pod))
+    assert cycle.filter_node(make_node("n1", unschedulable=True)).reasons == (
+        "node(s) didn't satisfy plugin(s) [NodeName]",)
+    assert cycle.filter_node(make_node("n2")) is None
+    assert asked == ["n2"]

@@ -4,7 +4,7 @@ DeviceToleration, DeviceTaint), which Kubernetes matches alike. Pure."""
 
 from __future__ import annotations
 
-from typing import Protocol
+from typing import Protocol, Sequence, TypeVar
 
 
 class _Taint(Protocol):
@@ -32,3 +32,16 @@ def tolerates(toleration: _Toleration, taint: _Taint) -> bool:
     if operator == "Equal":
         return (toleration.value or "") == (taint.value or "")
     return False
+
+
+_T = TypeVar("_T", bound=_Taint)
+
+
+def untolerated_taint(tolerations: Sequence[_Toleration], taints: Sequence[_T]) -> _T | None:
+    """The first NoSchedule/NoExecute taint no toleration covers (PreferNoSchedule never blocks)."""
+    for taint in taints:
+        if taint.effect not in ("NoSchedule", "NoExecute"):
+            continue
+        if not any(tolerates(t, taint) for t in tolerations):
+            return taint
+    return None

@@ -7,7 +7,7 @@ import msgspec
 
 from draplane.api.apps import Service, ServiceSpec
 from draplane.api.core import Node, Pod
-from draplane.scheduling import pod_topology_spread as spread
+from draplane.scheduling.framework.plugins import pod_topology_spread as spread
 from draplane.scheduling.placed_pods import PlacedPod, PlacedPods
 
 NODES = [

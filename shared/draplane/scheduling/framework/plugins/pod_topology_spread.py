@@ -20,12 +20,15 @@ from collections.abc import Iterable, Mapping
 
 import msgspec
 
-from draplane.allocation.nodefit import NodeFitError, matches_node_affinity, untolerated_taint
+from draplane.component_helpers.errors import SpecError
+from draplane.component_helpers.node_affinity import matches_node_affinity
+from draplane.component_helpers.taints import untolerated_taint
 from draplane.api.apps import Service
 from draplane.api.core import Node, Pod
 from draplane.api.policy import LabelSelector, LabelSelectorError, LabelSelectorRequirement, label_selector_matches
 from draplane.scheduling.placed_pods import PlacedPods
 
+NAME = "PodTopologySpread"
 REASON = "node(s) didn't match pod topology spread constraints"
 REASON_MISSING_LABEL = REASON + " (missing required label)"
 
@@ -184,7 +187,7 @@ class NodeDomains:
             try:
                 if constraint.honor_node_affinity and not matches_node_affinity(pod, node):
                     continue
-            except NodeFitError:
+            except SpecError:
                 continue
             if constraint.honor_taints and untolerated_taint(spec.tolerations or [], (node.spec.taints or []) if node.spec else []):
                 continue

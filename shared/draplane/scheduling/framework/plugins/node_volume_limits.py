@@ -32,8 +32,9 @@ import msgspec
 
 from draplane.api.core import Pod
 from draplane.api.storage import CSIDriver, CSINode, PersistentVolume, PersistentVolumeClaim, StorageClass
-from draplane.scheduling import volume_binding
+from draplane.scheduling.framework.plugins import volume_binding
 
+NAME = "NodeVolumeLimits"
 REASON_MAX_VOLUME_COUNT = "node(s) exceed max volume count"
 
 # The in-tree provisioners that kube-scheduler translates to a CSI driver and counts
@@ -244,3 +245,8 @@ def nodes_over_limit(pod: Pod, nodes: Iterable[str], objects: VolumeObjects,
         if why is not None:
             refused[node] = why
     return refused
+
+
+def filter_over_limit(over_limit: Mapping[str, str] | None, node: str) -> str | None:
+    """The shard's Filter: the binder found the node over its limit (nodes_over_limit)."""
+    return over_limit.get(node) if over_limit else None

@@ -10,8 +10,10 @@ from draplane.api.storage import (
     CSIDriver, CSIDriverSpec, CSINode, CSINodeDriver, CSINodeSpec, CSIPersistentVolumeSource, PersistentVolume,
     PersistentVolumeClaim, PersistentVolumeClaimSpec, PersistentVolumeSpec, StorageClass, VolumeNodeResources,
 )
-from draplane.scheduling import node_volume_limits as nvl
-from draplane.scheduling import volume_binding as vb
+from draplane.scheduling.framework.plugins import node_volume_limits as nvl
+from draplane.scheduling.framework.plugins import volume_binding as vb
+from draplane.scheduling.framework.plugins import volume_restrictions
+from draplane.scheduling.framework.runtime import volume_reasons
 
 EBS = "ebs.csi.aws.com"
 BLOCK = "block.csi.example.com"
@@ -172,10 +174,10 @@ def test_filter_reads_the_node_only_when_it_limits_one_of_the_pods_drivers():
 
 def test_the_shards_filter_gives_the_refused_nodes_their_reason_after_volume_restrictions():
     volumes = vb.PodVolumes(over_limit={"n1": nvl.REASON_MAX_VOLUME_COUNT})
-    assert vb.node_reasons(volumes, "n1", {}) == [nvl.REASON_MAX_VOLUME_COUNT]
-    assert vb.node_reasons(volumes, "n2", {}) == []
+    assert volume_reasons(volumes, "n1", {}) == [nvl.REASON_MAX_VOLUME_COUNT]
+    assert volume_reasons(volumes, "n2", {}) == []
     both = vb.PodVolumes(over_limit={"n1": nvl.REASON_MAX_VOLUME_COUNT}, in_use_elsewhere=("rwop",))
-    assert vb.node_reasons(both, "n1", {}) == [vb.REASON_RWOP_CONFLICT]
+    assert volume_reasons(both, "n1", {}) == [volume_restrictions.REASON_RWOP_CONFLICT]
 
 
 def test_the_bound_on_volumes_in_use_never_changes_a_verdict():

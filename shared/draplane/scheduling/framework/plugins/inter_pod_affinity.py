@@ -34,6 +34,7 @@ from draplane.api.core import PodAffinityTerm, PodSpec
 from draplane.api.policy import LabelSelectorError, label_selector_matches
 from draplane.scheduling.placed_pods import PlacedPod, PlacedPods, term_namespaces
 
+NAME = "InterPodAffinity"
 REASON_AFFINITY = "node(s) didn't match pod affinity rules"
 REASON_ANTI_AFFINITY = "node(s) didn't match pod anti-affinity rules"
 REASON_EXISTING_ANTI_AFFINITY = "node(s) didn't satisfy existing pods anti-affinity rules"

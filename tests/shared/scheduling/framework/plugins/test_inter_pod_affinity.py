@@ -7,7 +7,7 @@ import msgspec
 import pytest
 
 from draplane.api.core import PodSpec
-from draplane.scheduling import inter_pod_affinity as ipa
+from draplane.scheduling.framework.plugins import inter_pod_affinity as ipa
 from draplane.scheduling.placed_pods import PlacedPods
 
 NODES = {
