@@ -89,12 +89,12 @@ class PodReservation(msgspec.Struct, kw_only=True):
     pod_uid: str
     pod_namespace: str
     pod_name: str
-    # resource name -> amount, as draplane.allocation.nodefit.pod_requests gives them
+    # resource name -> amount, as draplane.component_helpers.resource.pod_requests gives them
     requests: dict[str, int]
     reserved_at: float
     expires_at: float
     shard: int = 0
-    # The host ports the pod holds (draplane.allocation.nodefit.pod_host_ports): in the node's
+    # The host ports the pod holds (draplane.scheduling.framework.plugins.node_ports.pod_host_ports): in the node's
     # entry, a compare-and-set keeps two shards from giving one port twice. Last, with a default,
     # so entries written before it decode.
     host_ports: list[HostPort] = msgspec.field(default_factory=list)

@@ -1,7 +1,7 @@
 """Every placement the simulator makes goes through the allocator core, as the service's would.
 
 The replay engine proposes a node and the GPUs its policy prefers; `CoreBinder` then
-1. checks the pod against the node with `nodefit.node_fit` (CPU, memory, pod slots),
+1. checks the pod against the node with the framework's `runtime.node_fit` (CPU, memory, pod slots),
 2. allocates the pod's ResourceClaim on that node with the core's `NodeAllocator` (selectors, the
    consumable `compute` capacity and its request policy, exclusive whole GPUs), ordering the
    candidate devices so that the preferred GPUs come first, and
