@@ -146,7 +146,7 @@ async def setup_nodes(kube: KubeClient, nc, nodes: int, gpus: int, tag: str, *, 
 
 
 def start_services(plane: ControlPlane, shards: int, logdir: Path, *, manage_claims: bool = True,
-                   follower: bool = False) -> dict[str, subprocess.Popen]:
+                   follower: bool = False, binder_args: tuple[str, ...] = ()) -> dict[str, subprocess.Popen]:
     """The shards and the binder, by component name. With `follower`, one more shard process
     (component `follower`) that keeps the whole state as every shard does but is handed no pod:
     the binder deals pods over `shards` partitions and it takes partition `shards`. Its CPU is what
@@ -167,7 +167,7 @@ def start_services(plane: ControlPlane, shards: int, logdir: Path, *, manage_cla
     # said either way: the binder's default has changed before
     procs["binder"] = subprocess.Popen([sys.executable, "-m", "draplane_binder", *common, "--kubeconfig",
                                         str(plane.kubeconfig), "--concurrency", "64",
-                                        "--manage-claims" if manage_claims else "--no-manage-claims"],
+                                        "--manage-claims" if manage_claims else "--no-manage-claims", *binder_args],
                                        stdout=log, stderr=subprocess.STDOUT)
     return procs
 
@@ -426,7 +426,8 @@ async def running_services(args, shards: int, prefix: str, *, nodes: int | None 
         if kwok:
             servers = start_kcm_and_kwok(plane, workdir, getattr(args, "kcm_api_qps", None))
         kube, nc, namespace = await prepare(plane, nodes or args.nodes, gpus or args.gpus, kwok=kwok)
-        procs = start_services(plane, shards, workdir, manage_claims=not kwok, follower=getattr(args, "follower", False))
+        procs = start_services(plane, shards, workdir, manage_claims=not kwok, follower=getattr(args, "follower", False),
+                               binder_args=tuple(getattr(args, "binder_args", ())))
         components = {"etcd": plane.process("etcd").pid, "kube-apiserver": plane.process("kube-apiserver").pid,
                       "nats": plane.process("nats-server").pid}
         components.update({server.name: server.pid for server in servers})

@@ -13,6 +13,11 @@ pod is N*F + O, so O is that sum less N*F. Rounds alternate nothing (one setup);
 
     .venv/bin/python bench/shard_model.py                        # 1, 2 and 4 shards, small shape
     .venv/bin/python bench/shard_model.py --shards 1 2 --nodes 100 --pods 1500 --warmup 500 --rounds 3
+    .venv/bin/python bench/shard_model.py --shards 1 4 --feed-coalesce-ms 0 5   # side by side
+
+`--feed-coalesce-ms` sets how long the binder gathers its cluster-bucket writes
+(draplane_binder.cluster_publisher); with several values each round runs every value in turn, and
+the lines carry `coalesce_ms=`.
 
 Prints, per round and shard count, `BENCH name=shard_model_run shards=N round=R pods_per_s=...
 follow_ms=... own_ms=... shard_cpu_ms_per_pod=...`, then `BENCH name=shard_model follow_ms=F
@@ -61,6 +66,10 @@ def ceiling(follow_ms: float, own_ms: float, shards: int) -> float:
     return 1000.0 / per_pod if per_pod > 0 else float("inf")
 
 
+def _label(coalesce: float | None) -> str:
+    return "" if coalesce is None else f" coalesce_ms={coalesce:g}"
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--shards", type=int, nargs="+", default=[1, 2, 4])
@@ -70,6 +79,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--warmup", type=int, default=200)
     parser.add_argument("--rounds", type=int, default=1)
     parser.add_argument("--timeout", type=float, default=1200.0)
+    parser.add_argument("--feed-coalesce-ms", type=float, nargs="+", default=[None],
+                        help="the binder's --feed-coalesce-ms, one run per value (default: the binder's own)")
     args = parser.parse_args(argv)
     if not 0 < args.warmup < args.pods:
         parser.error("--warmup must be between 0 and --pods")
@@ -81,38 +92,43 @@ def main(argv: list[str] | None = None) -> int:
     import uvloop
 
     uvloop.install()
-    runs: dict[int, list[dict]] = {n: [] for n in args.shards}
+    runs: dict[tuple[float | None, int], list[dict]] = {(c, n): [] for c in args.feed_coalesce_ms for n in args.shards}
     for round_ in range(args.rounds):
-        for shards in args.shards:
-            case = argparse.Namespace(
-                setup_shards=shards, setup_nodes=args.nodes, setup_pods=args.pods, setup_warmup=args.warmup,
-                setup_idle_seconds=0.0, gpus=args.gpus, timeout=args.timeout, follower=True, keep=False,
-                kcm_api_qps=None)
-            r = asyncio.run(e2e.setup_case(case, "previous"))
-            follow, own = split_costs(shards, r["cpu_ms"])
-            runs[shards].append({"pods_per_s": r["pods_per_s"], "follow": follow, "own": own,
-                                 "shard_cpu": shard_cpu(r["cpu_ms"])})
-            print(f"BENCH name=shard_model_run shards={shards} round={round_ + 1} pods_per_s={r['pods_per_s']:.1f} "
-                  f"follow_ms={follow:.3f} own_ms={own:.3f} shard_cpu_ms_per_pod={shard_cpu(r['cpu_ms']):.3f}",
-                  flush=True)
-    follow_ms = statistics.median(run["follow"] for n in args.shards for run in runs[n])
-    base = min(args.shards)
-    own_ms = statistics.median(run["own"] for run in runs[base])
+        for coalesce in args.feed_coalesce_ms:
+            for shards in args.shards:
+                case = argparse.Namespace(
+                    setup_shards=shards, setup_nodes=args.nodes, setup_pods=args.pods, setup_warmup=args.warmup,
+                    setup_idle_seconds=0.0, gpus=args.gpus, timeout=args.timeout, follower=True, keep=False,
+                    kcm_api_qps=None,
+                    binder_args=() if coalesce is None else ("--feed-coalesce-ms", f"{coalesce:g}"))
+                r = asyncio.run(e2e.setup_case(case, "previous"))
+                follow, own = split_costs(shards, r["cpu_ms"])
+                runs[coalesce, shards].append({"pods_per_s": r["pods_per_s"], "follow": follow, "own": own,
+                                               "shard_cpu": shard_cpu(r["cpu_ms"])})
+                print(f"BENCH name=shard_model_run{_label(coalesce)} shards={shards} round={round_ + 1} "
+                      f"pods_per_s={r['pods_per_s']:.1f} follow_ms={follow:.3f} own_ms={own:.3f} "
+                      f"shard_cpu_ms_per_pod={shard_cpu(r['cpu_ms']):.3f}", flush=True)
     cores = os.cpu_count() or 1
-    print(f"BENCH name=shard_model follow_ms={follow_ms:.3f} own_ms={own_ms:.3f} own_from_shards={base} "
-          f"cores={cores}", flush=True)
-    rows = []
-    for shards in args.shards:
-        measured = statistics.median(run["pods_per_s"] for run in runs[shards])
-        modelled = ceiling(follow_ms, own_ms, shards)
-        rows.append((shards, modelled, measured))
-        print(f"BENCH name=shard_model shards={shards} ceiling_pods_per_s={modelled:.1f} "
-              f"measured_pods_per_s={measured:.1f} cores={cores}", flush=True)
-    print(f"\nF (following) {follow_ms:.3f} ms/pod, O (placing own pods) {own_ms:.3f} ms/pod; "
-          f"ceiling = 1000 / (F + O/N), one core per shard ({cores} cores here)")
-    print(f"{'shards':>8}{'ceiling pods/s':>18}{'measured pods/s':>18}")
-    for shards, modelled, measured in rows:
-        print(f"{shards:>8}{modelled:>18.1f}{measured:>18.1f}")
+    base = min(args.shards)
+    for coalesce in args.feed_coalesce_ms:
+        follow_ms = statistics.median(run["follow"] for n in args.shards for run in runs[coalesce, n])
+        own_ms = statistics.median(run["own"] for run in runs[coalesce, base])
+        print(f"BENCH name=shard_model{_label(coalesce)} follow_ms={follow_ms:.3f} own_ms={own_ms:.3f} "
+              f"own_from_shards={base} cores={cores}", flush=True)
+        rows = []
+        for shards in args.shards:
+            measured = statistics.median(run["pods_per_s"] for run in runs[coalesce, shards])
+            summed = statistics.median(run["shard_cpu"] for run in runs[coalesce, shards])
+            modelled = ceiling(follow_ms, own_ms, shards)
+            rows.append((shards, modelled, measured, summed))
+            print(f"BENCH name=shard_model{_label(coalesce)} shards={shards} ceiling_pods_per_s={modelled:.1f} "
+                  f"measured_pods_per_s={measured:.1f} shard_cpu_ms_per_pod={summed:.3f} cores={cores}", flush=True)
+        print(f"\nfeed coalescing {'default' if coalesce is None else f'{coalesce:g} ms'}: F (following) "
+              f"{follow_ms:.3f} ms/pod, O (placing own pods) {own_ms:.3f} ms/pod; "
+              f"ceiling = 1000 / (F + O/N), one core per shard ({cores} cores here)")
+        print(f"{'shards':>8}{'ceiling pods/s':>18}{'measured pods/s':>18}{'shard CPU ms/pod':>18}")
+        for shards, modelled, measured, summed in rows:
+            print(f"{shards:>8}{modelled:>18.1f}{measured:>18.1f}{summed:>18.3f}")
     return 0
 
 

@@ -169,7 +169,8 @@ async def cluster(args, scheduler: str, nodes: int, gpus: int):
             servers.append(start_server(kube_scheduler(plane, workdir / "kube-scheduler.log", qps=qps, burst=int(qps))))
             components["kube-scheduler"] = servers[-1].pid
         else:
-            procs = e2e.start_services(plane, args.shards, workdir, manage_claims=False)
+            binder_args = () if args.feed_coalesce_ms is None else ("--feed-coalesce-ms", f"{args.feed_coalesce_ms:g}")
+            procs = e2e.start_services(plane, args.shards, workdir, manage_claims=False, binder_args=binder_args)
             components.update({name: p.pid for name, p in procs.items()})
             components["nats"] = plane.process("nats-server").pid
         run = Run(kube, namespace, scheduler, e2e.BindRecorder(kube, namespace), {}, components)
@@ -408,6 +409,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--mix-pods", type=int, default=400, help="pods of the topology mix (about 60%% of the GPUs)")
     parser.add_argument("--seed", type=int, default=42)
     parser.add_argument("--shards", type=int, default=1, help="draplane's allocator shards")
+    parser.add_argument("--feed-coalesce-ms", type=float, default=None,
+                        help="the binder's --feed-coalesce-ms (default: the binder's own)")
     parser.add_argument("--kube-scheduler-qps", type=float, default=5000.0,
                         help="kube-scheduler's client QPS and burst (scheduler_perf: 5000; its default: 50/100)")
     parser.add_argument("--kcm-api-qps", type=float, default=5000.0,

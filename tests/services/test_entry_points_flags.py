@@ -88,3 +88,9 @@ def test_insecure_dev_is_the_explicit_way_past_the_check():
     assert nats_credentials_problem(args) is None
     args.insecure_dev = False
     assert "--insecure-dev" in nats_credentials_problem(args)
+
+
+@pytest.mark.parametrize("value", ["-1", "1001", "nan"])
+def test_a_feed_coalescing_window_out_of_range_exits_2_naming_the_flag(value, capsys):
+    assert binder_main(["--insecure-dev", "--feed-coalesce-ms", value]) == 2
+    assert "--feed-coalesce-ms must be between 0 and 1000" in capsys.readouterr().err

@@ -64,6 +64,11 @@ def build_parser() -> argparse.ArgumentParser:
                         help="how long binding waits for a device's binding conditions after its claim is allocated, "
                              "before the claim is deallocated and the pod tried again (kube-scheduler's "
                              "DynamicResources bindingTimeout; default %(default)s)")
+    parser.add_argument("--feed-coalesce-ms", type=float, default=BinderSettings().feed_coalesce_seconds * 1000,
+                        help="how long writes to the cluster bucket gather before they go out together; every "
+                             "shard follows the bucket and receives a burst for less than lone messages "
+                             "(0: each at once; a key a pending pod waits on goes at once anyway; "
+                             "default %(default)s)")
     add_kube_rate_arguments(parser, qps=BinderSettings().kube_api_qps, burst=BinderSettings().kube_api_burst)
     add_http_arguments(parser, default_port=8082)
     parser.add_argument("-v", "--verbose", action="count", default=0)
@@ -116,6 +121,7 @@ def settings_from(args: argparse.Namespace) -> BinderSettings:
         gang_wait_warning_seconds=args.gang_wait_warning_seconds,
         volume_bind_timeout_seconds=args.volume_bind_timeout_seconds,
         binding_timeout_seconds=args.binding_timeout_seconds,
+        feed_coalesce_seconds=args.feed_coalesce_ms / 1000,
         stream_replicas=args.stream_replicas,
         kube_api_qps=args.kube_api_qps,
         kube_api_burst=args.kube_api_burst,
@@ -140,6 +146,10 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     if args.shards < 1:
         print("draplane-binder: --shards must be at least 1", file=sys.stderr)
+        return 2
+    if not 0 <= args.feed_coalesce_ms <= 1000:
+        print(f"draplane-binder: --feed-coalesce-ms must be between 0 and 1000, got {args.feed_coalesce_ms:g}",
+              file=sys.stderr)
         return 2
     if problem := check_kube_rate_arguments(args):
         print(f"draplane-binder: {problem}", file=sys.stderr)

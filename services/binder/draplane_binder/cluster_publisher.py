@@ -6,6 +6,12 @@ the bucket's order per key is the order of the offers. A value whose trimmed byt
 bucket already holds is not written: a node heartbeat or a claim's device status costs nothing
 downstream.
 
+Writes are gathered for a few milliseconds (`coalesce_seconds`) before a round starts: every
+shard follows the bucket, and nats-py takes a burst of messages for a fraction of what it spends
+on each one that arrives alone (bench/nats_receive.py: 64-75 us a lone bucket message at 600/s,
+9-11 in bursts). A key asked for by `revision_of` (a PendingPod waits on it) is written at once,
+alone, so the gathering never lengthens a pod's path to its shard; the rest keep gathering.
+
 After a restart the binder first reads the bucket back (`load`), so that objects unchanged since
 are not written again. Each time a watch lists (at start, and again after it failed), keys of its
 kind it did not offer are of objects gone while it did not watch, and are deleted (`listed`). Once
@@ -37,12 +43,17 @@ MAX_PUTS_IN_FLIGHT = 256
 # the bucket as it is and needs no marker for an object it never saw. Without the TTL the
 # markers would pile up, one per pod that ever ran.
 DELETE_MARKER_TTL_SECONDS = 600.0
+# How long offers gather before a round of writes (see the module's doc); a measured choice, see
+# bench/shard_model.py --feed-coalesce-ms.
+COALESCE_SECONDS = 0.010
 RETRY_INITIAL_SECONDS = 0.2
 RETRY_MAX_SECONDS = 5.0
 
 
 class ClusterPublisher:
-    def __init__(self, *, instance: str, kinds: tuple[type, ...] = tuple(feed.PREFIXES)):
+    def __init__(self, *, instance: str, kinds: tuple[type, ...] = tuple(feed.PREFIXES),
+                 coalesce_seconds: float = COALESCE_SECONDS):
+        self.coalesce_seconds = coalesce_seconds
         self.kv: KeyValue | None = None  # given by `load`; what is offered before waits for it
         self.instance = instance
         self.published: dict[str, bytes] = {}  # key -> the value the bucket holds
@@ -59,6 +70,9 @@ class ClusterPublisher:
         self.unlisted = set(kinds)  # kinds whose watch has not listed yet
         self.synced = False  # SYNCED_KEY queued by this binder
         self._work = asyncio.Event()
+        self._urgent = asyncio.Event()  # someone waits on a key: it goes out without gathering
+        self.urgent_keys: set[str] = set()
+        self._retry_delay = RETRY_INITIAL_SECONDS
         self._progress = asyncio.Condition()
 
     # --- what the watches feed in (synchronous: called from the watch handlers) -------------------
@@ -158,46 +172,67 @@ class ClusterPublisher:
         """Write what was offered, for ever; failures are retried with backoff, never dropped."""
         if self.kv is None:
             raise RuntimeError("ClusterPublisher.run before load")
-        delay = RETRY_INITIAL_SECONDS
         while True:
             await self._work.wait()
+            await self._gather_offers()
             self._work.clear()
             while self.wanted:
                 # SYNCED_KEY last of all: a shard that sees it must find everything before it
                 keys = [k for k in self.wanted if k != feed.SYNCED_KEY] or [feed.SYNCED_KEY]
-                batch = {k: self.wanted[k] for k in keys[:MAX_PUTS_IN_FLIGHT]}
-                for key in batch:
-                    del self.wanted[key]
-                self.writing.update(batch)
-                results = await asyncio.gather(*(self._write(k, v) for k, v in batch.items()), return_exceptions=True)
-                for key in batch:
-                    del self.writing[key]
-                failed = 0
-                for (key, value), result in zip(batch.items(), results):
-                    if isinstance(result, BaseException):
-                        failed += 1
-                        self.wanted.setdefault(key, value)  # unless something newer came meanwhile
-                    else:
-                        if key not in self.wanted:
-                            self.unwritten_since.pop(key, None)
-                        if value is None:
-                            self.published.pop(key, None)
-                            self.revisions.pop(key, None)
-                            if key not in self.wanted:
-                                self._unindex(key)
-                        else:
-                            self.published[key] = value
-                            self.revisions[key] = result
-                async with self._progress:
-                    self._progress.notify_all()
-                if failed:
-                    error = next(r for r in results if isinstance(r, BaseException))
-                    log.warning("cluster feed: %d of %d writes failed (%r); retrying in %.1f s",
-                                failed, len(batch), error, delay)
-                    await asyncio.sleep(delay)
-                    delay = min(RETRY_MAX_SECONDS, delay * 2)
+                await self._write_round(keys[:MAX_PUTS_IN_FLIGHT])
+
+    async def _gather_offers(self) -> None:
+        """Let the offers of the next few ms join one round; keys waited on meanwhile go at once."""
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + self.coalesce_seconds
+        while (left := deadline - loop.time()) > 0:
+            if not self._urgent.is_set():
+                try:
+                    await asyncio.wait_for(self._urgent.wait(), left)
+                except asyncio.TimeoutError:
+                    return
+            self._urgent.clear()
+            urgent = [k for k in self.wanted if k in self.urgent_keys]  # in the order offered
+            self.urgent_keys.clear()
+            if urgent:
+                await self._write_round(urgent)
+
+    async def _write_round(self, keys: list[str]) -> None:
+        """One round: these keys' wanted values written at once (their failures queued again,
+        after a backoff)."""
+        batch = {k: self.wanted[k] for k in keys}
+        for key in batch:
+            del self.wanted[key]
+        self.writing.update(batch)
+        results = await asyncio.gather(*(self._write(k, v) for k, v in batch.items()), return_exceptions=True)
+        for key in batch:
+            del self.writing[key]
+        failed = 0
+        for (key, value), result in zip(batch.items(), results):
+            if isinstance(result, BaseException):
+                failed += 1
+                self.wanted.setdefault(key, value)  # unless something newer came meanwhile
+            else:
+                if key not in self.wanted:
+                    self.unwritten_since.pop(key, None)
+                if value is None:
+                    self.published.pop(key, None)
+                    self.revisions.pop(key, None)
+                    if key not in self.wanted:
+                        self._unindex(key)
                 else:
-                    delay = RETRY_INITIAL_SECONDS
+                    self.published[key] = value
+                    self.revisions[key] = result
+        async with self._progress:
+            self._progress.notify_all()
+        if failed:
+            error = next(r for r in results if isinstance(r, BaseException))
+            log.warning("cluster feed: %d of %d writes failed (%r); retrying in %.1f s",
+                        failed, len(batch), error, self._retry_delay)
+            await asyncio.sleep(self._retry_delay)
+            self._retry_delay = min(RETRY_MAX_SECONDS, self._retry_delay * 2)
+        else:
+            self._retry_delay = RETRY_INITIAL_SECONDS
 
     async def _write(self, key: str, value: bytes | None) -> int:
         if value is None:
@@ -217,6 +252,12 @@ class ClusterPublisher:
     async def revision_of(self, keys: list[str], timeout: float = 10.0) -> int:
         """The bucket revision from which a shard sees `keys` as the binder does now (waits for
         their writes in flight). Raises TimeoutError when NATS does not take them in time."""
+        # SYNCED_KEY is never hurried: it goes last of all, after the gathering
+        waited = [k for k in keys if k in self.wanted and k != feed.SYNCED_KEY]
+        if waited:
+            self.urgent_keys.update(waited)
+            self._urgent.set()
+
         async def written() -> None:
             async with self._progress:
                 await self._progress.wait_for(lambda: not any(k in self.wanted or k in self.writing for k in keys))

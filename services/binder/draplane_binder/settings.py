@@ -7,6 +7,7 @@ from pathlib import Path
 
 from draplane.scheduling.messages import DEFAULT_PREFIX
 from draplane.scheduling.reservations import DEFAULT_LEASE_SECONDS
+from draplane_binder.cluster_publisher import COALESCE_SECONDS
 
 
 @dataclasses.dataclass(slots=True)
@@ -42,6 +43,9 @@ class BinderSettings:
     # (kube-scheduler's DynamicResources bindingTimeout, 600 by default); the claim is then
     # deallocated and the pod tried again.
     binding_timeout_seconds: float = 600.0
+    # Cluster-bucket writes gather this long before going out together (cluster_publisher): every
+    # shard receives a burst for less than the same messages one by one. 0: each at once.
+    feed_coalesce_seconds: float = COALESCE_SECONDS
     stream_replicas: int = 1  # 3 on a 3-server NATS cluster
     # Client-side limit of apiserver requests (--kube-api-qps/--kube-api-burst). Above the most the
     # binder wrote in bench/e2e.py (138 pods/s at 6 writes a pod, about 830 a second), so it caps a

@@ -47,6 +47,7 @@ async def test_changes_only_then_a_restart_sweeps_what_went(nats, subject_prefix
         assert not publisher.synced  # DeviceClass has not listed yet
         publisher.listed(DeviceClass)
         revision = await publisher.revision_of(["node.a", "node.b"])
+        await publisher.revision_of(["class.gpu", cluster_feed.SYNCED_KEY])  # the rest, gathered, then synced
         keys = await _keys(kv)
         assert set(keys) == {"node.a", "node.b", "class.gpu", cluster_feed.SYNCED_KEY}
         assert revision == max(keys["node.a"], keys["node.b"])
@@ -118,17 +119,50 @@ async def _until(condition, timeout: float = 2.0) -> None:
 
 
 @contextlib.asynccontextmanager
-async def _gated_publisher(*, fail_next: bool = False):
+async def _gated_publisher(*, fail_next: bool = False, coalesce_seconds: float = 0.005):
     """A publisher of nodes running against a _GatedBucket: (publisher, bucket)."""
     bucket = _GatedBucket()
     bucket.fail_next = fail_next
-    publisher = ClusterPublisher(instance="x", kinds=(Node,))
+    publisher = ClusterPublisher(instance="x", kinds=(Node,), coalesce_seconds=coalesce_seconds)
     publisher.kv = bucket
     task = asyncio.create_task(publisher.run())
     try:
         yield publisher, bucket
     finally:
         task.cancel()
+
+
+async def test_synced_is_written_last_even_when_waited_on():
+    async with _gated_publisher(coalesce_seconds=0.2) as (publisher, bucket):
+        bucket.gate.set()
+        publisher.listing_begins(Node)
+        publisher.offer(_node("a"))
+        publisher.listed(Node)
+        await publisher.revision_of([cluster_feed.SYNCED_KEY], timeout=2.0)
+        assert [k for k, _ in bucket.puts] == ["node.a", cluster_feed.SYNCED_KEY]
+
+
+async def test_offers_gather_for_the_coalescing_window_and_go_out_together():
+    async with _gated_publisher(coalesce_seconds=0.3) as (publisher, bucket):
+        bucket.gate.set()
+        publisher.offer(_node("a"))
+        await asyncio.sleep(0.1)
+        assert bucket.puts == []  # still gathering
+        publisher.offer(_node("b"))
+        await _until(lambda: len(bucket.puts) == 2)
+        assert sorted(k for k, _ in bucket.puts) == ["node.a", "node.b"]
+
+
+async def test_a_key_a_pending_pod_waits_on_goes_out_at_once():
+    async with _gated_publisher(coalesce_seconds=30.0) as (publisher, bucket):
+        bucket.gate.set()
+        publisher.offer(_node("a"))
+        publisher.offer(_node("b"))
+        # the binder's PendingPod waits for node.a's revision: it goes at once, alone; node.b
+        # keeps gathering
+        assert await publisher.revision_of(["node.a"], timeout=2.0) > 0
+        assert [k for k, _ in bucket.puts] == ["node.a"]
+        assert "node.b" in publisher.wanted
 
 
 async def test_the_same_object_offered_while_its_write_is_in_flight_is_written_once():
