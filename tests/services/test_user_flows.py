@@ -386,6 +386,35 @@ async def test_a_gated_pod_is_left_alone_until_its_last_gate_is_removed(scheduli
 
 
 @pytest.mark.parametrize("shards", [1, 3])
+async def test_a_pod_that_restarts_all_its_containers_waits_for_a_node_that_declares_the_feature(
+        scheduling, kube, kubectl, namespace, shards):
+    """A container restart rule that restarts all containers (beta in 1.37) needs a kubelet that
+    declares RestartAllContainersOnContainerExits in the node's status.declaredFeatures
+    (NodeDeclaredFeatures, GA in 1.37). No node declares it: the pod waits with kube-scheduler's
+    reason, its claim unallocated. Once one node's kubelet declares it, the pod binds there."""
+    class_name, nodes = await gpu_cluster(scheduling, kube, nodes=3)
+    await scheduling.start(shards=shards)
+    pod = pod_yaml(namespace, "restarter", scheduling.scheduler_name, template="one-gpu").replace(
+        "        claims: [{name: devices}]",
+        "        claims: [{name: devices}]\n"
+        "      restartPolicy: Never\n"
+        "      restartPolicyRules: [{action: RestartAllContainers, exitCodes: {operator: In, values: [42]}}]")
+    await kubectl.apply(one_gpu_template_yaml(namespace, class_name) + "---" + pod.replace(
+        "spec:\n  schedulerName", "spec:\n  restartPolicy: Never\n  schedulerName", 1))
+    message = await wait_unschedulable(scheduling, kubectl, namespace, "restarter", "required features")
+    assert "0/3 nodes are available: 3 node(s) didn't match Pod's required features." in message, message
+    claims = (await get_json(kubectl, "resourceclaims", "-n", namespace))["items"]
+    assert claims and not any(c.get("status", {}).get("allocation") for c in claims)
+
+    # the kubelet of the last node says it supports the feature
+    await kubectl("patch", "node", nodes[2], "--subresource=status", "--type=merge", "-p",
+                  json.dumps({"status": {"declaredFeatures": ["RestartAllContainersOnContainerExits"]}}))
+    bound = await wait_bound(scheduling, kubectl, namespace, "restarter")
+    assert bound["spec"]["nodeName"] == nodes[2]
+    no_races_or_errors(scheduling)
+
+
+@pytest.mark.parametrize("shards", [1, 3])
 async def test_pods_that_ask_for_one_host_port_never_share_a_node(scheduling, kube, kubectl, namespace, shards):
     """Three replicas with hostPort 8080 and a GPU each, applied at once, on two 8-GPU nodes: two
     bind, on different nodes, whichever shards place them; the third waits with kube-scheduler's

@@ -7,7 +7,7 @@ Kubernetes) fills from its list-and-watch:
 | key | value |
 | --- | --- |
 | `class.<name>` | a DeviceClass |
-| `node.<name>` | a Node: labels, taints, unschedulable, capacity and allocatable (no conditions) |
+| `node.<name>` | a Node: labels, taints, unschedulable, capacity, allocatable and declared features (no conditions) |
 | `taintrule.<name>` | a DeviceTaintRule |
 | `podgroup.<namespace>.<name>` | a PodGroup |
 | `pdb.<namespace>.<name>` | a PodDisruptionBudget |
@@ -142,7 +142,8 @@ def trimmed(obj):
     if isinstance(obj, Node):
         status = obj.status
         return Node(metadata=_meta(obj.metadata), spec=obj.spec,
-                    status=NodeStatus(capacity=status.capacity, allocatable=status.allocatable) if status else None)
+                    status=NodeStatus(capacity=status.capacity, allocatable=status.allocatable,
+                                      declared_features=status.declared_features) if status else None)
     if isinstance(obj, ResourceClaim):
         status = obj.status
         return replace(obj, metadata=_meta(obj.metadata),

@@ -83,6 +83,11 @@ def test_a_node_heartbeat_or_a_claim_device_status_trims_to_the_same_bytes():
     assert feed.encode(node) == feed.encode(beat)
     tainted = msgspec.structs.replace(node, spec=NodeSpec(taints=[]))
     assert feed.encode(node) != feed.encode(tainted)
+    # NodeDeclaredFeatures reads the node's declared features: they travel
+    declaring = msgspec.structs.replace(node, status=NodeStatus(
+        allocatable={"cpu": "8"}, declared_features=["RestartAllContainersOnContainerExits"]))
+    assert feed.decode("node.n1", feed.encode(declaring)).status.declared_features == [
+        "RestartAllContainersOnContainerExits"]
 
     claim = ResourceClaim(metadata=ObjectMeta(name="c", namespace="ns", uid="u1"), status=ResourceClaimStatus())
     with_devices = msgspec.structs.replace(claim, status=ResourceClaimStatus(
