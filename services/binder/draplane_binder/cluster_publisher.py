@@ -127,7 +127,7 @@ class ClusterPublisher:
     def _want(self, key: str, value: bytes | None) -> None:
         if key not in self.wanted:
             # What the bucket holds once the write in flight lands (a failed one is queued again
-            # in `run`). An object's watch event usually comes while the binder's write of that
+            # in `_write_round`). An object's watch event usually comes while the binder's write of that
             # same object (a claim it created or allocated) is still being published: comparing
             # with `published` only wrote such a claim twice or three times.
             holds = self.writing[key] if key in self.writing else self.published.get(key)
@@ -203,6 +203,7 @@ class ClusterPublisher:
         batch = {k: self.wanted[k] for k in keys}
         for key in batch:
             del self.wanted[key]
+            self.urgent_keys.discard(key)  # written now, hurried or not
         self.writing.update(batch)
         results = await asyncio.gather(*(self._write(k, v) for k, v in batch.items()), return_exceptions=True)
         for key in batch:
@@ -254,7 +255,7 @@ class ClusterPublisher:
         their writes in flight). Raises TimeoutError when NATS does not take them in time."""
         # SYNCED_KEY is never hurried: it goes last of all, after the gathering
         waited = [k for k in keys if k in self.wanted and k != feed.SYNCED_KEY]
-        if waited:
+        if waited and self.coalesce_seconds > 0:  # without gathering every key goes at once anyway
             self.urgent_keys.update(waited)
             self._urgent.set()
 

@@ -2,7 +2,8 @@
 decide for a node update. Pure.
 
 The binder retries every unschedulable pod at once when a node changes in a way that matters to
-node fit (labels, taints, unschedulable, allocatable), or is added or deleted. A status write that
+node fit (labels, taints, unschedulable, allocatable, the features its kubelet declares), or is
+added or deleted. A status write that
 only renews the kubelet's heartbeat (every node's, every few tens of seconds; KWOK's too) changes
 none of them: retrying the whole backlog on each would keep a shard busy re-placing pods that
 still cannot fit, and the pending queue full of them, all the time.
@@ -25,4 +26,5 @@ def node_fit_fingerprint(node: Node) -> bytes:
         spec.taints if spec else None,
         spec.unschedulable if spec else None,
         status.allocatable if status else None,
+        status.declared_features if status else None,  # NodeDeclaredFeatures
     ))

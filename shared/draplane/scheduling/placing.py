@@ -20,7 +20,6 @@ from collections.abc import Collection, Iterable, Mapping, Sequence
 
 import msgspec
 
-from draplane.allocation.allocator import NodePlacement
 from draplane.allocation.device_allocator import DeviceAllocator, NodeResources, Unallocatable
 from draplane.allocation.errors import AllocationError, Reason
 from draplane.allocation.fragmented_devices import (
@@ -483,7 +482,10 @@ class SchedulingState:
                 # kube-scheduler runs them first, so they are asked here.
                 rejection = cycle.filter_node(self.nodes[name])
             if rejection is not None and rejection.plugin == node_declared_features.NAME and name in device_failures:
-                rejection = None  # DynamicResources runs before it
+                # DynamicResources runs before it. The device search asks the other Filters only
+                # where the devices fit, so a node it refused is one NodeDeclaredFeatures did not
+                # reach in kube-scheduler.
+                rejection = None
             if rejection is not None:
                 failures.append(NodeFailure(node=name, reason=FailureReason.NODE_DOES_NOT_FIT.value,
                                             detail=", ".join(rejection.details), reasons=list(rejection.reasons)))
@@ -626,20 +628,6 @@ class SchedulingState:
                                                             domains=self.node_domains,
                                                             default_spread=default_spread))
 
-    def _named_by_devices_first(self, pending: Sequence[ResourceClaim], cycle: Cycle, device_failures: dict) -> None:
-        """A node that only NodeDeclaredFeatures refused was never searched for devices; kube-scheduler
-        runs DynamicResources before it, so where the claims do not fit there, their reason names the
-        node (rare: only pods that need a declared feature get here)."""
-        for name, rejection in cycle.rejections.items():
-            if rejection.plugin != node_declared_features.NAME or name in device_failures:
-                continue
-            try:
-                found = self.devices.allocate_on_node(pending, name)
-            except AllocationError:
-                continue
-            if not isinstance(found, NodePlacement):
-                device_failures[name] = found
-
     def filter_nodes(self, pod: Pod, *, volumes: volume_binding.PodVolumes | None = None) -> tuple[list[str], NotPlaced]:
         """Every node through the pod's filters but DynamicResources (a pod without claims is
         placed by these alone): the feasible nodes, sorted, and kube-scheduler's account of the
@@ -729,7 +717,6 @@ class SchedulingState:
             return NotPlaced(message=message, failures=[], claim_error=message, scheduler_error=True)
         if isinstance(outcome, Unallocatable):
             device_failures = {f.node: f for f in outcome.failures if f.reason is not Reason.NODE_FILTERED}
-            self._named_by_devices_first(pending, cycle, device_failures)
             return self._not_placed(device_failures, cycle)
         allocations = dict(done)
         new_claims = []

@@ -33,5 +33,6 @@ def test_what_node_fit_reads_changes_the_fingerprint():
         _node(spec__taints=[Taint(key="gpu", effect="NoSchedule")]),
         _node(spec__unschedulable=True),
         _node(status__allocatable={"cpu": "16", "memory": "64Gi"}),
+        _node(status__declared_features=["RestartAllContainersOnContainerExits"]),
     ):
         assert node_fit_fingerprint(changed) != base, msgspec.to_builtins(changed)

@@ -521,3 +521,23 @@ def test_topology_spread_sees_a_node_relabelled_into_another_zone_or_tainted():
                                "spec": {"taints": [{"key": "maintenance", "effect": "NoSchedule"}]}}, Node)
     state.set_node(tainted)
     assert state.place_pod(spread_pod(1), []).node in ("node-0", "node-2")
+
+
+def test_node_declared_features_names_only_the_nodes_whose_devices_fit():
+    """kube-scheduler runs DynamicResources before NodeDeclaredFeatures: a node where the claim does
+    not fit is counted under the devices' reason, one where it fits under the missing feature;
+    the node that declares it takes the pod."""
+    state = seed_state()
+    claim = with_uid(scenario.claim("ns", "big", "high-memory-gpu"), "c1")
+    pod = with_uid(scenario.pod("ns", "restarter", claim_name="big"), "p1")
+    pod.spec.host_network, pod.spec.host_users = True, False  # UserNamespacesHostNetworkSupport
+    outcome = state.place_pod(pod, [claim])
+    assert isinstance(outcome, NotPlaced)
+    assert outcome.message == (
+        "0/3 nodes are available: 1 node(s) didn't match Pod's required features, 2 cannot allocate all claims: "
+        "resourceclaim ns/big, request gpu: no device matches the device class.")
+    declaring = scenario.gpu_node("node-80")  # a new Node object, as a watch delivers it
+    declaring.status.declared_features = ["UserNamespacesHostNetworkSupport"]
+    state.set_node(declaring)
+    placed = state.place_pod(pod, [claim])
+    assert isinstance(placed, Placed) and placed.node == "node-80", placed

@@ -205,9 +205,8 @@ def named_nodes(pod: Pod) -> NamedNodes | None:
 @dataclass
 class Cycle:
     """One pod's PreFilter results and its Filters, node by node, in the default profile's order
-    (DynamicResources' device search is run by the caller on the nodes this passes; a node that
-    only NodeDeclaredFeatures refuses is named by DynamicResources when its devices do not fit
-    either, `placing` asks).
+    (DynamicResources' device search is run by the caller on the nodes this passes; where the
+    devices do not fit a node that only NodeDeclaredFeatures refuses, `placing` names the devices).
 
     `node_local` is node_fit for the pod on a node; the caller may answer it from a cache."""
 
