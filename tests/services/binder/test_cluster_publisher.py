@@ -132,6 +132,16 @@ async def _gated_publisher(*, fail_next: bool = False, coalesce_seconds: float =
         task.cancel()
 
 
+@pytest.mark.parametrize("coalesce_seconds", [0.0, 0.05])
+async def test_the_keys_waited_on_are_not_kept_once_written(coalesce_seconds):
+    async with _gated_publisher(coalesce_seconds=coalesce_seconds) as (publisher, bucket):
+        bucket.gate.set()
+        for i in range(50):
+            publisher.offer(_node(f"n{i}"))
+            await publisher.revision_of([f"node.n{i}"], timeout=2.0)
+        assert not publisher.urgent_keys
+
+
 async def test_synced_is_written_last_even_when_waited_on():
     async with _gated_publisher(coalesce_seconds=0.2) as (publisher, bucket):
         bucket.gate.set()
