@@ -51,6 +51,15 @@ Key = tuple[str, str]
 WAIT_POLL_SECONDS = 1.0
 
 
+
+def _keep_by_name(store: dict, kind: str, obj) -> None:
+    """A cluster-scoped object kept by name as its watch reports it (gone when DELETED)."""
+    name = obj.metadata.name or ""
+    if kind == "DELETED":
+        store.pop(name, None)
+    else:
+        store[name] = obj
+
 class VolumeBinder:
     def __init__(self, kube: KubeClient, *, bind_timeout: float,
                  wake_pods: Callable[[list[Key]], None], wake_all: Callable[[], None],
@@ -130,31 +139,19 @@ class VolumeBinder:
         self._wake_pods(sorted(self.pods_by_claim.get((namespace, name), ())))
 
     def _on_volume(self, kind: str, volume: PersistentVolume) -> None:
-        if kind == "DELETED":
-            self.volumes.pop(volume.metadata.name or "", None)
-        else:
-            self.volumes[volume.metadata.name or ""] = volume
+        _keep_by_name(self.volumes, kind, volume)
         self._wake_all()
 
     def _on_class(self, kind: str, storage_class: StorageClass) -> None:
-        if kind == "DELETED":
-            self.classes.pop(storage_class.metadata.name or "", None)
-        else:
-            self.classes[storage_class.metadata.name or ""] = storage_class
+        _keep_by_name(self.classes, kind, storage_class)
         self._wake_all()
 
     def _on_csinode(self, kind: str, csinode: CSINode) -> None:
-        if kind == "DELETED":
-            self.csinodes.pop(csinode.metadata.name or "", None)
-        else:
-            self.csinodes[csinode.metadata.name or ""] = csinode
+        _keep_by_name(self.csinodes, kind, csinode)
         self._wake_all()  # a raised limit or a newly registered driver may fit any pod
 
     def _on_csidriver(self, kind: str, driver: CSIDriver) -> None:
-        if kind == "DELETED":
-            self.csidrivers.pop(driver.metadata.name or "", None)
-        else:
-            self.csidrivers[driver.metadata.name or ""] = driver
+        _keep_by_name(self.csidrivers, kind, driver)
         self._wake_all()
 
     def _on_attachment(self, kind: str, attachment: VolumeAttachment) -> None:

@@ -1,4 +1,6 @@
 import asyncio
+import contextlib
+import json
 
 import pytest
 
@@ -16,6 +18,46 @@ def _claim(name, namespace):
             resource.DeviceRequest(name="gpu", exactly=resource.ExactDeviceRequest(device_class_name="gpu.example.com"))
         ])),
     )
+
+
+def _chunk(data: bytes) -> bytes:
+    return b"%x\r\n%s\r\n" % (len(data), data)
+
+
+@contextlib.asynccontextmanager
+async def _in_process_apiserver(listing: bytes, watch):
+    """A real HTTP server in the test process standing in for kube-apiserver: a list answers
+    `listing`, a watch gets its chunked response header and is then handed to
+    `watch(reader, writer, watch_number)`. Yields (a KubeClient on it, the list request lines,
+    the watch request lines)."""
+    from kubernetes_asyncio import client as k8s_client
+
+    from draplane.kube import KubeClient
+
+    lists, watches = [], []
+
+    async def apiserver(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        request_line = (await reader.readuntil(b"\r\n\r\n")).decode().split("\r\n")[0]
+        if "watch=true" not in request_line:
+            lists.append(request_line)
+            writer.write(b"HTTP/1.1 200 OK\r\nContent-Type: application/json\r\nContent-Length: %d\r\n\r\n%s"
+                         % (len(listing), listing))
+            await writer.drain()
+            writer.close()
+            return
+        watches.append(request_line)
+        writer.write(b"HTTP/1.1 200 OK\r\nContent-Type: application/json\r\nTransfer-Encoding: chunked\r\n\r\n")
+        await watch(reader, writer, len(watches))
+
+    server = await asyncio.start_server(apiserver, "127.0.0.1", 0)
+    configuration = k8s_client.Configuration()
+    configuration.host = f"http://127.0.0.1:{server.sockets[0].getsockname()[1]}"
+    try:
+        async with KubeClient(k8s_client.ApiClient(configuration)) as kube:
+            yield kube, lists, watches
+    finally:
+        server.close()
+        await server.wait_closed()
 
 
 async def _next(stream, want_type, timeout=15):
@@ -109,11 +151,6 @@ async def test_a_watch_the_apiserver_drops_mid_stream_resumes_where_it_was():
     not an OSError). The watcher must watch again from the last version it saw, without ending:
     found by bench/chaos.py, whose watches ended at the first apiserver restart. A real HTTP
     server here, in the test process, that hangs up on the first watch after one event."""
-    import json
-
-    from kubernetes_asyncio import client as k8s_client
-
-    from draplane.kube import KubeClient
 
     def claim_json(name: str, version: str) -> bytes:
         return json.dumps({"apiVersion": "resource.k8s.io/v1", "kind": "ResourceClaim",
@@ -122,50 +159,29 @@ async def test_a_watch_the_apiserver_drops_mid_stream_resumes_where_it_was():
 
     listing = json.dumps({"kind": "ResourceClaimList", "apiVersion": "resource.k8s.io/v1",
                           "metadata": {"resourceVersion": "5"}, "items": []}).encode()
-    lists, watches = [], []
 
-    def chunk(data: bytes) -> bytes:
-        return b"%x\r\n%s\r\n" % (len(data), data)
-
-    async def apiserver(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
-        request_line = (await reader.readuntil(b"\r\n\r\n")).decode().split("\r\n")[0]
-        if "watch=true" not in request_line:
-            lists.append(request_line)
-            writer.write(b"HTTP/1.1 200 OK\r\nContent-Type: application/json\r\nContent-Length: %d\r\n\r\n%s"
-                         % (len(listing), listing))
-            await writer.drain()
-            writer.close()
-            return
-        watches.append(request_line)
-        writer.write(b"HTTP/1.1 200 OK\r\nContent-Type: application/json\r\nTransfer-Encoding: chunked\r\n\r\n")
-        name, version = ("a", "6") if len(watches) == 1 else ("b", "7")
-        writer.write(chunk(b'{"type":"ADDED","object":%s}\n' % claim_json(name, version)))
+    async def watch(reader: asyncio.StreamReader, writer: asyncio.StreamWriter, number: int) -> None:
+        name, version = ("a", "6") if number == 1 else ("b", "7")
+        writer.write(_chunk(b'{"type":"ADDED","object":%s}\n' % claim_json(name, version)))
         await writer.drain()
-        if len(watches) == 1:
+        if number == 1:
             await asyncio.sleep(0.1)
             writer.transport.abort()  # the stream ends without its last chunk
         else:
             await reader.read()  # open until the client goes
 
-    server = await asyncio.start_server(apiserver, "127.0.0.1", 0)
-    configuration = k8s_client.Configuration()
-    configuration.host = f"http://127.0.0.1:{server.sockets[0].getsockname()[1]}"
-    try:
-        async with KubeClient(k8s_client.ApiClient(configuration)) as kube:
-            stream = watch_objects(kube, resource.ResourceClaim, "ns")
-            seen = []
+    async with _in_process_apiserver(listing, watch) as (kube, lists, watches):
+        stream = watch_objects(kube, resource.ResourceClaim, "ns")
+        seen = []
 
-            async def until_b():
-                async for event in stream:
-                    seen.append((event.type, event.object.metadata.name if event.object else None))
-                    if seen[-1] == ("ADDED", "b"):
-                        return
+        async def until_b():
+            async for event in stream:
+                seen.append((event.type, event.object.metadata.name if event.object else None))
+                if seen[-1] == ("ADDED", "b"):
+                    return
 
-            await asyncio.wait_for(until_b(), 10)
-            await stream.aclose()
-    finally:
-        server.close()
-        await server.wait_closed()
+        await asyncio.wait_for(until_b(), 10)
+        await stream.aclose()
     assert seen == [("SYNCED", None), ("ADDED", "a"), ("ADDED", "b")]
     assert len(lists) == 1, "a broken stream is resumed, not listed again"
     assert "resourceVersion=6" in watches[1]
@@ -176,12 +192,7 @@ async def test_an_object_that_does_not_decode_is_left_out_named_and_the_watch_go
     restarts listed it again and again: the binder never became ready. One object that draplane's
     model cannot hold is now left out with an error naming it and the field, in the list and in
     the watch; every other object still comes, and the watch does not restart."""
-    import json
-
-    from kubernetes_asyncio import client as k8s_client
-
     from draplane.api.storage import CSINode
-    from draplane.kube import KubeClient
 
     def csinode(name: str, version: str, drivers) -> dict:
         return {"apiVersion": "storage.k8s.io/v1", "kind": "CSINode",
@@ -189,49 +200,28 @@ async def test_an_object_that_does_not_decode_is_left_out_named_and_the_watch_go
 
     listing = json.dumps({"kind": "CSINodeList", "apiVersion": "storage.k8s.io/v1", "metadata": {"resourceVersion": "5"},
                           "items": [csinode("good", "3", None), csinode("bad", "4", "not-a-list")]}).encode()
-    lists, watches = [], []
 
-    def chunk(data: bytes) -> bytes:
-        return b"%x\r\n%s\r\n" % (len(data), data)
-
-    async def apiserver(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
-        request_line = (await reader.readuntil(b"\r\n\r\n")).decode().split("\r\n")[0]
-        if "watch=true" not in request_line:
-            lists.append(request_line)
-            writer.write(b"HTTP/1.1 200 OK\r\nContent-Type: application/json\r\nContent-Length: %d\r\n\r\n%s"
-                         % (len(listing), listing))
-            await writer.drain()
-            writer.close()
-            return
-        watches.append(request_line)
-        writer.write(b"HTTP/1.1 200 OK\r\nContent-Type: application/json\r\nTransfer-Encoding: chunked\r\n\r\n")
+    async def watch(reader: asyncio.StreamReader, writer: asyncio.StreamWriter, number: int) -> None:
         for name, version, drivers in (("worse", "6", {"a": 1}), ("later", "7", [{"name": "x.example.com"}]),
                                        ("good", "8", "no longer a list")):
             event = json.dumps({"type": "ADDED", "object": csinode(name, version, drivers)}).encode()
-            writer.write(chunk(event + b"\n"))
+            writer.write(_chunk(event + b"\n"))
         await writer.drain()
         await reader.read()  # open until the client goes
 
-    server = await asyncio.start_server(apiserver, "127.0.0.1", 0)
-    configuration = k8s_client.Configuration()
-    configuration.host = f"http://127.0.0.1:{server.sockets[0].getsockname()[1]}"
     caplog.set_level("ERROR", logger="draplane.kube.watching")
-    try:
-        async with KubeClient(k8s_client.ApiClient(configuration)) as kube:
-            stream = watch_objects(kube, CSINode)
-            seen = []
+    async with _in_process_apiserver(listing, watch) as (kube, lists, watches):
+        stream = watch_objects(kube, CSINode)
+        seen = []
 
-            async def until_good_goes():
-                async for event in stream:
-                    seen.append((event.type, event.object.metadata.name if event.object else None))
-                    if seen[-1] == ("DELETED", "good"):
-                        return
+        async def until_good_goes():
+            async for event in stream:
+                seen.append((event.type, event.object.metadata.name if event.object else None))
+                if seen[-1] == ("DELETED", "good"):
+                    return
 
-            await asyncio.wait_for(until_good_goes(), 10)
-            await stream.aclose()
-    finally:
-        server.close()
-        await server.wait_closed()
+        await asyncio.wait_for(until_good_goes(), 10)
+        await stream.aclose()
     # "good", modified into a shape draplane cannot hold, is gone for the consumer: not kept stale
     assert seen == [("ADDED", "good"), ("SYNCED", None), ("ADDED", "later"), ("DELETED", "good")]
     assert len(lists) == 1 and len(watches) == 1, "nothing was listed or watched again"

@@ -5,6 +5,7 @@ import time
 from draplane.allocation.gang import GangUnplaceable
 from draplane.scheduling import reservations as rv
 from draplane.simulation import scenario
+from scheduling_builders import bind_where_placed
 from draplane.scheduling.gang_placing import GangPlaced, place_gang_members
 from draplane.scheduling.gangs import GangSpec
 from draplane.scheduling.placing import SchedulingState, Placed
@@ -62,7 +63,6 @@ def test_two_8_by_8_gangs_on_12_nodes_one_placed_the_other_refused_whole():
 
 # --- preemption for a whole gang -----------------------------------------------------------------------
 
-from draplane.api.resource import ResourceClaimConsumerReference, ResourceClaimStatus  # noqa: E402
 from draplane.scheduling.gang_placing import gang_preemption_for  # noqa: E402
 from draplane.scheduling.preemption import GangPreemptionPlan, NoPreemption  # noqa: E402
 
@@ -77,13 +77,7 @@ def full_state(nodes: int, *, priority: int = 0) -> SchedulingState:
             claim = with_uid(scenario.claim("ns", f"{name}-gpu", "gpu.nvidia.com"), f"cuid-{name}")
             pod = with_uid(scenario.pod("ns", name, claim_name=claim.metadata.name), f"puid-{name}")
             pod.spec.priority = priority
-            placed = state.place_pod(pod, [claim])
-            assert isinstance(placed, Placed) and placed.node == node, placed
-            claim.status = ResourceClaimStatus(allocation=placed.allocations[claim.metadata.uid], reserved_for=[
-                ResourceClaimConsumerReference(resource="pods", name=name, uid=pod.metadata.uid)])
-            state.set_claim(claim)
-            pod.spec.node_name = node
-            state.set_pod(pod)
+            bind_where_placed(state, pod, claim, node)
     return state
 
 

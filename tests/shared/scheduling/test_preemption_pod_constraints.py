@@ -9,10 +9,10 @@ import msgspec
 
 from draplane.api.core import Affinity, ContainerPort, NodeSpec, TopologySpreadConstraint
 from draplane.api.policy import LabelSelector
-from draplane.api.resource import ResourceClaimConsumerReference, ResourceClaimStatus
-from draplane.scheduling.placing import NotPlaced, Placed, SchedulingState
+from draplane.scheduling.placing import NotPlaced, SchedulingState
 from draplane.scheduling.preemption import NoPreemption, PreemptionPlan
 from draplane.simulation import scenario
+from scheduling_builders import bind_where_placed
 
 ZONE = "topology.kubernetes.io/zone"
 
@@ -44,13 +44,7 @@ def run(state: SchedulingState, name: str, node: str, *, priority: int = 0, labe
         pod.spec.containers[0].ports = [ContainerPort(container_port=80, host_port=port)]
     if anti_affinity_to is not None:
         pod.spec.affinity = anti_affinity(anti_affinity_to)
-    placed = state.place_pod(pod, [claim])
-    assert isinstance(placed, Placed) and placed.node == node, placed
-    claim.status = ResourceClaimStatus(allocation=placed.allocations[claim.metadata.uid], reserved_for=[
-        ResourceClaimConsumerReference(resource="pods", name=name, uid=pod.metadata.uid)])
-    state.set_claim(claim)
-    pod.spec.node_name = node
-    state.set_pod(pod)
+    bind_where_placed(state, pod, claim, node)
 
 
 def anti_affinity(app: str, key: str = "kubernetes.io/hostname") -> Affinity:
