@@ -391,15 +391,16 @@ async def test_a_pod_that_restarts_all_its_containers_waits_for_a_node_that_decl
     """A container restart rule that restarts all containers (beta in 1.37) needs a kubelet that
     declares RestartAllContainersOnContainerExits in the node's status.declaredFeatures
     (NodeDeclaredFeatures, GA in 1.37). No node declares it: the pod waits with kube-scheduler's
-    reason, its claim unallocated. Once one node's kubelet declares it, the pod binds there."""
+    reason, its claim for two GPUs unallocated. Once one node's kubelet declares it, the pod binds
+    there with both GPUs of that node."""
     class_name, nodes = await gpu_cluster(scheduling, kube, nodes=3)
     await scheduling.start(shards=shards)
-    pod = pod_yaml(namespace, "restarter", scheduling.scheduler_name, template="one-gpu").replace(
+    pod = pod_yaml(namespace, "restarter", scheduling.scheduler_name, claim="two-gpus").replace(
         "        claims: [{name: devices}]",
         "        claims: [{name: devices}]\n"
         "      restartPolicy: Never\n"
         "      restartPolicyRules: [{action: RestartAllContainers, exitCodes: {operator: In, values: [42]}}]")
-    await kubectl.apply(one_gpu_template_yaml(namespace, class_name) + "---" + pod.replace(
+    await kubectl.apply(claim_yaml(namespace, "two-gpus", class_name, count=2) + "---" + pod.replace(
         "spec:\n  schedulerName", "spec:\n  restartPolicy: Never\n  schedulerName", 1))
     message = await wait_unschedulable(scheduling, kubectl, namespace, "restarter", "required features")
     # the suite's other tests' nodes are tainted away from this one's pods
@@ -412,6 +413,8 @@ async def test_a_pod_that_restarts_all_its_containers_waits_for_a_node_that_decl
                   json.dumps({"status": {"declaredFeatures": ["RestartAllContainersOnContainerExits"]}}))
     bound = await wait_bound(scheduling, kubectl, namespace, "restarter")
     assert bound["spec"]["nodeName"] == nodes[2]
+    results = await claim_results(kubectl, namespace, "two-gpus")
+    assert len({r["device"] for r in results}) == 2 and all(r["pool"] == nodes[2] for r in results)
     no_races_or_errors(scheduling)
 
 
