@@ -7,8 +7,16 @@ from typing import Any
 import msgspec
 
 
-class Base(msgspec.Struct, rename="camel", omit_defaults=True, kw_only=True):
-    """All API structs: camelCase on the wire, unset fields left out so the apiserver defaults them."""
+class Base(msgspec.Struct, rename="camel", omit_defaults=True, kw_only=True, gc=False):
+    """All API structs: camelCase on the wire, unset fields left out so the apiserver defaults them.
+
+    Not tracked by the cycle collector (gc=False): an API object is a tree of values and never
+    refers back to itself, so reference counting frees it. The services hold every object they
+    watch and decode more at each event, and every collection walked them all again: a shard dealt
+    no pod (bench/e2e.py --follower, 4,000 pods) held 205,000 tracked objects and spent 0.35 s in
+    the collector; with the API structs untracked 107,000 and 0.17 s. Nothing may store an object
+    inside itself, or anything that refers back to it (a cycle through an untracked struct is
+    never collected)."""
 
 
 class OwnerReference(Base, kw_only=True):

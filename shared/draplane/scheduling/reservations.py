@@ -44,7 +44,9 @@ class ReservationConflict(Exception):
     """The node entry already gives one of these devices to another claim."""
 
 
-class ReservedDevice(msgspec.Struct, frozen=True, array_like=True):
+# The entries' structs are untracked by the cycle collector, as the API's (draplane.api.meta.Base):
+# trees of values, held for every node by every shard and the binder.
+class ReservedDevice(msgspec.Struct, frozen=True, array_like=True, gc=False):
     driver: str
     pool: str
     device: str
@@ -67,7 +69,7 @@ def same_devices(a: Iterable[ReservedDevice], b: Iterable[ReservedDevice]) -> bo
     return Counter(a) == Counter(b)
 
 
-class Reservation(msgspec.Struct, kw_only=True):
+class Reservation(msgspec.Struct, kw_only=True, gc=False):
     claim_uid: str
     claim_namespace: str
     claim_name: str
@@ -85,7 +87,7 @@ class Reservation(msgspec.Struct, kw_only=True):
         return self.expires_at is None
 
 
-class PodReservation(msgspec.Struct, kw_only=True):
+class PodReservation(msgspec.Struct, kw_only=True, gc=False):
     pod_uid: str
     pod_namespace: str
     pod_name: str
@@ -104,7 +106,7 @@ class PodReservation(msgspec.Struct, kw_only=True):
     anti_affinity: list[PodAffinityTerm] | None = None
 
 
-class NodeReservations(msgspec.Struct, kw_only=True):
+class NodeReservations(msgspec.Struct, kw_only=True, gc=False):
     version: int = SCHEMA_VERSION
     node: str
     claims: dict[str, Reservation] = msgspec.field(default_factory=dict)
