@@ -67,6 +67,9 @@ class ShardView:
         self.synced = {k: asyncio.Event() for k in ("cluster", "feed")}
         # the cluster bucket: key -> the object it holds (what a delete marker deletes)
         self.bucket_objects: dict[str, object] = {}
+        # claim uid -> the bucket revision of the value held (a PendingPod's snapshot of the claim
+        # gives way to it when it is that revision or later: ClaimSnapshot)
+        self.claim_revisions: dict[str, int] = {}
         self.cluster_revision = 0  # the last revision of the bucket taken in
         self._cluster_replayed = False  # past the entries the bucket held when the watch started
         self._cluster_filled_by: str | None = None  # the binder whose SYNCED_KEY is in the bucket
@@ -135,7 +138,7 @@ class ShardView:
                     continue
                 if replayed is not None:
                     replayed.add(update.key)
-                self.take_cluster_entry(update.key, streams.entry_value(update))
+                self.take_cluster_entry(update.key, streams.entry_value(update), update.revision or 0)
                 self.cluster_revision = max(self.cluster_revision, update.revision or 0)
                 if self._revision_waiters:
                     async with self._cluster_moved:
@@ -149,7 +152,7 @@ class ShardView:
                           self.index, self._cluster_filled_by, len(self.bucket_objects))
             self.synced["cluster"].set()
 
-    def take_cluster_entry(self, key: str, value: bytes | None) -> None:
+    def take_cluster_entry(self, key: str, value: bytes | None, revision: int = 0) -> None:
         if key in (cluster_feed.SYNCED_KEY, cluster_feed.HEARTBEAT_KEY):
             if value is None:
                 return
@@ -167,6 +170,8 @@ class ShardView:
         if value is None:
             obj = self.bucket_objects.pop(key, None)
             if obj is not None:
+                if type(obj) is ResourceClaim:
+                    self.claim_revisions.pop(obj.metadata.uid or "", None)
                 self._handlers[type(obj)](obj, True)
             return
         try:
@@ -176,6 +181,8 @@ class ShardView:
             self.log.error("shard %d: unreadable cluster bucket entry: %s", self.index, exc)
             return
         self.bucket_objects[key] = obj
+        if type(obj) is ResourceClaim:
+            self.claim_revisions[obj.metadata.uid or ""] = revision
         self._handlers[type(obj)](obj, False)
 
     async def _caught_up(self, revision: int) -> None:
@@ -317,12 +324,19 @@ class ShardView:
         try:
             await self._caught_up(pending.cluster_revision)
         except asyncio.TimeoutError:
-            raise TimeoutError(f"the cluster bucket did not reach revision {pending.cluster_revision} (the pod's "
-                               f"claims) within {CLUSTER_CATCH_UP_SECONDS:.0f} s; this shard is at "
+            raise TimeoutError(f"the cluster bucket did not reach revision {pending.cluster_revision} (what the "
+                               f"pod's placing reads there) within {CLUSTER_CATCH_UP_SECONDS:.0f} s; this shard is at "
                                f"{self.cluster_revision}") from None
+        snapshots = {s.claim.metadata.uid: s for s in pending.claim_snapshots or ()}
         claims = []
         for ref in pending.claims:
             claim = self.state.claims.get(ref.uid)
+            snapshot = snapshots.get(ref.uid)
+            if snapshot is not None and (claim is None or self.claim_revisions.get(ref.uid, 0) < snapshot.revision
+                                         or snapshot.revision == 0):
+                # The binder's copy is newer than this shard's (or its write is still on its
+                # way): this shard's copy is taken only from the snapshot's revision on.
+                claim = snapshot.claim
             if claim is None:
                 self.log.info("shard %d: pod %s: resourceclaim %s/%s (uid %s) is not in the cluster bucket: it was "
                               "deleted; the binder sends the pod again once its claims exist", self.index,

@@ -12,6 +12,13 @@ on each one that arrives alone (bench/nats_receive.py: 64-75 us a lone bucket me
 9-11 in bursts). A key asked for by `revision_of` (a PendingPod waits on it) is written at once,
 alone, so the gathering never lengthens a pod's path to its shard; the rest keep gathering.
 
+A claim new to the bucket and not allocated is held back up to `new_claim_hold_seconds` (once the
+bucket is synced): the binder has just made it for a pod whose PendingPod carries it, so no shard
+waits for it, and its allocation usually comes within the hold and is the one value written. That
+is one message fewer per pod for every shard. A claim held back has no devices, so leaving it out
+cannot make a shard take devices as free that are not: it does not hold the heartbeat back. A key
+asked for by `revision_of` is not held.
+
 After a restart the binder first reads the bucket back (`load`), so that objects unchanged since
 are not written again. Each time a watch lists (at start, and again after it failed), keys of its
 kind it did not offer are of objects gone while it did not watch, and are deleted (`listed`). Once
@@ -46,14 +53,23 @@ DELETE_MARKER_TTL_SECONDS = 600.0
 # How long offers gather before a round of writes (see the module's doc); a measured choice, see
 # bench/shard_model.py --feed-coalesce-ms.
 COALESCE_SECONDS = 0.010
+# How long a new claim that is not allocated waits for its allocation before it is written as it is
+# (see the module's doc). Long: under a burst of pods the binder makes their claims well before the
+# shards get to them (bench/e2e.py, 4,000 pods at once: 13 s from creation to binding at the
+# median), and 2 s still wrote 797 of 2,698 claims twice. What reads a pending claim from the bucket
+# meanwhile is the fragmentation gauge's demand shapes, which see a new shape that much later.
+NEW_CLAIM_HOLD_SECONDS = 30.0
 RETRY_INITIAL_SECONDS = 0.2
 RETRY_MAX_SECONDS = 5.0
 
 
 class ClusterPublisher:
     def __init__(self, *, instance: str, kinds: tuple[type, ...] = tuple(feed.PREFIXES),
-                 coalesce_seconds: float = COALESCE_SECONDS):
+                 coalesce_seconds: float = COALESCE_SECONDS, new_claim_hold_seconds: float = NEW_CLAIM_HOLD_SECONDS):
         self.coalesce_seconds = coalesce_seconds
+        self.new_claim_hold_seconds = new_claim_hold_seconds
+        # key -> when (monotonic) its wanted value is written at the latest: new claims not allocated
+        self.held_until: dict[str, float] = {}
         self.kv: KeyValue | None = None  # given by `load`; what is offered before waits for it
         self.instance = instance
         self.published: dict[str, bytes] = {}  # key -> the value the bucket holds
@@ -90,7 +106,7 @@ class ClusterPublisher:
             listing = self.listing.get(type(obj))
             if listing is not None:
                 listing.add(key)
-            self._want(key, feed.encode(obj))
+            self._want(key, feed.encode(obj), hold=self._holds_back(key, obj))
 
     def listing_begins(self, kind: type) -> None:
         """A watch of `kind` (re)starts with a list: what it does not offer before `listed` went
@@ -124,7 +140,18 @@ class ClusterPublisher:
         oldest offer still unwritten (a failing write holds it back)."""
         return feed.encode_synced(feed.Synced(binder=self.instance, at=min([now, *self.unwritten_since.values()])))
 
-    def _want(self, key: str, value: bytes | None) -> None:
+    def _holds_back(self, key: str, obj) -> bool:
+        """A claim new to the bucket and not allocated, once the bucket is synced (see the module's doc)."""
+        return (self.new_claim_hold_seconds > 0 and self.synced and isinstance(obj, feed.ResourceClaim)
+                and (obj.status is None or obj.status.allocation is None)
+                and key not in self.published and key not in self.writing)
+
+    def _want(self, key: str, value: bytes | None, *, hold: bool = False) -> None:
+        if hold:
+            # the first offer starts the hold; a later one of the same unallocated claim keeps it
+            self.held_until.setdefault(key, time.monotonic() + self.new_claim_hold_seconds)
+        else:
+            self.held_until.pop(key, None)
         if key not in self.wanted:
             # What the bucket holds once the write in flight lands (a failed one is queued again
             # in `_write_round`). An object's watch event usually comes while the binder's write of that
@@ -135,7 +162,7 @@ class ClusterPublisher:
                 return  # the bucket holds it already (None == missing: a delete of what is not there)
         self.wanted[key] = value
         self._index(key)
-        if key not in _MARKERS:
+        if key not in _MARKERS and not hold:
             self.unwritten_since.setdefault(key, time.time())
         self._work.set()
 
@@ -173,13 +200,30 @@ class ClusterPublisher:
         if self.kv is None:
             raise RuntimeError("ClusterPublisher.run before load")
         while True:
-            await self._work.wait()
+            try:
+                await asyncio.wait_for(self._work.wait(), self._until_a_hold_ends())
+            except asyncio.TimeoutError:
+                pass  # a held claim is due
             await self._gather_offers()
             self._work.clear()
-            while self.wanted:
-                # SYNCED_KEY last of all: a shard that sees it must find everything before it
-                keys = [k for k in self.wanted if k != feed.SYNCED_KEY] or [feed.SYNCED_KEY]
+            while keys := self._due_keys():
                 await self._write_round(keys[:MAX_PUTS_IN_FLIGHT])
+
+    def _until_a_hold_ends(self) -> float | None:
+        """Seconds until the first held claim is due; None when none is held."""
+        if not self.held_until:
+            return None
+        return max(0.0, min(self.held_until.values()) - time.monotonic())
+
+    def _due_keys(self) -> list[str]:
+        """The wanted keys to write now, in the order offered: those not held back, or whose hold
+        has ended; SYNCED_KEY last of all (a shard that sees it must find everything before it)."""
+        now = time.monotonic()
+        keys = [k for k in self.wanted
+                if k != feed.SYNCED_KEY and (k not in self.held_until or self.held_until[k] <= now)]
+        if keys or feed.SYNCED_KEY not in self.wanted:
+            return keys
+        return [feed.SYNCED_KEY]
 
     async def _gather_offers(self) -> None:
         """Let the offers of the next few ms join one round; keys waited on meanwhile go at once."""
@@ -204,6 +248,7 @@ class ClusterPublisher:
         for key in batch:
             del self.wanted[key]
             self.urgent_keys.discard(key)  # written now, hurried or not
+            self.held_until.pop(key, None)
         self.writing.update(batch)
         results = await asyncio.gather(*(self._write(k, v) for k, v in batch.items()), return_exceptions=True)
         for key in batch:
@@ -250,11 +295,22 @@ class ClusterPublisher:
             if self.synced:
                 self._want(feed.HEARTBEAT_KEY, self.heartbeat_value(time.time()))
 
+    def settled_revision(self, key: str, value: bytes) -> int:
+        """The bucket revision that holds `value` under `key`, when nothing newer is on its way
+        there; 0 otherwise (its write not landed yet, or another value wanted after it)."""
+        if key in self.wanted or key in self.writing or self.published.get(key) != value:
+            return 0
+        return self.revisions.get(key, 0)
+
     async def revision_of(self, keys: list[str], timeout: float = 10.0) -> int:
         """The bucket revision from which a shard sees `keys` as the binder does now (waits for
         their writes in flight). Raises TimeoutError when NATS does not take them in time."""
         # SYNCED_KEY is never hurried: it goes last of all, after the gathering
         waited = [k for k in keys if k in self.wanted and k != feed.SYNCED_KEY]
+        for key in waited:
+            if self.held_until.pop(key, None) is not None:
+                self.unwritten_since.setdefault(key, time.time())
+                self._work.set()
         if waited and self.coalesce_seconds > 0:  # without gathering every key goes at once anyway
             self.urgent_keys.update(waited)
             self._urgent.set()

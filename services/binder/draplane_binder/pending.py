@@ -28,7 +28,10 @@ from draplane.kube import KubeApiError, KubeClient
 from draplane.messages import audit
 from draplane.scheduling import cluster_feed
 from draplane.scheduling import extended_resources as er
-from draplane.scheduling.messages import ClaimRef, PendingPod, PodRef, Subjects, encode_message, partition_key, shard_for
+from draplane.scheduling.messages import (
+    MAX_CLAIM_SNAPSHOT_BYTES, ClaimRef, ClaimSnapshot, PendingPod, PodRef, Subjects, encode_message, partition_key,
+    shard_for,
+)
 from draplane.scheduling.unschedulable import (
     CLAIM_ERROR, CONDITION_REASON, ERROR_CONDITION_REASON, EVENT_REASON, GANG_WAITING, VOLUME_UNBOUND, claim_problem,
     pre_filter_problem,
@@ -298,16 +301,39 @@ class PendingQueue:
                                           reason=VOLUME_UNBOUND)
             return False
 
+    @staticmethod
+    def _snapshots_fit(claims: list[ResourceClaim]) -> bool:
+        """Whether the claims may travel in the PendingPod (MAX_CLAIM_SNAPSHOT_BYTES)."""
+        size = 0
+        for claim in claims:
+            size += len(cluster_feed.encode(claim))
+            if size > MAX_CLAIM_SNAPSHOT_BYTES:
+                return False
+        return True
+
+    def _claim_snapshots(self, namespace: str, claims: list[ResourceClaim]) -> list[ClaimSnapshot]:
+        """The claims as the binder's cache holds them now, each with the bucket revision that holds
+        the same value (0 while its write is on its way)."""
+        snapshots = []
+        for claim in claims:
+            claim = self.cache.claims.get((namespace, claim.metadata.name or ""), claim)
+            key = cluster_feed.key_of(claim)
+            snapshots.append(ClaimSnapshot(claim=cluster_feed.trimmed(claim),
+                                           revision=self.publisher.settled_revision(key, cluster_feed.encode(claim))))
+        return snapshots
+
     async def _publish(self, pod: Pod, claims: list[ResourceClaim], volumes: PodVolumes | None,
                        dra_extended: list[str] | None) -> None:
         namespace, name = key_of(pod)
         uid = pod.metadata.uid or ""
-        # the shard reads the claims from the cluster bucket: from this revision on, it has them
-        keys = [cluster_feed.key_of(c) for c in claims]
+        snapshot = self._snapshots_fit(claims)
+        # What the shard must find in the cluster bucket before it places the pod: the claims when
+        # they travel by reference alone, and a gang member's own pod (the shard must know it exists).
+        keys = [] if snapshot else [cluster_feed.key_of(c) for c in claims]
         if cluster_feed.published_pod(pod):
-            keys.append(cluster_feed.key_of(pod))  # a gang member: the shard must know it exists
+            keys.append(cluster_feed.key_of(pod))
         try:
-            revision = await self.publisher.revision_of(keys)
+            revision = await self.publisher.revision_of(keys) if keys else 0
         except TimeoutError:
             # NATS does not take the writes (its leader moving, the connection down): not the pod's
             # fault, so no condition on it; sent again after the first backoff.
@@ -326,6 +352,7 @@ class PendingQueue:
             spec=pod.spec,
             labels=pod.metadata.labels,
             cluster_revision=revision,
+            claim_snapshots=self._claim_snapshots(namespace, claims) if snapshot else None,
             volumes=volumes,
             dra_extended_resources=dra_extended,
             default_spread=self.spreading.selector_for(pod) if self.spreading is not None else None,

@@ -16,7 +16,7 @@ import msgspec
 
 from draplane.api.core import PodSpec
 from draplane.api.policy import LabelSelector
-from draplane.api.resource import AllocationResult
+from draplane.api.resource import AllocationResult, ResourceClaim
 from draplane.messages.refs import ObjectRef
 from draplane.scheduling.framework.plugins.volume_binding import PodVolumes
 
@@ -33,11 +33,30 @@ PodRef = ObjectRef
 ClaimRef = ObjectRef
 
 
+class ClaimSnapshot(msgspec.Struct, frozen=True, kw_only=True):
+    """One of a pending pod's claims as the binder's cache held it when it sent the pod, trimmed as
+    the cluster bucket trims it (cluster_feed.trimmed), with the bucket revision that holds this
+    very value: 0 when its write had not landed yet. A shard whose own copy of the claim comes from
+    that revision or a later one takes its own (it may be newer); otherwise the snapshot."""
+
+    claim: ResourceClaim
+    revision: int = 0
+
+
+# The claim snapshots a PendingPod carries at most, encoded: a pod with more (dozens of claims, or
+# claims with long CEL selectors) is sent with references alone, and the shard waits for its
+# claims in the cluster bucket instead (`cluster_revision`).
+MAX_CLAIM_SNAPSHOT_BYTES = 64 * 1024
+
+
 class PendingPod(msgspec.Struct, tag="pending", kw_only=True):
     """A pod whose claims all exist and which needs a node and devices.
 
-    The claims travel by reference: each shard follows every claim in the cluster bucket (it must,
-    to know what other schedulers allocated), so the body stays small and never goes stale.
+    The claims travel by reference (`claims`) and, unless they are large, as snapshots too
+    (`claim_snapshots`): the shard places the pod at once, rather than waiting for the cluster
+    bucket to hold claims the binder has just created (each shard follows every claim there, and a
+    write hurried for one pod reaches every shard alone, at several times the cost of one in a
+    gathered round: bench/nats_receive.py).
     """
 
     version: int = SCHEMA_VERSION
@@ -53,10 +72,14 @@ class PendingPod(msgspec.Struct, tag="pending", kw_only=True):
     spec: PodSpec | None = None
     # The pod's labels: other pods' (anti-)affinity terms select it by them. None from an older binder.
     labels: dict[str, str] | None = None
-    # The cluster bucket's revision once the pod's claims were in it (draplane.scheduling
-    # .cluster_feed): a shard whose watch of the bucket is behind that waits for it, rather than
-    # take a claim it has not heard of yet for one that does not exist. 0 from an older binder.
+    # The cluster bucket's revision once what the shard must read from it was in it
+    # (draplane.scheduling.cluster_feed): the pod's claims when they travel by reference alone, a
+    # gang member's own pod. A shard whose watch of the bucket is behind that waits for it, rather
+    # than take an object it has not heard of yet for one that does not exist. 0: nothing to wait for.
     cluster_revision: int = 0
+    # The pod's claims (`claims`' order); None when they travel by reference alone (too large for
+    # the message, or an older binder).
+    claim_snapshots: list[ClaimSnapshot] | None = None
     # What the binder's VolumeBinding PreFilter found of the pod's PersistentVolumeClaims: the
     # shard's Filter reads it per node (draplane.scheduling.framework.plugins.volume_binding). None: no claims, or
     # an older binder.

@@ -6,10 +6,15 @@ from __future__ import annotations
 import logging
 from types import SimpleNamespace
 
+from draplane.api.core import PodSpec
 from draplane.api.meta import ObjectMeta
-from draplane.api.resource import DeviceTaint, DeviceTaintRule, DeviceTaintRuleSpec, DeviceTaintSelector
+from draplane.api.resource import (
+    AllocationResult, DeviceAllocationResult, DeviceClaim, DeviceRequest, DeviceRequestAllocationResult, DeviceTaint,
+    DeviceTaintRule, DeviceTaintRuleSpec, DeviceTaintSelector, ExactDeviceRequest, ResourceClaim, ResourceClaimSpec,
+    ResourceClaimStatus,
+)
 from draplane.scheduling import cluster_feed
-from draplane.scheduling.messages import Subjects
+from draplane.scheduling.messages import ClaimRef, ClaimSnapshot, PendingPod, PodRef, Subjects
 from draplane.messages.inventory import InventoryNames
 from draplane_allocator import view as view_module
 from draplane_allocator.metrics import AllocatorMetrics
@@ -101,3 +106,61 @@ async def test_an_unreadable_entry_is_skipped_and_counted(monkeypatch, caplog):
     await view._watch_cluster()
     assert _rules(view) == {"good"}
     assert "unreadable cluster bucket entry" in caplog.text
+
+
+# --- a PendingPod's claim snapshots against the view's own copies ------------------------------------
+
+def _claim(uid: str, *, allocated_on: str | None = None) -> ResourceClaim:
+    allocation = None
+    if allocated_on is not None:
+        allocation = AllocationResult(devices=DeviceAllocationResult(results=[DeviceRequestAllocationResult(
+            request="gpu", driver="gpu.example.com", pool=allocated_on, device="gpu-0")]))
+    return ResourceClaim(metadata=ObjectMeta(namespace="ns", name=f"claim-{uid}", uid=uid),
+                         spec=ResourceClaimSpec(devices=DeviceClaim(requests=[DeviceRequest(
+                             name="gpu", exactly=ExactDeviceRequest(device_class_name="gpu.example.com"))])),
+                         status=ResourceClaimStatus(allocation=allocation) if allocation else None)
+
+
+def _pending(*snapshots: ClaimSnapshot | ResourceClaim) -> PendingPod:
+    claims = [s.claim if isinstance(s, ClaimSnapshot) else s for s in snapshots]
+    return PendingPod(pod=PodRef(namespace="ns", name="web", uid="pod-1"), first_seen=0.0, spec=PodSpec(),
+                      claims=[ClaimRef(namespace="ns", name=c.metadata.name, uid=c.metadata.uid) for c in claims],
+                      claim_snapshots=[s for s in snapshots if isinstance(s, ClaimSnapshot)] or None)
+
+
+def _node_of(claim: ResourceClaim) -> str | None:
+    return claim.status.allocation.devices.results[0].pool if claim.status and claim.status.allocation else None
+
+
+async def test_a_claim_the_view_has_not_heard_of_is_placed_from_its_snapshot(monkeypatch):
+    view, _ = _view(monkeypatch, [[_synced(1)]])
+    await view._watch_cluster()
+    # the binder has just made it: its write to the bucket is on its way (revision 0)
+    item = await view.to_place(_pending(ClaimSnapshot(claim=_claim("c1"), revision=0)))
+    assert [c.metadata.uid for c in item.claims] == ["c1"]
+
+
+async def test_the_views_copy_wins_from_the_snapshots_revision_on(monkeypatch):
+    view, _ = _view(monkeypatch, [[_synced(1), _put(_claim("c1"), 5)]])
+    await view._watch_cluster()
+    # allocated for another pod (a shared claim) after the binder sent this one: revision 7 > 5
+    view.take_cluster_entry(cluster_feed.key_of(_claim("c1")), cluster_feed.encode(_claim("c1", allocated_on="n2")), 7)
+    item = await view.to_place(_pending(ClaimSnapshot(claim=_claim("c1"), revision=5)))
+    assert _node_of(item.claims[0]) == "n2"
+
+
+async def test_a_snapshot_newer_than_the_view_wins(monkeypatch):
+    view, _ = _view(monkeypatch, [[_synced(1), _put(_claim("c1", allocated_on="old"), 5)]])
+    await view._watch_cluster()
+    # the binder saw it deallocated (revision 9, or still on its way): this shard is behind
+    for revision in (9, 0):
+        item = await view.to_place(_pending(ClaimSnapshot(claim=_claim("c1"), revision=revision)))
+        assert _node_of(item.claims[0]) is None, revision
+
+
+async def test_a_pod_whose_claims_travel_by_reference_waits_for_the_bucket(monkeypatch):
+    view, _ = _view(monkeypatch, [[_synced(1), _put(_claim("c1", allocated_on="n1"), 3)]])
+    await view._watch_cluster()
+    item = await view.to_place(_pending(_claim("c1")))  # an older binder, or claims too large to carry
+    assert _node_of(item.claims[0]) == "n1"
+    assert await view.to_place(_pending(_claim("gone"))) is None  # not in the bucket: deleted

@@ -4,13 +4,17 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import time
 
 from nats.js.errors import KeyNotFoundError
 import pytest
 
 from draplane.api.core import Node, NodeStatus, Pod, PodSpec
 from draplane.api.meta import Condition, ObjectMeta
-from draplane.api.resource import DeviceClass, ResourceClaim
+from draplane.api.resource import (
+    AllocationResult, DeviceAllocationResult, DeviceClass, DeviceRequestAllocationResult, ResourceClaim,
+    ResourceClaimStatus,
+)
 from draplane.jetstream import streams
 from draplane.scheduling import cluster_feed
 from draplane.scheduling.messages import Subjects
@@ -119,11 +123,13 @@ async def _until(condition, timeout: float = 2.0) -> None:
 
 
 @contextlib.asynccontextmanager
-async def _gated_publisher(*, fail_next: bool = False, coalesce_seconds: float = 0.005):
-    """A publisher of nodes running against a _GatedBucket: (publisher, bucket)."""
+async def _gated_publisher(*, fail_next: bool = False, coalesce_seconds: float = 0.005,
+                           new_claim_hold_seconds: float = 2.0, kinds: tuple[type, ...] = (Node,)):
+    """A publisher of `kinds` running against a _GatedBucket: (publisher, bucket)."""
     bucket = _GatedBucket()
     bucket.fail_next = fail_next
-    publisher = ClusterPublisher(instance="x", kinds=(Node,), coalesce_seconds=coalesce_seconds)
+    publisher = ClusterPublisher(instance="x", kinds=kinds, coalesce_seconds=coalesce_seconds,
+                                 new_claim_hold_seconds=new_claim_hold_seconds)
     publisher.kv = bucket
     task = asyncio.create_task(publisher.run())
     try:
@@ -257,3 +263,80 @@ async def test_a_relist_sweeps_its_own_kind_by_an_index_that_forgets_deleted_key
         assert [p for p in bucket.puts if p[1] is None] == [("node.b", None), ("node.c", None)]
         assert set(publisher.keys_by_prefix["node"]) == {"node.a"}
         assert len(publisher.keys_by_prefix["pod"]) == 1000
+
+
+CLAIMS = (Node, ResourceClaim)
+
+
+def _claim(uid: str, *, allocated: bool = False) -> ResourceClaim:
+    status = ResourceClaimStatus(allocation=AllocationResult(devices=DeviceAllocationResult(results=[
+        DeviceRequestAllocationResult(request="gpu", driver="gpu.example.com", pool="n1", device="gpu-0")])))
+    return ResourceClaim(metadata=ObjectMeta(namespace="ns", name=f"c-{uid}", uid=uid),
+                         status=status if allocated else None)
+
+
+async def _synced(publisher: ClusterPublisher) -> None:
+    publisher.listing_begins(Node)
+    publisher.listing_begins(ResourceClaim)
+    publisher.listed(Node)
+    publisher.listed(ResourceClaim)
+    await publisher.revision_of([cluster_feed.SYNCED_KEY], timeout=2.0)
+
+
+async def test_a_new_claim_allocated_within_its_hold_is_written_once_allocated():
+    async with _gated_publisher(new_claim_hold_seconds=30.0, kinds=CLAIMS) as (publisher, bucket):
+        bucket.gate.set()
+        await _synced(publisher)
+        publisher.offer(_claim("c1"))  # the binder made it for a pod: no devices yet
+        publisher.offer(_node("a"))
+        await _until(lambda: [k for k, _ in bucket.puts][-1:] == ["node.a"])
+        assert "claim.c1" in publisher.wanted  # held back while the node went out
+        publisher.offer(_claim("c1", allocated=True))
+        await publisher.revision_of(["claim.c1"], timeout=2.0)
+        assert [v for k, v in bucket.puts if k == "claim.c1"] == [cluster_feed.encode(_claim("c1", allocated=True))]
+
+
+async def test_a_held_claim_does_not_hold_the_heartbeat_back():
+    async with _gated_publisher(new_claim_hold_seconds=30.0, kinds=CLAIMS) as (publisher, bucket):
+        bucket.gate.set()
+        await _synced(publisher)
+        publisher.offer(_claim("c1"))
+        now = time.time() + 10
+        # it has no devices: a shard that lapses a lease meanwhile cannot give them twice
+        assert cluster_feed.decode_synced(publisher.heartbeat_value(now)).at == now
+        publisher.offer(_claim("c1", allocated=True))  # an allocation does hold it back until written
+        assert cluster_feed.decode_synced(publisher.heartbeat_value(now)).at < now
+
+
+async def test_a_new_claim_not_allocated_is_written_when_its_hold_ends():
+    async with _gated_publisher(new_claim_hold_seconds=0.3, kinds=CLAIMS) as (publisher, bucket):
+        bucket.gate.set()
+        await _synced(publisher)
+        publisher.offer(_claim("c1"))
+        await asyncio.sleep(0.1)
+        assert "claim.c1" not in [k for k, _ in bucket.puts]
+        await _until(lambda: "claim.c1" in [k for k, _ in bucket.puts], timeout=2.0)
+        assert not publisher.held_until and not publisher.wanted
+
+
+async def test_a_held_claim_a_pending_pod_waits_on_goes_out_at_once():
+    async with _gated_publisher(coalesce_seconds=0.0, new_claim_hold_seconds=30.0, kinds=CLAIMS) as (publisher, bucket):
+        bucket.gate.set()
+        await _synced(publisher)
+        publisher.offer(_claim("c1"))
+        # a PendingPod too large to carry its claims waits for them in the bucket
+        assert await publisher.revision_of(["claim.c1"], timeout=2.0) > 0
+        assert not publisher.held_until
+
+
+async def test_claims_are_not_held_before_the_bucket_is_synced_nor_once_in_it():
+    async with _gated_publisher(new_claim_hold_seconds=30.0, kinds=CLAIMS) as (publisher, bucket):
+        bucket.gate.set()
+        publisher.offer(_claim("listed"))  # the first list: written before SYNCED_KEY, as everything
+        assert not publisher.held_until
+        await _synced(publisher)
+        assert [k for k, _ in bucket.puts] == ["claim.listed", cluster_feed.SYNCED_KEY]
+        publisher.offer(_claim("gone-after", allocated=True))
+        await publisher.revision_of(["claim.gone-after"], timeout=2.0)
+        publisher.offer(_claim("gone-after"))  # deallocated: the bucket must say so, not wait
+        assert not publisher.held_until
