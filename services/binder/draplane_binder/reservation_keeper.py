@@ -35,8 +35,13 @@ from draplane_binder.settings import BinderSettings
 
 log = logging.getLogger(__name__)
 
-# How long a burst of written placements gathers before its confirmations are written.
-CONFIRM_GATHER_SECONDS = 0.05
+# How long a burst of written placements gathers before its confirmations are written. Every shard
+# reads and decodes each write of a node's entry (all its reservations, ~0.7 KB each), and packing
+# puts consecutive pods on one node: at 1 s a burst of 4,000 pods on 400 nodes took 0.41 entry
+# writes per pod, at 0.05 s 0.57. Safe at any value below half a lease: the lease of a written
+# placement has at least that much left, and a lapsed one whose claim is allocated is confirmed by
+# the shards' pruning anyway.
+CONFIRM_GATHER_SECONDS = 1.0
 # How long a ClaimReleased publish is tried again (see _tell_released).
 RELEASE_PUBLISH_RETRY_SECONDS = 10.0
 # A release that fails on NATS is tried again, this far apart at first, doubling up to the most.
