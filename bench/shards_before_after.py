@@ -21,8 +21,9 @@ for: shard CPU per pod at 4 shards within 1.2x of 1 shard's, pods/s at 2 and 4 s
 
 Prints per run `BENCH name=shards_before_after version=before|after round=R shards=N pods_per_s=...
 p99_ms=... shard_cpu_ms_per_pod=... apiserver_cpu_ms_per_pod=... binder_cpu_ms_per_pod=...
-nats_cpu_ms_per_pod=... cpu_ms_per_pod=...` (the last: every component, the bench's client
-included), then the same with `round=median` per (version, shards), then per version
+nats_cpu_ms_per_pod=... cpu_ms_per_pod=... follow_ms=...` (cpu_ms_per_pod: every component, the bench's client
+included; follow_ms: with `--follower`, the CPU per pod of one more shard dealt no pod, else nan)
+then the same with `round=median` per (version, shards), then per version
 `BENCH name=shards_before_after_ratios version=V shard_cpu_N_over_1=... pods_per_s_N_over_1=...
 apiserver_cpu_N_over_1=...` for each shard count N above the smallest (named `_over_1` when that is 1),
 and a side-by-side table. Each e2e.py run's whole output is kept in `--log-dir`.
@@ -54,7 +55,7 @@ PACKAGE_DIRS = {
     "draplane_node_agent": "services/node-agent",
 }
 FIGURES = ("pods_per_s", "p99_ms", "shard_cpu_ms_per_pod", "apiserver_cpu_ms_per_pod", "binder_cpu_ms_per_pod",
-           "nats_cpu_ms_per_pod", "cpu_ms_per_pod")
+           "nats_cpu_ms_per_pod", "cpu_ms_per_pod", "follow_ms")
 # (ratio name, figure): the three targets read off these
 RATIOS = (("shard_cpu", "shard_cpu_ms_per_pod"), ("pods_per_s", "pods_per_s"), ("apiserver_cpu", "apiserver_cpu_ms_per_pod"))
 _FIELD_RE = re.compile(r"(\S+?)=(\S+)")
@@ -99,6 +100,8 @@ def run_figures(output: str, shards: int) -> dict[str, float]:
         "binder_cpu_ms_per_pod": float(cpu["binder"]),
         "nats_cpu_ms_per_pod": float(cpu.get("nats", "nan")),
         "cpu_ms_per_pod": float(main["cpu_ms_per_pod"]),
+        # F: the CPU per pod of a shard dealt no pod (`--follower`); nan without one
+        "follow_ms": float(cpu.get("follower", "nan")),
     }
 
 
@@ -201,7 +204,8 @@ def e2e_command(version: Version, args, shards: int) -> list[str]:
     return [sys.executable, str(version.root / "bench" / "e2e.py"), "--only-setups", "--setups", "previous",
             "--setup-shards", str(shards), "--setup-rounds", "1", "--setup-nodes", str(args.nodes),
             "--setup-pods", str(args.pods), "--setup-warmup", str(args.warmup), "--gpus", str(args.gpus),
-            "--setup-idle-seconds", f"{args.idle_seconds:g}", "--timeout", f"{args.timeout:g}"]
+            "--setup-idle-seconds", f"{args.idle_seconds:g}", "--timeout", f"{args.timeout:g}",
+            *(["--follower"] if args.follower else [])]
 
 
 def run_e2e(version: Version, args, shards: int, log: Path) -> dict[str, float]:
@@ -242,6 +246,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--warmup", type=int, default=500)
     parser.add_argument("--idle-seconds", type=float, default=0.0, help="e2e.py's --setup-idle-seconds (0: skip)")
     parser.add_argument("--timeout", type=float, default=600.0, help="e2e.py's --timeout, per wait for pods")
+    parser.add_argument("--follower", action="store_true",
+                        help="one more shard process dealt no pod in each run (e2e.py --follower): its CPU per pod is "
+                             "what following the cluster costs a shard (follow_ms, F in bench/shard_model.py)")
     parser.add_argument("--log-dir", type=Path, default=None, help="where each e2e.py run's output goes (default: a temporary folder)")
     args = parser.parse_args(argv)
     if not 0 < args.warmup < args.pods:

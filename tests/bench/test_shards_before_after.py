@@ -41,6 +41,13 @@ def test_run_figures_sums_the_shards_and_reads_round_one():
     assert figures["cpu_ms_per_pod"] == 30.10
 
 
+def test_run_figures_reads_the_follower_apart_from_the_shards():
+    assert math.isnan(bench.run_figures(E2E_OUTPUT, shards=2)["follow_ms"])  # run without --follower
+    figures = bench.run_figures(E2E_OUTPUT.replace(" binder=4.10", " follower=0.31 binder=4.10", 1), shards=2)
+    assert figures["follow_ms"] == 0.31
+    assert figures["shard_cpu_ms_per_pod"] == pytest.approx(5.5)  # the follower is no placing shard
+
+
 def test_run_figures_refuses_a_shard_count_it_cannot_account_for():
     with pytest.raises(ValueError, match="not 4"):
         bench.run_figures(E2E_OUTPUT, shards=4)
@@ -54,7 +61,7 @@ def test_run_figures_refuses_a_shard_count_it_cannot_account_for():
 def _figures(pods_per_s: float, shard_cpu: float, apiserver_cpu: float) -> dict[str, float]:
     return {"pods_per_s": pods_per_s, "p99_ms": 100.0, "shard_cpu_ms_per_pod": shard_cpu,
             "apiserver_cpu_ms_per_pod": apiserver_cpu, "binder_cpu_ms_per_pod": 1.0, "nats_cpu_ms_per_pod": 1.0,
-            "cpu_ms_per_pod": 20.0}
+            "cpu_ms_per_pod": 20.0, "follow_ms": 0.2}
 
 
 def test_median_figures_takes_each_figure_apart():
