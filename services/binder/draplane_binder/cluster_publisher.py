@@ -85,6 +85,7 @@ class ClusterPublisher:
         self.keys_by_prefix: dict[str, dict[str, None]] = {}
         self.unlisted = set(kinds)  # kinds whose watch has not listed yet
         self.synced = False  # SYNCED_KEY queued by this binder
+        self._before_synced: set[str] = set()  # the keys SYNCED_KEY waits for (see _synced_due)
         self._work = asyncio.Event()
         self._urgent = asyncio.Event()  # someone waits on a key: it goes out without gathering
         self.urgent_keys: set[str] = set()
@@ -130,7 +131,8 @@ class ClusterPublisher:
         self.unlisted.discard(kind)
         if self.unlisted or self.synced:
             return
-        # queued behind every value, and written only once it is the last key (see run)
+        # queued behind every value offered so far, and written only once they are (see run)
+        self._before_synced = {k for k in (*self.wanted, *self.writing) if k != feed.SYNCED_KEY}
         self.wanted[feed.SYNCED_KEY] = feed.encode_synced(feed.Synced(binder=self.instance, at=time.time()))
         self.synced = True
         self._work.set()
@@ -206,8 +208,13 @@ class ClusterPublisher:
                 pass  # a held claim is due
             await self._gather_offers()
             self._work.clear()
-            while keys := self._due_keys():
-                await self._write_round(keys[:MAX_PUTS_IN_FLIGHT])
+            # What gathered goes out now; what is offered meanwhile gathers for the next round, so
+            # that under a steady load too the shards receive bursts, not one message at a time.
+            keys = self._due_keys()
+            for start in range(0, len(keys), MAX_PUTS_IN_FLIGHT):
+                await self._write_round([k for k in keys[start:start + MAX_PUTS_IN_FLIGHT] if k in self.wanted])
+            if self._synced_due():
+                await self._write_round([feed.SYNCED_KEY])
 
     def _until_a_hold_ends(self) -> float | None:
         """Seconds until the first held claim is due; None when none is held."""
@@ -217,13 +224,19 @@ class ClusterPublisher:
 
     def _due_keys(self) -> list[str]:
         """The wanted keys to write now, in the order offered: those not held back, or whose hold
-        has ended; SYNCED_KEY last of all (a shard that sees it must find everything before it)."""
+        has ended. Never SYNCED_KEY (`_synced_due`)."""
         now = time.monotonic()
-        keys = [k for k in self.wanted
+        return [k for k in self.wanted
                 if k != feed.SYNCED_KEY and (k not in self.held_until or self.held_until[k] <= now)]
-        if keys or feed.SYNCED_KEY not in self.wanted:
-            return keys
-        return [feed.SYNCED_KEY]
+
+    def _synced_due(self) -> bool:
+        """SYNCED_KEY goes once every key offered before it was queued is written: a shard that
+        sees it must find the whole first listing before it. Later offers do not hold it back (a
+        busy cluster offers something every round)."""
+        if feed.SYNCED_KEY not in self.wanted:
+            return False
+        self._before_synced = {k for k in self._before_synced if k in self.wanted or k in self.writing}
+        return not self._before_synced
 
     async def _gather_offers(self) -> None:
         """Let the offers of the next few ms join one round; keys waited on meanwhile go at once."""
@@ -258,6 +271,7 @@ class ClusterPublisher:
             if isinstance(result, BaseException):
                 failed += 1
                 self.wanted.setdefault(key, value)  # unless something newer came meanwhile
+                self._work.set()  # the next round takes it, after the backoff below
             else:
                 if key not in self.wanted:
                     self.unwritten_since.pop(key, None)

@@ -169,6 +169,41 @@ async def test_offers_gather_for_the_coalescing_window_and_go_out_together():
         assert sorted(k for k, _ in bucket.puts) == ["node.a", "node.b"]
 
 
+async def test_offers_made_while_a_round_is_written_gather_for_the_next():
+    async with _gated_publisher(coalesce_seconds=0.3) as (publisher, bucket):
+        publisher.offer(_node("a"))
+        await _until(lambda: bucket.puts, timeout=2.0)  # a's round is in flight
+        publisher.offer(_node("b"))
+        publisher.offer(_node("c"))
+        bucket.gate.set()
+        await asyncio.sleep(0.1)
+        # under a steady load too the shards get bursts: b and c wait for the next gathering
+        assert [k for k, _ in bucket.puts] == ["node.a"]
+        await _until(lambda: len(bucket.puts) == 3, timeout=2.0)
+        assert sorted(k for k, _ in bucket.puts[1:]) == ["node.b", "node.c"]
+
+
+async def test_synced_is_not_starved_by_a_cluster_that_keeps_changing():
+    async with _gated_publisher(coalesce_seconds=0.02) as (publisher, bucket):
+        bucket.gate.set()
+        publisher.listing_begins(Node)
+        publisher.offer(_node("listed"))
+        publisher.listed(Node)
+
+        async def busy():
+            for i in range(1000):
+                publisher.offer(_node(f"n{i}"))
+                await asyncio.sleep(0.005)
+
+        churn = asyncio.create_task(busy())
+        try:
+            await publisher.revision_of([cluster_feed.SYNCED_KEY], timeout=2.0)
+        finally:
+            churn.cancel()
+        keys = [k for k, _ in bucket.puts]
+        assert keys.index("node.listed") < keys.index(cluster_feed.SYNCED_KEY)
+
+
 async def test_a_key_a_pending_pod_waits_on_goes_out_at_once():
     async with _gated_publisher(coalesce_seconds=30.0) as (publisher, bucket):
         bucket.gate.set()
