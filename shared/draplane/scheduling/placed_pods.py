@@ -209,7 +209,10 @@ class PlacedPods:
                 if entry is not None and entry[0].node == node:
                     self._reserved.remove(uid)
         for uid, (pod, lease_end) in pods.items():
-            self._reserved.add(pod, lease_end)
+            known = self._reserved.pods.get(uid)
+            # a write to the node's entry adds or renews one pod and leaves the others as they were
+            if known is None or known[1] != lease_end or known[0] != pod:
+                self._reserved.add(pod, lease_end)
         if pods:
             self._reserved_on_node[node] = dict.fromkeys(pods)
 

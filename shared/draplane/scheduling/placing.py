@@ -89,6 +89,11 @@ def _selects(evaluate, expressions: list[str], record) -> bool:
         return False
 
 
+
+def _same_devices(a: AllocationResult, b: AllocationResult) -> bool:
+    """Whether two allocations hold the same devices on the same nodes, whenever each was made."""
+    return a.devices == b.devices and a.node_selector == b.node_selector
+
 class SchedulingState:
     """Everything a shard knows, updated one object at a time by the shell.
 
@@ -113,6 +118,8 @@ class SchedulingState:
         # by any shard, maybe not bound yet); node fit counts the live ones with the bound pods,
         # each pod once
         self.reserved_pods: dict[str, dict[str, tuple[dict[str, int], float]]] = {}
+        # node -> pod uid -> (its reservation in the entry, the PlacedPod made of it): kept while unchanged
+        self._reserved_placed: dict[str, dict[str, tuple[rv.PodReservation, PlacedPod]]] = {}
         # node -> pod uid -> host ports, of the pods holding any: bound ones (the pod watch), and
         # (uid -> (ports, lease end)) reserved ones, from the same entries as reserved_pods
         self.ports_on_node: dict[str, dict[str, tuple[HostPort, ...]]] = {}
@@ -197,7 +204,7 @@ class SchedulingState:
         if pod.spec.node_name:
             try:
                 requests = pod_requests(pod)
-                running = preemption.RunningPod.from_pod(pod)
+                running = preemption.RunningPod.from_pod(pod, requests)
             except SpecError:
                 requests, running = {}, None
             self.assume_pod(uid, pod.spec.node_name, requests, node_ports.pod_host_ports(pod.spec))
@@ -298,10 +305,19 @@ class SchedulingState:
                     del self._reserved_pod_node[uid]
             for uid in pods:
                 self._reserved_pod_node[uid] = node
-            self.placed.set_reserved(node, {
-                uid: (PlacedPod(uid=uid, namespace=p.pod_namespace, labels=p.labels or {}, node=node,
-                                anti_affinity=tuple(p.anti_affinity or ())), p.expires_at)
-                for uid, p in entry.pods.items()})
+            known = self._reserved_placed.get(node, {})
+            placed = {}
+            for uid, p in entry.pods.items():
+                was = known.get(uid)
+                # a write adds or renews one pod and leaves the others as they were
+                placed[uid] = was if was is not None and was[0] == p else (p, PlacedPod(
+                    uid=uid, namespace=p.pod_namespace, labels=p.labels or {}, node=node,
+                    anti_affinity=tuple(p.anti_affinity or ())))
+            self.placed.set_reserved(node, {uid: (pp, p.expires_at) for uid, (p, pp) in placed.items()})
+            if placed:
+                self._reserved_placed[node] = placed
+            else:
+                self._reserved_placed.pop(node, None)
             if pods:
                 self.reserved_pods[node] = pods
             else:
@@ -352,11 +368,11 @@ class SchedulingState:
             namespace, name = reservation.claim_namespace, reservation.claim_name
         previous = self._held.get(uid)
         if previous is not None and allocation is not None and (
-            previous[1] is allocation or previous[1] == allocation
+            previous[1] is allocation or _same_devices(previous[1], allocation)
         ):
             # The same devices as before (a claim's reservedFor or finalizer changed, or its
-            # reservation turned into the status it described): releasing and adding them again
-            # would only invalidate the nodes' caches.
+            # reservation turned into the status it described, which adds the time it was
+            # written): releasing and adding them again would only invalidate the nodes' caches.
             return
         if previous is not None:
             del self._held[uid]

@@ -112,7 +112,8 @@ class RunningPod:
         return f"{self.namespace}/{self.name}"
 
     @classmethod
-    def from_pod(cls, pod: Pod) -> RunningPod:
+    def from_pod(cls, pod: Pod, requests: dict[str, int] | None = None) -> RunningPod:
+        """`requests`: pod_requests(pod), when the caller has it already."""
         namespace = pod.metadata.namespace or "default"
         claims = []
         for status in (pod.status.resource_claim_statuses if pod.status else None) or ():
@@ -123,7 +124,8 @@ class RunningPod:
                 claims.append(f"{namespace}/{reference.resource_claim_name}")
         return cls(
             namespace=namespace, name=pod.metadata.name or "", uid=pod.metadata.uid or "",
-            node=pod.spec.node_name or "", priority=pod_priority(pod), requests=pod_requests(pod),
+            node=pod.spec.node_name or "", priority=pod_priority(pod),
+            requests=pod_requests(pod) if requests is None else requests,
             labels=dict(pod.metadata.labels or {}), claims=tuple(dict.fromkeys(claims)),
             started=_timestamp(pod.status.start_time if pod.status else None),
             terminating=pod.metadata.deletion_timestamp is not None,

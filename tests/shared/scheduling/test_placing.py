@@ -2,6 +2,8 @@
 
 import time
 
+import msgspec
+
 from draplane.api.resource import ResourceClaimStatus
 from draplane.scheduling import reservations as rv
 from draplane.simulation import scenario
@@ -59,6 +61,30 @@ def test_a_reserved_device_is_taken_and_the_reason_says_so_per_node():
     # the reservation is released: the device is free again
     state.set_reservations("node-80", rv.NodeReservations(node="node-80"))
     assert isinstance(state.place_pod(with_uid(scenario.pod("ns", "q", claim_name="b"), "p2"), [second]), Placed)
+
+
+def test_a_reservation_turning_into_the_claims_status_leaves_the_nodes_caches_alone():
+    state = seed_state()
+    claim = with_uid(scenario.claim("ns", "a", "high-memory-gpu"), "c1")
+    placed = state.place_pod(with_uid(scenario.pod("ns", "p", claim_name="a"), "p1"), [claim])
+    allocation = placed.allocations["c1"]
+    reservation = rv.Reservation(claim_uid="c1", claim_namespace="ns", claim_name="a", pod_uid="p1",
+                                 devices=rv.devices_of(allocation), allocation=allocation,
+                                 reserved_at=time.time(), expires_at=time.time() + 30)
+    state.set_reservations("node-80", rv.add(rv.NodeReservations(node="node-80"), [reservation]))
+    stamp = state.devices._stamp("node-80")
+    # the binder writes the allocation with the time it was made (kube-scheduler's allocationTimestamp)
+    claim.status = ResourceClaimStatus(allocation=msgspec.structs.replace(
+        allocation, allocation_timestamp="2026-12-07T05:00:00Z"))
+    state.set_claim(claim)
+    assert state.devices._stamp("node-80") == stamp  # the same devices: nothing to search again
+    other = with_uid(scenario.claim("ns", "b", "high-memory-gpu"), "c2")
+    assert isinstance(state.place_pod(with_uid(scenario.pod("ns", "q", claim_name="b"), "p2"), [other]), NotPlaced)
+    claim.status = None  # deallocated: the devices are free (and the node searched again)
+    state.set_claim(claim)
+    state.set_reservations("node-80", rv.NodeReservations(node="node-80"))
+    assert state.devices._stamp("node-80") != stamp
+    assert isinstance(state.place_pod(with_uid(scenario.pod("ns", "q", claim_name="b"), "p2"), [other]), Placed)
 
 
 def test_a_device_allocated_by_someone_else_is_never_reused():
