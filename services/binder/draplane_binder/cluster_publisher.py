@@ -150,8 +150,11 @@ class ClusterPublisher:
 
     def _want(self, key: str, value: bytes | None, *, hold: bool = False) -> None:
         if hold:
-            # the first offer starts the hold; a later one of the same unallocated claim keeps it
+            # the first offer starts the hold; a later one of the same unallocated claim keeps it.
+            # An allocation offered before and not written is superseded: it no longer holds the
+            # heartbeat back (the bucket lacking an unallocated claim hides no devices in use).
             self.held_until.setdefault(key, time.monotonic() + self.new_claim_hold_seconds)
+            self.unwritten_since.pop(key, None)
         else:
             self.held_until.pop(key, None)
         if key not in self.wanted:

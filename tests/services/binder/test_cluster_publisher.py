@@ -339,8 +339,12 @@ async def test_a_held_claim_does_not_hold_the_heartbeat_back():
         now = time.time() + 10
         # it has no devices: a shard that lapses a lease meanwhile cannot give them twice
         assert cluster_feed.decode_synced(publisher.heartbeat_value(now)).at == now
+        bucket.gate.clear()
         publisher.offer(_claim("c1", allocated=True))  # an allocation does hold it back until written
         assert cluster_feed.decode_synced(publisher.heartbeat_value(now)).at < now
+        publisher.offer(_claim("c1"))  # deallocated before its write: unallocated again, and held
+        assert "claim.c1" in publisher.held_until
+        assert cluster_feed.decode_synced(publisher.heartbeat_value(now)).at == now
 
 
 async def test_a_new_claim_not_allocated_is_written_when_its_hold_ends():
