@@ -6,7 +6,8 @@ the bucket's order per key is the order of the offers. A value whose trimmed byt
 bucket already holds is not written: a node heartbeat or a claim's device status costs nothing
 downstream.
 
-Writes are gathered for a few milliseconds (`coalesce_seconds`) before a round starts: every
+Writes are gathered for a few milliseconds (`coalesce_seconds`) before each round starts (what is
+offered while a round is written waits for the next gathering): every
 shard follows the bucket, and nats-py takes a burst of messages for a fraction of what it spends
 on each one that arrives alone (bench/nats_receive.py: 64-75 us a lone bucket message at 600/s,
 9-11 in bursts). A key asked for by `revision_of` (a PendingPod waits on it) is written at once,
@@ -22,8 +23,8 @@ asked for by `revision_of` is not held.
 After a restart the binder first reads the bucket back (`load`), so that objects unchanged since
 are not written again. Each time a watch lists (at start, and again after it failed), keys of its
 kind it did not offer are of objects gone while it did not watch, and are deleted (`listed`). Once
-every watch has listed, SYNCED_KEY is written after all the rest: from then on a shard that
-watches the bucket from its start holds the cluster. A heartbeat (HEARTBEAT_KEY) then says until
+every watch has listed, SYNCED_KEY is written after every key offered before it: from then on a
+shard that watches the bucket from its start holds the cluster. A heartbeat (HEARTBEAT_KEY) then says until
 when the bucket is known to mirror Kubernetes.
 """
 
@@ -322,7 +323,7 @@ class ClusterPublisher:
     async def revision_of(self, keys: list[str], timeout: float = 10.0) -> int:
         """The bucket revision from which a shard sees `keys` as the binder does now (waits for
         their writes in flight). Raises TimeoutError when NATS does not take them in time."""
-        # SYNCED_KEY is never hurried: it goes last of all, after the gathering
+        # SYNCED_KEY is never hurried: it goes after the keys offered before it (_synced_due)
         waited = [k for k in keys if k in self.wanted and k != feed.SYNCED_KEY]
         for key in waited:
             if self.held_until.pop(key, None) is not None:
