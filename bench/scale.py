@@ -473,7 +473,9 @@ async def publish_with_binder(run: Run, js, expected: int) -> tuple[dict, list[b
     port = free_port()
     started = time.monotonic()
     binder = run.service("binder", "draplane_binder", "--shards=1", f"--scheduler-name={SCHEDULER_NAME}",
-                         "--no-manage-claims", f"--port={port}", kube=True)
+                         # every claim in the bucket before the binder stops, as a binder that keeps
+                         # running writes them once their hold ends: the shards are timed holding them
+                         "--no-manage-claims", "--feed-new-claim-hold-seconds=0", f"--port={port}", kube=True)
     peak = 0.0
     deadline = started + run.args.publish_timeout
     while True:

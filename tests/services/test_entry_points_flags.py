@@ -94,3 +94,9 @@ def test_insecure_dev_is_the_explicit_way_past_the_check():
 def test_a_feed_coalescing_window_out_of_range_exits_2_naming_the_flag(value, capsys):
     assert binder_main(["--insecure-dev", "--feed-coalesce-ms", value]) == 2
     assert "--feed-coalesce-ms must be between 0 and 1000" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("value", ["-1", "3601", "nan"])
+def test_a_new_claim_hold_out_of_range_exits_2_naming_the_flag(value, capsys):
+    assert binder_main(["--insecure-dev", "--feed-new-claim-hold-seconds", value]) == 2
+    assert "--feed-new-claim-hold-seconds must be between 0 and 3600" in capsys.readouterr().err

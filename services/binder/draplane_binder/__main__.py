@@ -69,6 +69,11 @@ def build_parser() -> argparse.ArgumentParser:
                              "shard follows the bucket and receives a burst for less than lone messages "
                              "(0: each at once; a key a pending pod waits on goes at once anyway; "
                              "default %(default)s)")
+    parser.add_argument("--feed-new-claim-hold-seconds", type=float,
+                        default=BinderSettings().feed_new_claim_hold_seconds,
+                        help="how long a new claim that is not allocated waits for its allocation before it is "
+                             "written to the cluster bucket as it is (pending pods carry their claims to the "
+                             "shards, so usually only the allocation is written; 0: at once; default %(default)s)")
     add_kube_rate_arguments(parser, qps=BinderSettings().kube_api_qps, burst=BinderSettings().kube_api_burst)
     add_http_arguments(parser, default_port=8082)
     parser.add_argument("-v", "--verbose", action="count", default=0)
@@ -122,6 +127,7 @@ def settings_from(args: argparse.Namespace) -> BinderSettings:
         volume_bind_timeout_seconds=args.volume_bind_timeout_seconds,
         binding_timeout_seconds=args.binding_timeout_seconds,
         feed_coalesce_seconds=args.feed_coalesce_ms / 1000,
+        feed_new_claim_hold_seconds=args.feed_new_claim_hold_seconds,
         stream_replicas=args.stream_replicas,
         kube_api_qps=args.kube_api_qps,
         kube_api_burst=args.kube_api_burst,
@@ -150,6 +156,10 @@ def main(argv: list[str] | None = None) -> int:
     if not 0 <= args.feed_coalesce_ms <= 1000:
         print(f"draplane-binder: --feed-coalesce-ms must be between 0 and 1000, got {args.feed_coalesce_ms:g}",
               file=sys.stderr)
+        return 2
+    if not 0 <= args.feed_new_claim_hold_seconds <= 3600:
+        print("draplane-binder: --feed-new-claim-hold-seconds must be between 0 and 3600, got "
+              f"{args.feed_new_claim_hold_seconds:g}", file=sys.stderr)
         return 2
     if problem := check_kube_rate_arguments(args):
         print(f"draplane-binder: {problem}", file=sys.stderr)

@@ -74,7 +74,8 @@ class Binder:
         self._tasks: list[asyncio.Task] = []
         self._one_offs: set[asyncio.Task] = set()  # releases and reconciles in progress
 
-        self.publisher = ClusterPublisher(instance=self.instance, coalesce_seconds=settings.feed_coalesce_seconds)
+        self.publisher = ClusterPublisher(instance=self.instance, coalesce_seconds=settings.feed_coalesce_seconds,
+                                          new_claim_hold_seconds=settings.feed_new_claim_hold_seconds)
         self.cache = ClusterCache(kube, settings, self.publisher)
         self.events = EventRecorder(kube, instance=self.instance, metrics=self.metrics)
         # PersistentVolumeClaims, PersistentVolumes, StorageClasses: VolumeBinding's PreFilter and PreBind

@@ -7,7 +7,7 @@ from pathlib import Path
 
 from draplane.scheduling.messages import DEFAULT_PREFIX
 from draplane.scheduling.reservations import DEFAULT_LEASE_SECONDS
-from draplane_binder.cluster_publisher import COALESCE_SECONDS
+from draplane_binder.cluster_publisher import COALESCE_SECONDS, NEW_CLAIM_HOLD_SECONDS
 
 
 @dataclasses.dataclass(slots=True)
@@ -46,6 +46,9 @@ class BinderSettings:
     # Cluster-bucket writes gather this long before going out together (cluster_publisher): every
     # shard receives a burst for less than the same messages one by one. 0: each at once.
     feed_coalesce_seconds: float = COALESCE_SECONDS
+    # A new claim that is not allocated waits this long for its allocation before it is written to
+    # the cluster bucket as it is (cluster_publisher). 0: at once.
+    feed_new_claim_hold_seconds: float = NEW_CLAIM_HOLD_SECONDS
     stream_replicas: int = 1  # 3 on a 3-server NATS cluster
     # Client-side limit of apiserver requests (--kube-api-qps/--kube-api-burst). Above the most the
     # binder wrote in bench/e2e.py (138 pods/s at 6 writes a pod, about 830 a second), so it caps a
