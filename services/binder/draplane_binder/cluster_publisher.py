@@ -69,8 +69,10 @@ class ClusterPublisher:
                  coalesce_seconds: float = COALESCE_SECONDS, new_claim_hold_seconds: float = NEW_CLAIM_HOLD_SECONDS):
         self.coalesce_seconds = coalesce_seconds
         self.new_claim_hold_seconds = new_claim_hold_seconds
-        # key -> when (monotonic) its wanted value is written at the latest: new claims not allocated
-        self.held_until: dict[str, float] = {}
+        # key -> (its value, when (monotonic) it is written at the latest): new claims not allocated,
+        # kept out of `wanted` so that no round walks them; in the order held, which is the order
+        # their holds end (each lasts new_claim_hold_seconds)
+        self.held: dict[str, tuple[bytes, float]] = {}
         self.kv: KeyValue | None = None  # given by `load`; what is offered before waits for it
         self.instance = instance
         self.published: dict[str, bytes] = {}  # key -> the value the bucket holds
@@ -124,7 +126,8 @@ class ClusterPublisher:
         if offered is not None:
             # a new object's first write may be in flight still (in `writing` alone)
             stale = [k for k in self.keys_by_prefix.get(feed.PREFIXES[kind], ())
-                     if k not in offered and (k in self.published or k in self.writing or k in self.wanted)]
+                     if k not in offered and (k in self.published or k in self.writing or k in self.wanted
+                                              or k in self.held)]
             for key in dict.fromkeys(stale):
                 self._want(key, None)
             log.info("cluster feed: %s listed: %d in the bucket, %d gone while not watched deleted",
@@ -151,13 +154,19 @@ class ClusterPublisher:
 
     def _want(self, key: str, value: bytes | None, *, hold: bool = False) -> None:
         if hold:
-            # the first offer starts the hold; a later one of the same unallocated claim keeps it.
+            # The first offer starts the hold; a later one of the same unallocated claim keeps it.
             # An allocation offered before and not written is superseded: it no longer holds the
             # heartbeat back (the bucket lacking an unallocated claim hides no devices in use).
-            self.held_until.setdefault(key, time.monotonic() + self.new_claim_hold_seconds)
+            until = self.held[key][1] if key in self.held else time.monotonic() + self.new_claim_hold_seconds
+            self.held[key] = (value, until)
+            self.wanted.pop(key, None)
             self.unwritten_since.pop(key, None)
-        else:
-            self.held_until.pop(key, None)
+            self._index(key)
+            self._work.set()  # the writer's wait ends with the first hold
+            return
+        if self.held.pop(key, None) is not None and value is None:
+            self._unindex(key)  # deleted while held: the bucket never had it
+            return
         if key not in self.wanted:
             # What the bucket holds once the write in flight lands (a failed one is queued again
             # in `_write_round`). An object's watch event usually comes while the binder's write of that
@@ -168,7 +177,7 @@ class ClusterPublisher:
                 return  # the bucket holds it already (None == missing: a delete of what is not there)
         self.wanted[key] = value
         self._index(key)
-        if key not in _MARKERS and not hold:
+        if key not in _MARKERS:
             self.unwritten_since.setdefault(key, time.time())
         self._work.set()
 
@@ -212,6 +221,7 @@ class ClusterPublisher:
                 pass  # a held claim is due
             await self._gather_offers()
             self._work.clear()
+            self._release_ended_holds()
             # What gathered goes out now; what is offered meanwhile gathers for the next round, so
             # that under a steady load too the shards receive bursts, not one message at a time.
             keys = self._due_keys()
@@ -222,16 +232,23 @@ class ClusterPublisher:
 
     def _until_a_hold_ends(self) -> float | None:
         """Seconds until the first held claim is due; None when none is held."""
-        if not self.held_until:
+        if not self.held:
             return None
-        return max(0.0, min(self.held_until.values()) - time.monotonic())
+        return max(0.0, next(iter(self.held.values()))[1] - time.monotonic())
+
+    def _release_ended_holds(self) -> None:
+        """The held claims whose hold has ended join the wanted values (first held, first due)."""
+        now = time.monotonic()
+        while self.held:
+            key, (value, until) = next(iter(self.held.items()))
+            if until > now:
+                return
+            del self.held[key]
+            self.wanted[key] = value
 
     def _due_keys(self) -> list[str]:
-        """The wanted keys to write now, in the order offered: those not held back, or whose hold
-        has ended. Never SYNCED_KEY (`_synced_due`)."""
-        now = time.monotonic()
-        return [k for k in self.wanted
-                if k != feed.SYNCED_KEY and (k not in self.held_until or self.held_until[k] <= now)]
+        """The wanted keys to write now, in the order offered. Never SYNCED_KEY (`_synced_due`)."""
+        return [k for k in self.wanted if k != feed.SYNCED_KEY]
 
     def _synced_due(self) -> bool:
         """SYNCED_KEY goes once every key offered before it was queued is written: a shard that
@@ -265,7 +282,6 @@ class ClusterPublisher:
         for key in batch:
             del self.wanted[key]
             self.urgent_keys.discard(key)  # written now, hurried or not
-            self.held_until.pop(key, None)
         self.writing.update(batch)
         results = await asyncio.gather(*(self._write(k, v) for k, v in batch.items()), return_exceptions=True)
         for key in batch:
@@ -324,11 +340,12 @@ class ClusterPublisher:
         """The bucket revision from which a shard sees `keys` as the binder does now (waits for
         their writes in flight). Raises TimeoutError when NATS does not take them in time."""
         # SYNCED_KEY is never hurried: it goes after the keys offered before it (_synced_due)
-        waited = [k for k in keys if k in self.wanted and k != feed.SYNCED_KEY]
-        for key in waited:
-            if self.held_until.pop(key, None) is not None:
+        for key in keys:
+            if (held := self.held.pop(key, None)) is not None:  # not held any longer: written now
+                self.wanted[key] = held[0]
                 self.unwritten_since.setdefault(key, time.time())
                 self._work.set()
+        waited = [k for k in keys if k in self.wanted and k != feed.SYNCED_KEY]
         if waited and self.coalesce_seconds > 0:  # without gathering every key goes at once anyway
             self.urgent_keys.update(waited)
             self._urgent.set()

@@ -301,35 +301,30 @@ class PendingQueue:
                                           reason=VOLUME_UNBOUND)
             return False
 
-    @staticmethod
-    def _snapshots_fit(claims: list[ResourceClaim]) -> bool:
-        """Whether the claims may travel in the PendingPod (MAX_CLAIM_SNAPSHOT_BYTES)."""
-        size = 0
-        for claim in claims:
-            size += len(cluster_feed.encode(claim))
-            if size > MAX_CLAIM_SNAPSHOT_BYTES:
-                return False
-        return True
-
-    def _claim_snapshots(self, namespace: str, claims: list[ResourceClaim]) -> list[ClaimSnapshot]:
+    def _claim_snapshots(self, namespace: str, claims: list[ResourceClaim], *,
+                         limit: int | None = MAX_CLAIM_SNAPSHOT_BYTES) -> list[ClaimSnapshot] | None:
         """The claims as the binder's cache holds them now, each with the bucket revision that holds
-        the same value (0 while its write is on its way)."""
-        snapshots = []
+        the same value (0 while its write is on its way); None when together they exceed `limit`
+        (the shard then reads them from the bucket)."""
+        snapshots, size = [], 0
         for claim in claims:
             claim = self.cache.claims.get((namespace, claim.metadata.name or ""), claim)
-            key = cluster_feed.key_of(claim)
-            snapshots.append(ClaimSnapshot(claim=cluster_feed.trimmed(claim),
-                                           revision=self.publisher.settled_revision(key, cluster_feed.encode(claim))))
+            value = cluster_feed.encode(claim)
+            size += len(value)
+            if limit is not None and size > limit:
+                return None
+            snapshots.append(ClaimSnapshot(claim=cluster_feed.trimmed(claim), revision=self.publisher.settled_revision(
+                cluster_feed.key_of(claim), value)))
         return snapshots
 
     async def _publish(self, pod: Pod, claims: list[ResourceClaim], volumes: PodVolumes | None,
                        dra_extended: list[str] | None) -> None:
         namespace, name = key_of(pod)
         uid = pod.metadata.uid or ""
-        snapshot = self._snapshots_fit(claims)
+        snapshots = self._claim_snapshots(namespace, claims)
         # What the shard must find in the cluster bucket before it places the pod: the claims when
         # they travel by reference alone, and a gang member's own pod (the shard must know it exists).
-        keys = [] if snapshot else [cluster_feed.key_of(c) for c in claims]
+        keys = [] if snapshots is not None else [cluster_feed.key_of(c) for c in claims]
         if cluster_feed.published_pod(pod):
             keys.append(cluster_feed.key_of(pod))
         try:
@@ -345,6 +340,8 @@ class PendingQueue:
         if current is None or current.metadata.uid != uid or not self.cache.pending_pod_needs_work(current) or \
                 not self.cache.claims_still_cached(namespace, claims):
             return  # bound, deleted, done or a claim replaced while the bucket was written: queued again
+        if keys and snapshots is not None:
+            snapshots = self._claim_snapshots(namespace, claims, limit=None)  # as they are after the wait
         pending = PendingPod(
             pod=PodRef(namespace=namespace, name=name, uid=uid),
             claims=[ClaimRef(namespace=namespace, name=c.metadata.name or "", uid=c.metadata.uid or "") for c in claims],
@@ -352,7 +349,7 @@ class PendingQueue:
             spec=pod.spec,
             labels=pod.metadata.labels,
             cluster_revision=revision,
-            claim_snapshots=self._claim_snapshots(namespace, claims) if snapshot else None,
+            claim_snapshots=snapshots,
             volumes=volumes,
             dra_extended_resources=dra_extended,
             default_spread=self.spreading.selector_for(pod) if self.spreading is not None else None,

@@ -89,10 +89,10 @@ def _selects(evaluate, expressions: list[str], record) -> bool:
         return False
 
 
-
 def _same_devices(a: AllocationResult, b: AllocationResult) -> bool:
     """Whether two allocations hold the same devices on the same nodes, whenever each was made."""
     return a.devices == b.devices and a.node_selector == b.node_selector
+
 
 class SchedulingState:
     """Everything a shard knows, updated one object at a time by the shell.

@@ -325,7 +325,7 @@ async def test_a_new_claim_allocated_within_its_hold_is_written_once_allocated()
         publisher.offer(_claim("c1"))  # the binder made it for a pod: no devices yet
         publisher.offer(_node("a"))
         await _until(lambda: [k for k, _ in bucket.puts][-1:] == ["node.a"])
-        assert "claim.c1" in publisher.wanted  # held back while the node went out
+        assert "claim.c1" in publisher.held  # held back while the node went out
         publisher.offer(_claim("c1", allocated=True))
         await publisher.revision_of(["claim.c1"], timeout=2.0)
         assert [v for k, v in bucket.puts if k == "claim.c1"] == [cluster_feed.encode(_claim("c1", allocated=True))]
@@ -343,7 +343,7 @@ async def test_a_held_claim_does_not_hold_the_heartbeat_back():
         publisher.offer(_claim("c1", allocated=True))  # an allocation does hold it back until written
         assert cluster_feed.decode_synced(publisher.heartbeat_value(now)).at < now
         publisher.offer(_claim("c1"))  # deallocated before its write: unallocated again, and held
-        assert "claim.c1" in publisher.held_until
+        assert "claim.c1" in publisher.held
         assert cluster_feed.decode_synced(publisher.heartbeat_value(now)).at == now
 
 
@@ -355,7 +355,7 @@ async def test_a_new_claim_not_allocated_is_written_when_its_hold_ends():
         await asyncio.sleep(0.1)
         assert "claim.c1" not in [k for k, _ in bucket.puts]
         await _until(lambda: "claim.c1" in [k for k, _ in bucket.puts], timeout=2.0)
-        assert not publisher.held_until and not publisher.wanted
+        assert not publisher.held and not publisher.wanted
 
 
 async def test_a_held_claim_a_pending_pod_waits_on_goes_out_at_once():
@@ -365,17 +365,17 @@ async def test_a_held_claim_a_pending_pod_waits_on_goes_out_at_once():
         publisher.offer(_claim("c1"))
         # a PendingPod too large to carry its claims waits for them in the bucket
         assert await publisher.revision_of(["claim.c1"], timeout=2.0) > 0
-        assert not publisher.held_until
+        assert not publisher.held
 
 
 async def test_claims_are_not_held_before_the_bucket_is_synced_nor_once_in_it():
     async with _gated_publisher(new_claim_hold_seconds=30.0, kinds=CLAIMS) as (publisher, bucket):
         bucket.gate.set()
         publisher.offer(_claim("listed"))  # the first list: written before SYNCED_KEY, as everything
-        assert not publisher.held_until
+        assert not publisher.held
         await _synced(publisher)
         assert [k for k, _ in bucket.puts] == ["claim.listed", cluster_feed.SYNCED_KEY]
         publisher.offer(_claim("gone-after", allocated=True))
         await publisher.revision_of(["claim.gone-after"], timeout=2.0)
         publisher.offer(_claim("gone-after"))  # deallocated: the bucket must say so, not wait
-        assert not publisher.held_until
+        assert not publisher.held
