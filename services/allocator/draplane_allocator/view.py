@@ -30,7 +30,7 @@ from draplane.messages import audit
 from draplane.messages.inventory import InventoryNames, decode_feed_entry
 from draplane.messages.inventory import MessageError as InventoryMessageError
 from draplane.jetstream import streams
-from draplane.scheduling import cluster_feed
+from draplane.scheduling import cluster_changes, cluster_feed
 from draplane.scheduling.gangs import pod_group_key
 from draplane.scheduling.messages import PendingPod, Subjects
 from draplane.scheduling.placing import SchedulingState
@@ -44,6 +44,9 @@ log = logging.getLogger(__name__)
 # How long a pending pod waits for this shard's watch of the cluster bucket to reach the revision
 # its PendingPod names (its claims in the bucket) before it goes back with backoff.
 CLUSTER_CATCH_UP_SECONDS = 10.0
+# How long a write the binder's change batches did not name waits before this shard reads it from
+# the bucket's stream (a pending pod that waits for it asks at once).
+CLUSTER_GAP_SECONDS = 1.0
 # How often a bucket another service creates is looked for while it does not exist yet.
 BUCKET_LOOKUP_SECONDS = 1.0
 
@@ -78,6 +81,10 @@ class ShardView:
         self.binder_heard_at = 0.0
         self._cluster_moved = asyncio.Condition()
         self._revision_waiters = 0
+        # following the binder's change batches (_follow_cluster_changes)
+        self._cluster_taken = cluster_changes.Taken(0)
+        self._cluster_lock = asyncio.Lock()
+        self._cluster_gap_asked = asyncio.Event()
         self._handlers = {DeviceClass: self._on_class, Node: self._on_node, DeviceTaintRule: self._on_taint_rule,
                           PodGroup: self._on_pod_group, PodDisruptionBudget: self._on_budget,
                           ResourceClaim: self._on_claim, Pod: self._on_pod}
@@ -111,38 +118,151 @@ class ShardView:
     # --- the cluster bucket ------------------------------------------------------------------------
 
     async def _watch_cluster(self) -> None:
-        """Follow the cluster bucket the binder fills (draplane.scheduling.cluster_feed). The
-        bucket keeps the latest value per key, so watching it from the start replays the cluster
-        as it is now, then every change."""
+        """Follow the cluster bucket the binder fills (draplane.scheduling.cluster_feed): replay it
+        (the latest value of every key: the cluster as it is now), then follow the binder's
+        change batches from there (draplane.scheduling.cluster_changes), reading from the
+        bucket's stream whatever they did not name."""
         bucket = self.subjects.cluster_bucket
         kv = await self._bucket(bucket, lambda: self.log.info(
             "shard %d: no cluster bucket %s yet (the binder creates it); looking again in %.0f s",
             self.index, bucket, BUCKET_LOOKUP_SECONDS))
+        replayed_to = await self._replay_cluster(kv)
+        await self._follow_cluster_changes(bucket, cluster_changes.Taken(replayed_to))
+
+    async def _replay_cluster(self, kv) -> int:
+        """Take in every key the bucket holds; returns the stream sequence the replay reached
+        (every message up to it is taken in, or was overwritten by one that is)."""
         # A watch restarted after a crash replays the bucket over the view it has: a key replayed
         # replaces its object, and those not replayed were deleted meanwhile (taken out at the end).
         # The view stays whole meanwhile, if older, rather than empty under a shard that places.
-        replayed: set[str] | None = set()
+        replayed: set[str] = set()
         self._cluster_replayed = False
         async with contextlib.aclosing(streams.bucket_entries(kv)) as entries:
             async for update in entries:
                 if update is None:
-                    # past the replay first: what the sweep takes out was deleted while no watch
-                    # ran, which is news (a DeviceTaintRule's untainting is told)
-                    self._cluster_replayed = True
-                    for key in [k for k in self.bucket_objects if k not in replayed]:
-                        self.take_cluster_entry(key, None)
-                    replayed = None
-                    self.log.info("shard %d: cluster bucket replayed: %d objects up to revision %d", self.index,
-                                  len(self.bucket_objects), self.cluster_revision)
-                    self._mark_cluster_synced()
-                    continue
-                if replayed is not None:
-                    replayed.add(update.key)
-                self.take_cluster_entry(update.key, streams.entry_value(update), update.revision or 0)
-                self.cluster_revision = max(self.cluster_revision, update.revision or 0)
+                    break
+                replayed.add(update.key)
+                self._take_cluster_update(update)
                 if self._revision_waiters:
                     async with self._cluster_moved:
                         self._cluster_moved.notify_all()
+        # past the replay first: what the sweep takes out was deleted while no watch ran, which is
+        # news (a DeviceTaintRule's untainting is told)
+        self._cluster_replayed = True
+        for key in [k for k in self.bucket_objects if k not in replayed]:
+            self.take_cluster_entry(key, None)
+        self.log.info("shard %d: cluster bucket replayed: %d objects up to revision %d", self.index,
+                      len(self.bucket_objects), self.cluster_revision)
+        self._mark_cluster_synced()
+        return self.cluster_revision
+
+    def _take_cluster_update(self, update) -> None:
+        self.take_cluster_entry(update.key, streams.entry_value(update), update.revision or 0)
+        self.cluster_revision = max(self.cluster_revision, update.revision or 0)
+
+    async def _follow_cluster_changes(self, bucket: str, taken: cluster_changes.Taken) -> None:
+        """The binder's change batches from the replay's end on, and the sequences they did not
+        name read from the stream (`_fill_cluster_gaps`, in a task of its own)."""
+        self._cluster_taken = taken
+        self._cluster_gap_asked.clear()
+        batches = await streams.BucketFollower(self.js, bucket, f"{cluster_changes.CHANGES_PREFIX}>",
+                                               taken.upto + 1).start()
+        gaps = asyncio.create_task(self._fill_cluster_gaps(bucket, batches), name=f"shard-{self.index} cluster gaps")
+        try:
+            await self._cluster_moved_to(taken.upto)
+            async for message in batches:
+                async with self._cluster_lock:  # never while a gap is read: a key's values land in order
+                    await self._take_batch(bucket, message)
+                await self._cluster_moved_to(taken.upto)
+        finally:
+            gaps.cancel()
+            with contextlib.suppress(asyncio.CancelledError, Exception):
+                await gaps
+            await batches.stop()
+
+    async def _take_batch(self, bucket: str, message) -> None:
+        taken = self._cluster_taken
+        if message.value and not taken.has(message.revision):
+            try:
+                batch = cluster_changes.decode_changes(message.key, message.value)
+            except cluster_changes.ChangesError as exc:
+                # what it named is read from the stream instead (_fill_cluster_gaps)
+                self.m.errors.inc()
+                self.log.error("shard %d: %s", self.index, exc)
+            else:
+                for change in batch.changes:
+                    if taken.has(change.revision):
+                        continue  # replayed already, or read from the stream
+                    if change.omitted:  # too large for the batch: read from the stream now
+                        await self._read_cluster_message(bucket, change.revision)
+                        continue
+                    self.take_cluster_entry(change.key, change.value, change.revision)
+                    taken.take(change.revision)
+        taken.take(message.revision)
+
+    async def _cluster_moved_to(self, revision: int) -> None:
+        self.cluster_revision = max(self.cluster_revision, revision)
+        if self._revision_waiters:
+            async with self._cluster_moved:
+                self._cluster_moved.notify_all()
+
+    async def _fill_cluster_gaps(self, bucket: str, batches: streams.BucketFollower) -> None:
+        """Read from the bucket's stream the sequences no batch named: every CLUSTER_GAP_SECONDS
+        those that were in the stream at the previous look (their batch had that long to come),
+        at once those a pending pod waits for (`_caught_up`); never while a batch is on its way
+        (it may name them)."""
+        taken = self._cluster_taken
+        seen_last = 0
+        while True:
+            waited = False
+            with contextlib.suppress(asyncio.TimeoutError):
+                await asyncio.wait_for(self._cluster_gap_asked.wait(), CLUSTER_GAP_SECONDS)
+                waited = True
+            self._cluster_gap_asked.clear()
+            try:
+                last = await streams.stream_last_sequence(self.js, f"KV_{bucket}")
+                target, seen_last = (last if waited else seen_last), last
+                if target <= taken.upto or await batches.pending():
+                    continue
+                async with self._cluster_lock:
+                    first = taken.upto + 1
+                    read = await self._read_cluster_stream(bucket, first, target)
+                if read:
+                    self.log.info("shard %d: read %d cluster bucket changes that no batch of the binder named "
+                                  "(revisions %d to %d) from its stream", self.index, read, first, target)
+                await self._cluster_moved_to(taken.upto)
+            except (nats.errors.Error, nats.js.errors.Error, asyncio.TimeoutError) as exc:
+                self.log.warning("shard %d: reading the cluster bucket's stream failed (%s); trying again in "
+                                 "%.0f s", self.index, exc, CLUSTER_GAP_SECONDS)
+
+    async def _read_cluster_stream(self, bucket: str, first: int, last: int) -> int:
+        """Take in the messages of the bucket's stream from `first` (the first not taken) to
+        `last` that are not taken yet: every sequence up to `last` is taken after (one not found
+        was overwritten or purged by a later one). The caller holds the cluster lock. Returns how
+        many were applied."""
+        taken = self._cluster_taken
+        applied = 0
+        sequence = first
+        while sequence <= last:
+            message = await streams.bucket_message_from(self.js, bucket, sequence)
+            if message is None or message.revision > last:
+                break
+            if not taken.has(message.revision) and not cluster_changes.is_changes_key(message.key):
+                # a batch met here named writes before it, which this read takes in one by one
+                self.take_cluster_entry(message.key, streams.entry_value(message), message.revision)
+                applied += 1
+            taken.take(message.revision)
+            sequence = message.revision + 1
+        taken.take_through(last)
+        return applied
+
+    async def _read_cluster_message(self, bucket: str, revision: int) -> None:
+        """Take in the message of the bucket's stream at `revision` (one a batch named without its
+        value); when it is not there any more, a later write of its key replaced it."""
+        message = await streams.bucket_message_from(self.js, bucket, revision)
+        if message is not None and message.revision == revision:
+            self.take_cluster_entry(message.key, streams.entry_value(message), message.revision)
+        self._cluster_taken.take(revision)
 
     def _mark_cluster_synced(self) -> None:
         """Ready once the replay is over *and* a binder has filled the bucket: the marker comes
@@ -153,6 +273,8 @@ class ShardView:
             self.synced["cluster"].set()
 
     def take_cluster_entry(self, key: str, value: bytes | None, revision: int = 0) -> None:
+        if cluster_changes.is_changes_key(key):
+            return  # a round's batch, met while replaying the bucket: what it names is replayed too
         if key in (cluster_feed.SYNCED_KEY, cluster_feed.HEARTBEAT_KEY):
             if value is None:
                 return
@@ -189,6 +311,7 @@ class ShardView:
         """Wait until this shard's view of the cluster bucket holds `revision`."""
         if self.cluster_revision >= revision:
             return
+        self._cluster_gap_asked.set()  # no batch may name it (a binder that died after the write)
         self._revision_waiters += 1
         try:
             async with self._cluster_moved:

@@ -20,6 +20,10 @@ is one message fewer per pod for every shard. A claim held back has no devices, 
 cannot make a shard take devices as free that are not: it does not hold the heartbeat back. A key
 asked for by `revision_of` is not held.
 
+Each round is written once more, as one message (draplane.scheduling.cluster_changes): the
+shards read those, not the keys one by one. A batch that fails to be written is not written again:
+the shards find the sequences it would have named missing and read them from the stream.
+
 After a restart the binder first reads the bucket back (`load`), so that objects unchanged since
 are not written again. Each time a watch lists (at start, and again after it failed), keys of its
 kind it did not offer are of objects gone while it did not watch, and are deleted (`listed`). Once
@@ -33,10 +37,13 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import secrets
 import time
 
-from nats.js.kv import KeyValue
+from nats.js.api import Header
+from nats.js.kv import KV_OP, KV_PURGE, MSG_ROLLUP_SUBJECT, KeyValue
 
+from draplane.scheduling import cluster_changes
 from draplane.scheduling import cluster_feed as feed
 from draplane.jetstream import streams
 
@@ -94,6 +101,9 @@ class ClusterPublisher:
         self.urgent_keys: set[str] = set()
         self._retry_delay = RETRY_INITIAL_SECONDS
         self._progress = asyncio.Condition()
+        # the change batches' keys: new for each binder start, numbered by round
+        self._changes_token = secrets.token_hex(6)
+        self._changes_written = 0
 
     # --- what the watches feed in (synchronous: called from the watch handlers) -------------------
 
@@ -203,6 +213,8 @@ class ClusterPublisher:
             async for entry in entries:
                 if entry is None:
                     break
+                if cluster_changes.is_changes_key(entry.key):
+                    continue  # a round's batch (it expires): not an object the binder keeps
                 if (value := streams.entry_value(entry)) is not None:
                     self.published[entry.key] = value
                     self.revisions[entry.key] = entry.revision
@@ -287,7 +299,10 @@ class ClusterPublisher:
         for key in batch:
             del self.writing[key]
         failed = 0
+        changes: list[cluster_changes.Change] = []
         for (key, value), result in zip(batch.items(), results):
+            if not isinstance(result, BaseException) and result:
+                changes.append(cluster_changes.change(key, result, value))
             if isinstance(result, BaseException):
                 failed += 1
                 self.wanted.setdefault(key, value)  # unless something newer came meanwhile
@@ -303,6 +318,8 @@ class ClusterPublisher:
                 else:
                     self.published[key] = value
                     self.revisions[key] = result
+        if changes:
+            await self._write_changes(changes)
         async with self._progress:
             self._progress.notify_all()
         if failed:
@@ -315,11 +332,21 @@ class ClusterPublisher:
             self._retry_delay = RETRY_INITIAL_SECONDS
 
     async def _write(self, key: str, value: bytes | None) -> int:
+        """The write's revision (0: not known)."""
         if value is None:
-            # a purge, not a delete: it also drops the key's earlier revision from the stream
-            await self.kv.purge(key, msg_ttl=DELETE_MARKER_TTL_SECONDS)
-            return 0
+            return await _purge(self.kv, key)
         return await self.kv.put(key, value)
+
+    async def _write_changes(self, changes: list[cluster_changes.Change]) -> None:
+        """The round's writes once more, as batches for the shards (see the module's doc)."""
+        for batch in cluster_changes.encode_batches(self.instance, changes):
+            self._changes_written += 1
+            key = cluster_changes.changes_key(self._changes_token, self._changes_written)
+            try:
+                await self.kv.create(key, batch, msg_ttl=cluster_changes.CHANGES_TTL_SECONDS)
+            except Exception as exc:  # noqa: BLE001 - the shards read what it would have named from the stream
+                log.warning("cluster feed: the batch of %d changes was not written (%r); the shards read them "
+                            "from the bucket's stream instead", len(changes), exc)
 
     async def heartbeat(self) -> None:
         """Every HEARTBEAT_SECONDS once synced, through the same writes as the rest: shards lapse
@@ -355,3 +382,17 @@ class ClusterPublisher:
                 await self._progress.wait_for(lambda: not any(k in self.wanted or k in self.writing for k in keys))
         await asyncio.wait_for(written(), timeout)
         return max((self.revisions.get(k, 0) for k in keys), default=0)
+
+
+async def _purge(kv: KeyValue, key: str) -> int:
+    """A purge, not a delete: it also drops the key's earlier revision from the stream. Its marker
+    expires after DELETE_MARKER_TTL_SECONDS. Returns the marker's revision: nats-py's own purge
+    does not say it, and the change batches name every write's (so this publishes the same
+    message nats-py's KeyValue.purge does, itself)."""
+    js, prefix = getattr(kv, "_js", None), getattr(kv, "_pre", None)
+    if js is None or prefix is None:  # not nats-py's KeyValue: its own purge
+        await kv.purge(key, msg_ttl=DELETE_MARKER_TTL_SECONDS)
+        return 0
+    ack = await js.publish(f"{prefix}{key}", headers={KV_OP: KV_PURGE, Header.ROLLUP: MSG_ROLLUP_SUBJECT},
+                           msg_ttl=DELETE_MARKER_TTL_SECONDS)
+    return ack.seq

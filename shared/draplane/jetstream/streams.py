@@ -8,6 +8,7 @@ import contextlib
 import logging
 from collections.abc import AsyncIterator
 
+import msgspec
 import nats.errors
 import nats.js.errors
 from nats.js import JetStreamContext
@@ -20,7 +21,7 @@ from nats.js.api import (
     StorageType,
     StreamConfig,
 )
-from nats.js.kv import KeyValue
+from nats.js.kv import KV_DEL, KV_MARKER_REASON, KV_OP, KV_PURGE, KeyValue
 
 from draplane.jetstream.setup import until_answered
 from draplane.scheduling.messages import Subjects
@@ -161,6 +162,102 @@ async def _next_update(watcher: KeyValue.KeyWatcher, timeout: float | None, *, p
         # on every entry: a replay of thousands must not hold up pings, leases and placements.
         await asyncio.sleep(0)
     return await queue.get()  # no suspension while the queue holds an entry
+
+
+class StreamEntry(msgspec.Struct, frozen=True, gc=False):
+    """A bucket's message read from its stream (`follow_bucket_from`, `bucket_message_from`), as
+    the bucket's readers take an entry: `revision` is its stream sequence, `operation` "DEL" or
+    "PURGE" for a delete marker, else None."""
+
+    key: str
+    value: bytes | None
+    revision: int
+    delta: int = 0  # the messages of the stream (of the keys followed) still behind this one
+    operation: str | None = None
+
+
+def _operation(headers) -> str | None:
+    """The key-value operation a message's headers say, as nats-py's watch reads them."""
+    if not headers:
+        return None
+    operation = headers.get(KV_OP)
+    if operation is None and KV_MARKER_REASON in headers:
+        # nats-server 2.11+ marks what it removed itself (a TTL, a max age) this way; a reason
+        # newer than this code is taken as a removal
+        operation = KV_DEL if headers[KV_MARKER_REASON] == "Remove" else KV_PURGE
+    return operation
+
+
+# Bounded as nats-py's own key-value watcher is: a reader that falls behind holds the
+# subscription back rather than filling this process.
+FOLLOW_QUEUE_SIZE = 256
+
+
+class BucketFollower:
+    """Every message of a bucket's stream on `keys` (a key wildcard) from stream sequence
+    `sequence` on, in order, for ever (`async for`): nats-py's ordered consumer, whose gaps,
+    resets, flow control and heartbeats are nats-py's, which a key-value watch cannot start at a
+    sequence. `stop` ends it."""
+
+    def __init__(self, js: JetStreamContext, bucket: str, keys: str, sequence: int):
+        self._js, self._bucket, self._keys, self._sequence = js, bucket, keys, max(1, sequence)
+        self._prefix = f"$KV.{bucket}."
+        self._queue: asyncio.Queue = asyncio.Queue(maxsize=FOLLOW_QUEUE_SIZE)
+        self._sub = None
+
+    async def start(self) -> "BucketFollower":
+        config = ConsumerConfig(deliver_policy=DeliverPolicy.BY_START_SEQUENCE, opt_start_seq=self._sequence)
+        self._sub = await self._js.subscribe(f"{self._prefix}{self._keys}", stream=f"KV_{self._bucket}",
+                                             cb=self._on_message, ordered_consumer=True, config=config,
+                                             inactive_threshold=WATCH_INACTIVE_SECONDS)
+        return self
+
+    async def _on_message(self, msg) -> None:
+        metadata = msg.metadata
+        entry = StreamEntry(msg.subject[len(self._prefix):], msg.data, metadata.sequence.stream,
+                            metadata.num_pending, _operation(msg.headers))
+        if self._queue.full():
+            await self._queue.put(entry)
+        else:
+            self._queue.put_nowait(entry)
+
+    def __aiter__(self) -> "BucketFollower":
+        return self
+
+    async def __anext__(self) -> StreamEntry:
+        return await self._queue.get()
+
+    async def pending(self) -> int:
+        """The messages on their way to the reader: held by the server for this consumer, or
+        received and not read yet. Those received only, when the server does not answer."""
+        held = 0
+        with contextlib.suppress(nats.errors.Error, nats.js.errors.Error, asyncio.TimeoutError):
+            held = (await self._sub.consumer_info()).num_pending or 0
+        return held + self._queue.qsize()
+
+    async def stop(self) -> None:
+        if self._sub is not None:
+            with contextlib.suppress(Exception, asyncio.CancelledError):  # the connection may be gone already
+                await asyncio.wait_for(self._sub.unsubscribe(), 2.0)
+
+
+# nats-py's default for its key-value watch: the server drops an ephemeral consumer 5 minutes after
+# its client went.
+WATCH_INACTIVE_SECONDS = 300.0
+
+
+async def bucket_message_from(js: JetStreamContext, bucket: str, sequence: int) -> StreamEntry | None:
+    """The bucket's first message at or after stream sequence `sequence` (of any key), read
+    straight from its stream; None when there is none."""
+    try:
+        msg = await js.get_msg(f"KV_{bucket}", seq=max(1, sequence), subject=f"$KV.{bucket}.>", next=True)
+    except nats.js.errors.NotFoundError:
+        return None
+    return StreamEntry(msg.subject[len(f"$KV.{bucket}."):], msg.data or None, msg.seq, 0, _operation(msg.headers))
+
+
+async def stream_last_sequence(js: JetStreamContext, stream: str) -> int:
+    return (await js.stream_info(stream)).state.last_seq
 
 
 async def bucket_snapshot(kv: KeyValue, *, keys: str = ">", timeout: float = 10.0) -> list[KeyValue.Entry]:

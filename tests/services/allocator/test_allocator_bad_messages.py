@@ -51,6 +51,12 @@ async def test_a_shard_drops_what_is_not_ours_and_keeps_placing(scheduling, kube
         return info.num_ack_pending == 0 and info.num_pending == 0 and info.num_redelivered == 0
 
     await scheduling.wait_for(all_answered, what="the pending messages to be termed, none redelivered")
+
+    async def cluster_junk_logged():
+        # written by no binder, so named by no change batch: read from the bucket's stream within
+        # about a second (draplane.scheduling.cluster_changes)
+        return sum("unreadable cluster bucket entry" in r.getMessage() for r in caplog.records) >= 2
+    await scheduling.wait_for(cluster_junk_logged, what="the cluster bucket's junk read and logged")
     messages = [r.getMessage() for r in caplog.records]
     assert sum("dropping a pending message" in m for m in messages) == 3
     assert any("field version is 2" in m for m in messages)

@@ -16,7 +16,7 @@ from draplane.api.resource import (
     ResourceClaimStatus,
 )
 from draplane.jetstream import streams
-from draplane.scheduling import cluster_feed
+from draplane.scheduling import cluster_changes, cluster_feed
 from draplane.scheduling.messages import Subjects
 from draplane_binder.cluster_publisher import ClusterPublisher
 
@@ -37,7 +37,15 @@ async def _started(kv, instance: str) -> tuple[ClusterPublisher, asyncio.Task]:
 
 
 async def _keys(kv) -> dict[str, int]:
-    return {e.key: e.revision for e in await streams.bucket_snapshot(kv) if e.operation not in ("DEL", "PURGE")}
+    return {e.key: e.revision for e in await streams.bucket_snapshot(kv)
+            if e.operation not in ("DEL", "PURGE") and not cluster_changes.is_changes_key(e.key)}
+
+
+async def _batched(kv) -> dict[int, cluster_changes.Change]:
+    """revision -> the change a batch of the bucket names for it"""
+    batches = [cluster_changes.decode_changes(e.key, e.value) for e in await streams.bucket_snapshot(kv)
+               if cluster_changes.is_changes_key(e.key)]
+    return {c.revision: c for batch in batches for c in batch.changes}
 
 
 async def test_changes_only_then_a_restart_sweeps_what_went(nats, subject_prefix):
@@ -62,6 +70,18 @@ async def test_changes_only_then_a_restart_sweeps_what_went(nats, subject_prefix
         publisher.offer(_node("b"), deleted=True)
         await publisher.revision_of(["node.b"])
         assert "node.b" not in await _keys(kv)
+
+        # every write, the purge too, is named by a batch with its revision and value
+        batched = await _batched(kv)
+        for key, written in keys.items():
+            assert batched[written].key == key and batched[written].value is not None
+            if key != "node.b":
+                assert batched[written].value == (await kv.get(key)).value
+        purge = [c for c in batched.values() if c.key == "node.b" and c.value is None]
+        assert len(purge) == 1 and purge[0].revision > keys["node.b"]
+        assert all(c.binder == "first" for c in [cluster_changes.decode_changes(e.key, e.value)
+                                                  for e in await streams.bucket_snapshot(kv)
+                                                  if cluster_changes.is_changes_key(e.key)])
     finally:
         task.cancel()
 
