@@ -9,7 +9,13 @@ import time
 
 import pytest
 
+from draplane.api import core, resource
+from draplane.api.meta import ObjectMeta
 from draplane.cli.demo import DemoError, load_objects, running_up_kubeconfig
+# imported here, not in the async test: the first import of the Kubernetes client reads the file
+# system (sysconfig), which blockbuster refuses inside a running event loop
+from draplane.kube import KubeClient
+from draplane.localenv import environment
 
 
 def _demo(*args, env_extra=None, timeout=150):
@@ -108,10 +114,6 @@ def test_demo_with_its_own_environment_tells_the_whole_story_and_stops_it(tmp_pa
 @pytest.mark.integration
 async def test_demo_on_a_running_environment_leaves_objects_and_runs_twice(tmp_path):
     """The `draplane up` case: the objects stay for kubectl, and a second demo replaces the first's."""
-    from draplane.api import core, resource
-    from draplane.api.meta import ObjectMeta
-    from draplane.kube import KubeClient
-    from draplane.localenv import environment
 
     started = time.monotonic()
     # No real node: the last step counts the GPUs over 40Gi of the simulated nodes.

@@ -84,6 +84,7 @@ class ClusterPublisher:
         self.instance = instance
         self.published: dict[str, bytes] = {}  # key -> the value the bucket holds
         self.revisions: dict[str, int] = {}  # key -> the bucket revision of that value
+        self.highest_revision = 0  # the highest bucket revision a write of this binder was given
         self.wanted: dict[str, bytes | None] = {}  # key -> the value to write next (None: delete)
         self.writing: dict[str, bytes | None] = {}  # key -> the value of its write in flight
         self.unwritten_since: dict[str, float] = {}  # key -> when a value not yet written was offered
@@ -303,6 +304,7 @@ class ClusterPublisher:
         for (key, value), result in zip(batch.items(), results):
             if not isinstance(result, BaseException) and result:
                 changes.append(cluster_changes.change(key, result, value))
+                self.highest_revision = max(self.highest_revision, result)
             if isinstance(result, BaseException):
                 failed += 1
                 self.wanted.setdefault(key, value)  # unless something newer came meanwhile
@@ -382,6 +384,17 @@ class ClusterPublisher:
                 await self._progress.wait_for(lambda: not any(k in self.wanted or k in self.writing for k in keys))
         await asyncio.wait_for(written(), timeout)
         return max((self.revisions.get(k, 0) for k in keys), default=0)
+
+    async def written_through(self, keys: list[str], timeout: float = 10.0) -> int:
+        """Once the writes of `keys` on their way have landed (not hurried: they go with their
+        round), the highest revision this binder has written: a shard whose view reaches it holds
+        them, a deleted key's purge included (whose own revision `revision_of` no longer knows).
+        Raises TimeoutError when NATS does not take them in time."""
+        async def written() -> None:
+            async with self._progress:
+                await self._progress.wait_for(lambda: not any(k in self.wanted or k in self.writing for k in keys))
+        await asyncio.wait_for(written(), timeout)
+        return self.highest_revision
 
 
 async def _purge(kv: KeyValue, key: str) -> int:

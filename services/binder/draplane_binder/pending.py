@@ -86,6 +86,9 @@ class PendingQueue:
         self.last_reason: dict[str, str] = {}
         # pod uid -> why its last attempt failed, as a metric label (failure_label, SchedulerError)
         self.failure_reason: dict[str, str] = {}
+        # The cluster bucket revision through which every release so far is written: a pod tried
+        # again after a failed attempt is placed from no older a view (see devices_freed).
+        self.released_through = 0
         cache.pod_listeners.append(self._pod_changed)
         cache.claim_listeners.append(self._claim_changed)
         cache.template_listeners.append(self._template_changed)
@@ -164,6 +167,19 @@ class PendingQueue:
     def flush_retries(self) -> None:
         """Devices were released or nodes changed: every pod waiting out a backoff is tried soon."""
         self.backoff.wake_all(time.monotonic())
+
+    async def devices_freed(self, claim_key: str) -> None:
+        """A claim's devices were released: the pods waiting out a backoff are tried soon, and
+        placed from a view that no longer holds the claim. Its shard takes the claim's change from
+        the cluster bucket, which is written in rounds; a retry placed before that change arrived
+        would find the devices taken still and back off again (longer), while a pod created after
+        the release took them (tests/cli/test_demo.py lost its taker so, under CI's load)."""
+        try:
+            self.released_through = max(self.released_through, await self.publisher.written_through([claim_key]))
+        except TimeoutError:
+            log.warning("cluster feed: the change of the released claim (%s) is not written after 10 s; the pods "
+                        "tried again are placed with the view their shard has", claim_key)
+        self.flush_retries()
 
     # --- preparing and publishing a pod ------------------------------------------------------------
 
@@ -329,6 +345,8 @@ class PendingQueue:
             keys.append(cluster_feed.key_of(pod))
         try:
             revision = await self.publisher.revision_of(keys) if keys else 0
+            if uid in self.backoff:  # tried before: see devices_freed
+                revision = max(revision, self.released_through)
         except TimeoutError:
             # NATS does not take the writes (its leader moving, the connection down): not the pod's
             # fault, so no condition on it; sent again after the first backoff.

@@ -21,6 +21,7 @@ from draplane.api.resource import ResourceClaim
 from draplane.audit_publisher import AuditPublisher
 from draplane.kube import KubeApiError, KubeClient
 from draplane.messages import audit
+from draplane.scheduling import cluster_feed
 from draplane.scheduling import reservation_protocol as protocol
 from draplane.scheduling import reservations as rv
 from draplane.jetstream import streams
@@ -52,11 +53,13 @@ RELEASE_RETRY_MAX_SECONDS = 5.0
 class ReservationKeeper:
     def __init__(self, settings: BinderSettings, kube: KubeClient, js: JetStreamContext, subjects: Subjects, *,
                  cache: ClusterCache, audit_publisher: AuditPublisher, metrics: BinderMetrics, instance: str,
-                 spawn_once: Callable[[Awaitable, str], None], devices_freed: Callable[[], None]) -> None:
+                 spawn_once: Callable[[Awaitable, str], None],
+                 devices_freed: Callable[[str], Awaitable[None]]) -> None:
         self.settings, self.kube, self.js, self.subjects = settings, kube, js, subjects
         self.cache, self.audit, self.metrics, self.instance = cache, audit_publisher, metrics, instance
         self._spawn_once = spawn_once
-        self._devices_freed = devices_freed  # the pods waiting out a backoff are tried again soon
+        # given the released claim's bucket key: the pods waiting out a backoff are tried again soon
+        self._devices_freed = devices_freed
         self._store: ReservationStore | None = None
         # node -> claim uids written to Kubernetes whose reservation is still under a lease
         self.to_confirm: dict[str, set[str]] = {}
@@ -189,7 +192,7 @@ class ReservationKeeper:
             claims=[audit.ClaimDevices(namespace=namespace, name=name, uid=uid, devices=audit.devices_of(allocation))],
             reason=why,
         ))
-        self._devices_freed()
+        await self._devices_freed(cluster_feed.claim_key(uid))
 
     async def reconcile_reservations(self) -> int:
         """protocol.stale_confirmations over every node's entry: release the confirmed reservations

@@ -84,6 +84,11 @@ def key_of(obj) -> str:
     return f"{PREFIXES[kind]}.{token}"
 
 
+def claim_key(uid: str) -> str:
+    """The key of the ResourceClaim with this uid (`key_of` for a claim known by its uid alone)."""
+    return f"{PREFIXES[ResourceClaim]}.{uid}"
+
+
 def kind_of_key(key: str) -> type | None:
     """The kind a key holds; None for SYNCED_KEY and for keys of a newer binder."""
     return _BY_PREFIX.get(key.split(".", 1)[0])

@@ -399,3 +399,44 @@ async def test_claims_are_not_held_before_the_bucket_is_synced_nor_once_in_it():
         await publisher.revision_of(["claim.gone-after"], timeout=2.0)
         publisher.offer(_claim("gone-after"))  # deallocated: the bucket must say so, not wait
         assert not publisher.held
+
+
+async def test_written_through_waits_for_the_round_without_hurrying_it():
+    async with _gated_publisher(coalesce_seconds=0.3) as (publisher, bucket):
+        bucket.gate.set()
+        publisher.offer(_node("a"))
+        publisher.offer(_node("b"))
+        started = time.monotonic()
+        # a release waits for its claim's change; unlike a PendingPod's key it is not urgent: it
+        # goes with its round (two puts, one batch), not alone
+        assert await publisher.written_through(["node.a"], timeout=2.0) == 2
+        assert time.monotonic() - started >= 0.25
+        assert sorted(k for k, _ in bucket.puts) == ["node.a", "node.b"]
+        assert await publisher.written_through(["node.nothing"], timeout=2.0) == 2  # nothing on its way
+
+
+async def test_written_through_a_key_never_written_times_out():
+    async with _gated_publisher(coalesce_seconds=0.0) as (publisher, bucket):
+        publisher.offer(_node("a"))  # the gate stays shut: NATS does not take the write
+        with pytest.raises(TimeoutError):
+            await publisher.written_through(["node.a"], timeout=0.2)
+
+
+async def test_written_through_a_deleted_claim_covers_its_purge(nats, subject_prefix):
+    kv = await streams.cluster_bucket(nats.jetstream(), Subjects(prefix=subject_prefix))
+    publisher = ClusterPublisher(instance="x", kinds=CLAIMS, coalesce_seconds=0.01)
+    await publisher.load(kv)
+    task = asyncio.create_task(publisher.run())
+    try:
+        claim = _claim("u1", allocated=True)
+        publisher.offer(claim)
+        key = cluster_feed.claim_key("u1")
+        assert key == cluster_feed.key_of(claim)
+        await publisher.revision_of([key], timeout=2.0)
+        publisher.offer(claim, deleted=True)
+        through = await publisher.written_through([key], timeout=2.0)
+        purges = [e.revision for e in await streams.bucket_snapshot(kv) if e.key == key and e.operation == "PURGE"]
+        assert purges and through >= purges[0]  # a shard whose view reaches it has the claim gone
+        assert await publisher.revision_of([key], timeout=2.0) == 0  # what revision_of cannot say
+    finally:
+        task.cancel()
