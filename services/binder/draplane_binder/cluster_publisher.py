@@ -379,10 +379,7 @@ class ClusterPublisher:
             self.urgent_keys.update(waited)
             self._urgent.set()
 
-        async def written() -> None:
-            async with self._progress:
-                await self._progress.wait_for(lambda: not any(k in self.wanted or k in self.writing for k in keys))
-        await asyncio.wait_for(written(), timeout)
+        await self._until_written(keys, timeout)
         return max((self.revisions.get(k, 0) for k in keys), default=0)
 
     async def written_through(self, keys: list[str], timeout: float = 10.0) -> int:
@@ -390,11 +387,15 @@ class ClusterPublisher:
         round), the highest revision this binder has written: a shard whose view reaches it holds
         them, a deleted key's purge included (whose own revision `revision_of` no longer knows).
         Raises TimeoutError when NATS does not take them in time."""
+        await self._until_written(keys, timeout)
+        return self.highest_revision
+
+    async def _until_written(self, keys: list[str], timeout: float) -> None:
+        """Until no write of `keys` is wanted or in flight (TimeoutError after `timeout`)."""
         async def written() -> None:
             async with self._progress:
                 await self._progress.wait_for(lambda: not any(k in self.wanted or k in self.writing for k in keys))
         await asyncio.wait_for(written(), timeout)
-        return self.highest_revision
 
 
 async def _purge(kv: KeyValue, key: str) -> int:
