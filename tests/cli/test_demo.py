@@ -171,8 +171,24 @@ async def test_demo_on_a_running_environment_leaves_objects_and_runs_twice(tmp_p
         assert third.returncode == 1, third.stdout + third.stderr
         assert "Traceback" not in third.stderr
         assert third.stderr.startswith("draplane demo: Pod default/vllm-inference was not bound within 5s: Unschedulable:"), third.stderr
+    except AssertionError:
+        # CI keeps only what the test prints
+        await asyncio.to_thread(_print_scheduling_logs, tmp_path / "up" / "logs" / "latest")
+        raise
     finally:
         await asyncio.to_thread(env.stop)
+
+
+def _print_scheduling_logs(logs, lines: int = 80) -> None:
+    """The end of the binder's and the shards' logs: who placed which pod, and why one was not."""
+    for path in sorted([logs / "binder.log", *logs.glob("allocator-*.log")]):
+        try:
+            tail = path.read_text(errors="replace").splitlines()[-lines:]
+        except OSError as exc:
+            print(f"--- {path}: not readable ({exc})")
+            continue
+        print(f"--- the last {len(tail)} lines of {path}")
+        print("\n".join(tail))
 
 
 def test_nodes_whose_pools_are_missing_or_incomplete_are_unsettled():
