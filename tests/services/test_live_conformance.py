@@ -196,14 +196,20 @@ class LiveCase:
 
         def known(shard) -> bool:
             state = shard.state
-            return (node in state.nodes and all(c in state.devices.classes for c in classes)
+            seen = state.nodes.get(node)
+            # untainted too: make_ready lifts the apiserver's not-ready taint, and the node
+            # lifecycle controller, acting on the node as its cache held it before, can put it
+            # back for a moment (a CI run's case found "1 node(s) had untolerated taint(s)")
+            return (seen is not None and not (seen.spec and seen.spec.taints)
+                    and all(c in state.devices.classes for c in classes)
                     and all(state.devices.inventory.has_slice(s) for s in slices)
                     and all(state.claim_is_allocated(uid) for uid in in_use_uids))
 
         deadline = time.monotonic() + TIMEOUT
         while not all(known(s) for s in self.env.scheduling.shards):
             if time.monotonic() > deadline:
-                raise AssertionError(f"{self.case.id}: the shards never learned the case's objects")
+                raise AssertionError(f"{self.case.id}: the shards never learned the case's objects (or its node "
+                                     "stayed tainted)")
             await asyncio.sleep(0.1)
 
     async def _verdict(self, expected, pod: Pod, claims: list[ResourceClaim]) -> str | None:

@@ -86,9 +86,12 @@ class PendingQueue:
         self.last_reason: dict[str, str] = {}
         # pod uid -> why its last attempt failed, as a metric label (failure_label, SchedulerError)
         self.failure_reason: dict[str, str] = {}
-        # The cluster bucket revision through which every release so far is written: a pod tried
-        # again after a failed attempt is placed from no older a view (see devices_freed).
-        self.released_through = 0
+        # The cluster bucket revision through which every change that woke the pods in backoff (a
+        # release, a node's change) is written: a pod tried again after a failed attempt is placed
+        # from no older a view (see _wake_once_written).
+        self.woken_through = 0
+        self._wake_keys: set[str] = set()  # their keys, while their writes are waited for
+        self._waking = False
         cache.pod_listeners.append(self._pod_changed)
         cache.claim_listeners.append(self._claim_changed)
         cache.template_listeners.append(self._template_changed)
@@ -151,7 +154,7 @@ class PendingQueue:
 
     def _node_changed(self, kind: str, node, changed: bool) -> None:
         if changed and self.cache.synced["nodes"].is_set():
-            self.flush_retries()
+            self._wake_once_written(cluster_feed.key_of(node))
 
     def _listed(self, what: str) -> None:
         if what in ("pods", "claims"):
@@ -168,18 +171,34 @@ class PendingQueue:
         """Devices were released or nodes changed: every pod waiting out a backoff is tried soon."""
         self.backoff.wake_all(time.monotonic())
 
-    async def devices_freed(self, claim_key: str) -> None:
-        """A claim's devices were released: the pods waiting out a backoff are tried soon, and
-        placed from a view that no longer holds the claim. Its shard takes the claim's change from
-        the cluster bucket, which is written in rounds; a retry placed before that change arrived
-        would find the devices taken still and back off again (longer), while a pod created after
-        the release took them (tests/cli/test_demo.py lost its taker so, under CI's load)."""
+    def devices_freed(self, claim_key: str) -> None:
+        """A claim's devices were released: the pods waiting out a backoff are tried soon."""
+        self._wake_once_written(claim_key)
+
+    def _wake_once_written(self, key: str) -> None:
+        """What the pods in backoff wait for changed (`key` in the cluster bucket): they are tried
+        again once that change is written there, and placed from a view that holds it. The bucket
+        is written in rounds; a retry placed before the change reached its shard would find the
+        devices taken or the node tainted still, and back off again, longer, while a pod created
+        after took what it waited for (tests/cli/test_demo.py lost its taker so, under CI's load).
+        kube-scheduler's cache likewise takes an event in before the pods it wakes are tried."""
+        self._wake_keys.add(key)
+        if not self._waking:
+            self._waking = True
+            self._spawn_once(self._wake_when_written(), "wake the pods in backoff")
+
+    async def _wake_when_written(self) -> None:
         try:
-            self.released_through = max(self.released_through, await self.publisher.written_through([claim_key]))
-        except TimeoutError:
-            log.warning("cluster feed: the change of the released claim (%s) is not written after 10 s; the pods "
-                        "tried again are placed with the view their shard has", claim_key)
-        self.flush_retries()
+            while self._wake_keys:  # the keys that came while a wait ran get one wait more
+                keys, self._wake_keys = sorted(self._wake_keys), set()
+                try:
+                    self.woken_through = max(self.woken_through, await self.publisher.written_through(keys))
+                except TimeoutError:
+                    log.warning("cluster feed: %d changes that wake the pods in backoff (%s) are not written after "
+                                "10 s; those pods are tried again with the view their shard has", len(keys), keys[0])
+                self.flush_retries()
+        finally:
+            self._waking = False
 
     # --- preparing and publishing a pod ------------------------------------------------------------
 
@@ -345,8 +364,8 @@ class PendingQueue:
             keys.append(cluster_feed.key_of(pod))
         try:
             revision = await self.publisher.revision_of(keys) if keys else 0
-            if uid in self.backoff:  # tried before: see devices_freed
-                revision = max(revision, self.released_through)
+            if uid in self.backoff:  # tried before: see _wake_once_written
+                revision = max(revision, self.woken_through)
         except TimeoutError:
             # NATS does not take the writes (its leader moving, the connection down): not the pod's
             # fault, so no condition on it; sent again after the first backoff.

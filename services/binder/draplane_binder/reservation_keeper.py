@@ -53,8 +53,7 @@ RELEASE_RETRY_MAX_SECONDS = 5.0
 class ReservationKeeper:
     def __init__(self, settings: BinderSettings, kube: KubeClient, js: JetStreamContext, subjects: Subjects, *,
                  cache: ClusterCache, audit_publisher: AuditPublisher, metrics: BinderMetrics, instance: str,
-                 spawn_once: Callable[[Awaitable, str], None],
-                 devices_freed: Callable[[str], Awaitable[None]]) -> None:
+                 spawn_once: Callable[[Awaitable, str], None], devices_freed: Callable[[str], None]) -> None:
         self.settings, self.kube, self.js, self.subjects = settings, kube, js, subjects
         self.cache, self.audit, self.metrics, self.instance = cache, audit_publisher, metrics, instance
         self._spawn_once = spawn_once
@@ -192,7 +191,7 @@ class ReservationKeeper:
             claims=[audit.ClaimDevices(namespace=namespace, name=name, uid=uid, devices=audit.devices_of(allocation))],
             reason=why,
         ))
-        await self._devices_freed(cluster_feed.claim_key(uid))
+        self._devices_freed(cluster_feed.claim_key(uid))
 
     async def reconcile_reservations(self) -> int:
         """protocol.stale_confirmations over every node's entry: release the confirmed reservations
