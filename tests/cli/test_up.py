@@ -13,6 +13,9 @@ import pytest
 
 from draplane.api import core, resource
 from draplane.api.meta import ObjectMeta
+# at module level, not in the async tests: the first import of the Kubernetes client reads the file
+# system (sysconfig), which blockbuster refuses inside a running event loop (the file run alone)
+from draplane.kube import KubeClient
 
 pytestmark = pytest.mark.integration
 
@@ -75,8 +78,6 @@ def _descendants(pid: int) -> set[int]:
 
 
 async def test_up_binds_a_users_pod_and_ctrl_c_leaves_no_orphans(tmp_path, control_plane):
-    from draplane.kube import KubeClient
-
     workdir = tmp_path / "up"
     process = subprocess.Popen(
         [sys.executable, "-m", "draplane.cli", "up", "--nodes=3", f"--workdir={workdir}"],
@@ -199,8 +200,6 @@ def _child_running(parent: int, module: str) -> int:
 
 
 async def test_up_restarts_a_killed_service_keeps_each_runs_logs_and_stops_only_on_ctrl_c(tmp_path, control_plane):
-    from draplane.kube import KubeClient
-
     workdir = tmp_path / "up"
     argv = [sys.executable, "-m", "draplane.cli", "up", "--nodes=1", "--shards=1", f"--workdir={workdir}", "--no-real-node"]
     process = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, start_new_session=True)

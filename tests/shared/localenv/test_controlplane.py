@@ -6,6 +6,7 @@ import time
 
 import pytest
 
+from draplane.kube import KubeClient  # here, not in an async test: see tests/cli/test_up.py
 from draplane.localenv import binaries
 from draplane.localenv.controlplane import ControlPlane, Ports
 from draplane.localenv.processes import ServerProcess, StartupError
@@ -81,10 +82,6 @@ def test_control_plane_serves_dra_v1_with_gates(control_plane):
 async def test_kubeconfig_authenticates_with_a_token_as_cluster_admin(control_plane):
     # A token, not the admin certificate: the apiserver caches token authentication but checks a
     # client certificate's signature on every request (12 % of its CPU under bench/e2e.py).
-    import json
-
-    from draplane.kube import KubeClient
-
     user = json.loads(control_plane.kubeconfig.read_text())["users"][0]["user"]
     assert set(user) == {"token"}
     async with await KubeClient.from_kubeconfig(control_plane.kubeconfig) as kube:
