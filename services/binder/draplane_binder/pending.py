@@ -88,7 +88,7 @@ class PendingQueue:
         self.failure_reason: dict[str, str] = {}
         # The cluster bucket revision through which every change that woke the pods in backoff (a
         # release, a node's change) is written: a pod tried again after a failed attempt is placed
-        # from no older a view (see _wake_once_written).
+        # from no older a view (see wake_once_written).
         self.woken_through = 0
         self._wake_keys: set[str] = set()  # their keys, while their writes are waited for
         self._waking = False
@@ -154,7 +154,7 @@ class PendingQueue:
 
     def _node_changed(self, kind: str, node, changed: bool) -> None:
         if changed and self.cache.synced["nodes"].is_set():
-            self._wake_once_written(cluster_feed.key_of(node))
+            self.wake_once_written(cluster_feed.key_of(node))
 
     def _listed(self, what: str) -> None:
         if what in ("pods", "claims"):
@@ -168,17 +168,13 @@ class PendingQueue:
         self.backoff.wake((pod.metadata.uid or "" for pod in pods if pod is not None), time.monotonic())
 
     def flush_retries(self) -> None:
-        """Devices were released or nodes changed: every pod waiting out a backoff is tried soon."""
+        """Every pod waiting out a backoff is tried soon (a volume's change; see wake_once_written)."""
         self.backoff.wake_all(time.monotonic())
 
-    def devices_freed(self, claim_key: str) -> None:
-        """A claim's devices were released: the pods waiting out a backoff are tried soon."""
-        self._wake_once_written(claim_key)
-
-    def _wake_once_written(self, key: str) -> None:
-        """What the pods in backoff wait for changed (`key` in the cluster bucket): they are tried
-        again once that change is written there, and placed from a view that holds it. The bucket
-        is written in rounds; a retry placed before the change reached its shard would find the
+    def wake_once_written(self, key: str) -> None:
+        """What the pods in backoff wait for changed (`key` in the cluster bucket: a released
+        claim's, a node's): they are tried again once that change is written there, and placed
+        from a view that holds it. The bucket is written in rounds; a retry placed before the change reached its shard would find the
         devices taken or the node tainted still, and back off again, longer, while a pod created
         after took what it waited for (tests/cli/test_demo.py lost its taker so, under CI's load).
         kube-scheduler's cache likewise takes an event in before the pods it wakes are tried."""
@@ -364,7 +360,7 @@ class PendingQueue:
             keys.append(cluster_feed.key_of(pod))
         try:
             revision = await self.publisher.revision_of(keys) if keys else 0
-            if uid in self.backoff:  # tried before: see _wake_once_written
+            if uid in self.backoff:  # tried before: see wake_once_written
                 revision = max(revision, self.woken_through)
         except TimeoutError:
             # NATS does not take the writes (its leader moving, the connection down): not the pod's

@@ -94,7 +94,7 @@ class Binder:
         self.reservations = ReservationKeeper(settings, kube, self.js, self.subjects, cache=self.cache,
                                               audit_publisher=self.audit, metrics=self.metrics,
                                               instance=self.instance, spawn_once=self._spawn_once,
-                                              devices_freed=self.pending.devices_freed)
+                                              devices_freed=self.pending.wake_once_written)
         self.claims = ClaimReconciler(settings, kube, cache=self.cache, metrics=self.metrics)
         self.doubles = DoubleAllocationReporter(events=self.events, audit_publisher=self.audit,
                                                 metrics=self.metrics, instance=self.instance,
