@@ -32,6 +32,8 @@ class ReservationStore:
         # node -> (revision, entry); revision 0 for a node never written
         self.entries: dict[str, tuple[int, rv.NodeReservations]] = {}
         self._on_change = on_change
+        # what each node's entry read last holds, so a write's unchanged reservations are not decoded again
+        self._decoder = rv.EntryDecoder()
         self._synced = asyncio.Event()
         self._changed = asyncio.Condition()
         # One writer per node entry within this process: concurrent writers in one process would
@@ -52,7 +54,7 @@ class ReservationStore:
         if not self._is_news(node, revision):
             return  # a watch update older than what a write of ours already taught us
         try:
-            entry = rv.decode_entry(value, node)
+            entry = self._decoder.decode(value, node)
         except ValueError as exc:
             log.error("ignoring unreadable reservation entry: %s", exc)
             return
@@ -96,8 +98,9 @@ class ReservationStore:
 
     async def write(self, node: str, entry: rv.NodeReservations, expected_revision: int) -> int:
         """Compare-and-set one node's entry; raises StaleRevision if someone wrote in between."""
+        data = rv.encode_entry(entry)
         try:
-            revision = await self._kv.update(rv.node_key(node), rv.encode_entry(entry), last=expected_revision)
+            revision = await self._kv.update(rv.node_key(node), data, last=expected_revision)
         except nats.js.errors.KeyWrongLastSequenceError:
             raise StaleRevision(node) from None
         except nats.js.errors.APIError as exc:
@@ -108,6 +111,7 @@ class ReservationStore:
         # What was written, as written: not encoded and decoded again. The watch brings the same
         # revision later, and _apply skips it.
         if self._is_news(node, revision):
+            self._decoder.remember(data, entry)
             self._take(node, revision, entry)
         return revision
 

@@ -294,7 +294,8 @@ class SchedulingState:
             self.reserved[uid] = reservation
             # Most writes to a node's entry renew or confirm one lease and leave the other claims
             # as they were; only a claim reserved anew (or again) can change what is in use.
-            if old is None or old.reserved_at != reservation.reserved_at or old.devices != reservation.devices:
+            if old is not reservation and (old is None or old.reserved_at != reservation.reserved_at
+                                           or old.devices != reservation.devices):
                 self._refresh_claim(uid)
         self._reserved_by_node[node] = set(entry.claims)
         pods = {uid: (p.requests, p.expires_at) for uid, p in entry.pods.items()}
@@ -310,7 +311,7 @@ class SchedulingState:
             for uid, p in entry.pods.items():
                 was = known.get(uid)
                 # a write adds or renews one pod and leaves the others as they were
-                placed[uid] = was if was is not None and was[0] == p else (p, PlacedPod(
+                placed[uid] = was if was is not None and (was[0] is p or was[0] == p) else (p, PlacedPod(
                     uid=uid, namespace=p.pod_namespace, labels=p.labels or {}, node=node,
                     anti_affinity=tuple(p.anti_affinity or ())))
             self.placed.set_reserved(node, {uid: (pp, p.expires_at) for uid, (p, pp) in placed.items()})

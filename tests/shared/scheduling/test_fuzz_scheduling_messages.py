@@ -10,6 +10,7 @@ reservation protocol on an accepted entry must not raise either. Counts: see tes
 from __future__ import annotations
 
 import msgspec
+import pytest
 from hypothesis import example, given, reject
 from hypothesis import strategies as st
 
@@ -145,7 +146,14 @@ def decode_reservations(data: bytes) -> None:
             decoded = rv.decode_entry(data, NODE)
         except ValueError as exc:
             assert f"node {NODE}" in str(exc) or f"key {NODE}" in str(exc)
+            with pytest.raises(ValueError, match=f"node {NODE}|key {NODE}"):
+                rv.EntryDecoder().decode(data, NODE)  # the watch's decoder refuses it as well
             return
+        # the watch's decoder reads it the same, first alone and then after what it read before
+        assert rv.EntryDecoder().decode(data, NODE) == decoded
+        decoder = rv.EntryDecoder()
+        decoder.decode(rv.encode_entry(decoded), NODE)
+        assert decoder.decode(data, NODE) == decoded
         protocol_steps(decoded)
 
 

@@ -171,3 +171,62 @@ def test_decoded_entries_do_not_share_what_differs():
     a, b = decoded.claims["a"], decoded.claims["b"]
     assert a.allocation is not b.allocation and a.devices[0] is not b.devices[0]
     assert decoded.pods["pod-a"].requests == {"cpu": 1000} and decoded.pods["pod-b"].requests == {"cpu": 2000}
+
+
+def test_the_entry_decoder_reads_as_decode_entry_and_decodes_only_what_changed():
+    """Each write of a node's entry carries its other reservations as they were: those are the
+    objects read before; a renewed, confirmed or new one is decoded anew."""
+    decoder = rv.EntryDecoder()
+    entry = rv.add(rv.NodeReservations(node="n1"), [reservation("a", "gpu-0"), reservation("b", "gpu-1")],
+                   pod_reservation("pod-a"))
+    first = decoder.decode(rv.encode_entry(entry), "n1")
+    assert first == rv.decode_entry(rv.encode_entry(entry), "n1") == entry
+
+    entry = rv.add(rv.confirm(entry, "a"), [reservation("c", "gpu-2")], pod_reservation("pod-c"))
+    second = decoder.decode(rv.encode_entry(entry), "n1")
+    assert second == rv.decode_entry(rv.encode_entry(entry), "n1") == entry
+    assert second.claims["b"] is first.claims["b"] and second.pods["pod-a"] is first.pods["pod-a"]
+    assert second.claims["a"] is not first.claims["a"] and second.claims["a"].confirmed
+    # decoded anew, its parts are still the ones others hold alike
+    assert second.claims["c"].devices[0] is rv.decode_entry(rv.encode_entry(entry), "n1").claims["c"].devices[0]
+
+    # another node's entry with the same bytes is decoded on its own
+    other = rv.NodeReservations(node="n2", claims={"b": entry.claims["b"]})
+    assert decoder.decode(rv.encode_entry(other), "n2").claims["b"] is not second.claims["b"]
+    # a deleted key is an empty entry, and nothing of it is remembered
+    assert decoder.decode(None, "n1") == rv.NodeReservations(node="n1")
+    assert decoder.decode(rv.encode_entry(entry), "n1").claims["b"] is not second.claims["b"]
+    assert len(decoder) == 2
+
+
+def test_the_entry_decoder_compares_with_what_its_reader_wrote():
+    decoder = rv.EntryDecoder()
+    written = rv.add(rv.NodeReservations(node="n1"), [reservation("a", "gpu-0")], pod_reservation("pod-a"))
+    decoder.remember(rv.encode_entry(written), written)
+    after = rv.add(written, [reservation("b", "gpu-1")])
+    read = decoder.decode(rv.encode_entry(after), "n1")
+    assert read == after
+    assert read.claims["a"] is written.claims["a"] and read.pods["pod-a"] is written.pods["pod-a"]
+
+
+def test_the_entry_decoder_names_what_it_cannot_read_and_keeps_what_it_knew():
+    decoder = rv.EntryDecoder()
+    entry = rv.add(rv.NodeReservations(node="n1"), [reservation("a", "gpu-0")])
+    good = decoder.decode(rv.encode_entry(entry), "n1")
+    with pytest.raises(ValueError, match="reservation entry for node n1"):
+        decoder.decode(b"{not json", "n1")
+    with pytest.raises(ValueError, match="under key n1 names node n2"):
+        decoder.decode(rv.encode_entry(rv.NodeReservations(node="n2")), "n1")
+    with pytest.raises(ValueError, match="field version is 2, expected 1"):
+        decoder.decode(b'{"version":2,"node":"n1"}', "n1")
+    bad_claim = b'{"version":1,"node":"n1","claims":{"x":{"claim_uid":"x"}}}'
+    with pytest.raises(ValueError, match="reservation entry for node n1: claim x: Object missing required field"):
+        decoder.decode(bad_claim, "n1")
+    bad_pod = b'{"version":1,"node":"n1","pods":{"p":{"pod_uid":7}}}'
+    with pytest.raises(ValueError, match="reservation entry for node n1: pod p: Expected `str`"):
+        decoder.decode(bad_pod, "n1")
+    # what it read last still stands for the next entry
+    again = decoder.decode(rv.encode_entry(rv.add(entry, [reservation("b", "gpu-1")])), "n1")
+    assert again.claims["a"] is good.claims["a"]
+    # an entry written before pod reservations existed still reads
+    assert decoder.decode(b'{"version":1,"node":"n1","claims":{}}', "n1").pods == {}
