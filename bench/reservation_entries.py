@@ -90,6 +90,9 @@ def main() -> None:
     parser.add_argument("--rounds", type=int, default=5)
     parser.add_argument("--repeat", type=int, default=20, help="passes over the writes per round")
     args = parser.parse_args()
+    for name in ("claims", "pods", "rounds", "repeat"):
+        if getattr(args, name) < 1:
+            parser.error(f"--{name} must be at least 1")
     data = writes(args.claims, args.pods)
     results: dict[str, list[tuple[float, float]]] = {"whole": [], "changed": []}
     for r in range(args.rounds):
