@@ -131,6 +131,10 @@ class Taken:
         self.ahead = {s for s in self.ahead if s > sequence}
         self._advance()
 
+    def highest(self) -> int:
+        """The highest sequence taken."""
+        return max(self.ahead) if self.ahead else self.upto
+
     def missing(self) -> tuple[int, int] | None:
         """The first and last sequence of the span a batch skipped, or None when none is missing
         below the highest taken."""

@@ -119,3 +119,43 @@ async def test_a_batch_that_cannot_be_read_is_logged_and_what_it_named_is_read_f
         await _until(lambda: "class.named" in view.bucket_objects, "the value the broken batch named")
         assert "cluster bucket change batch 'meta.changes.junk.1'" in caplog.text
         assert view._cluster_taken.has(put)
+
+
+async def test_while_batches_come_the_stream_is_not_asked_and_what_none_named_is_still_read(
+        nats, subject_prefix, monkeypatch, caplog):
+    """The batches say how far the stream reached: a write none of them named lies below a later
+    batch and is read from the stream all the same, without asking the stream's last sequence."""
+    caplog.set_level(logging.INFO)
+    js = nats.jetstream()
+    kv = await streams.cluster_bucket(js, Subjects(prefix=subject_prefix))
+    asked = []
+    real_last = streams.stream_last_sequence
+
+    async def counted(js, stream):
+        asked.append(stream)
+        return await real_last(js, stream)
+    monkeypatch.setattr(view_module.streams, "stream_last_sequence", counted)
+
+    async with _following_view(nats, subject_prefix) as view:
+        await _until(lambda: view._cluster_replayed, "the replay")
+        publisher = ClusterPublisher(instance="binder-1", kinds=(DeviceClass,))
+        await publisher.load(kv)
+        writer = asyncio.create_task(publisher.run())
+        try:
+            publisher.offer(_class("first"))
+            await _until(lambda: "class.first" in view.bucket_objects and view._batches_taken > 0,
+                         "the first batched write")
+            asked.clear()
+            direct = None
+            for i in range(int(view_module.CLUSTER_GAP_SECONDS * 4 / 0.05)):
+                publisher.offer(_class(f"steady-{i}"))
+                if i == 10:
+                    direct = await kv.put("class.between", cluster_feed.encode(_class("between")))
+                await asyncio.sleep(0.05)
+            await _until(lambda: "class.between" in view.bucket_objects, "the write no batch named",
+                         timeout=view_module.CLUSTER_GAP_SECONDS * 3)
+        finally:
+            writer.cancel()
+        assert view._cluster_taken.has(direct)
+        assert asked == [], f"the stream was asked while batches came: {asked}"
+        assert "read 1 cluster bucket changes that no batch of the binder named" in caplog.text

@@ -51,8 +51,10 @@ def test_taken_advances_over_what_follows_and_keeps_what_is_ahead():
     assert taken.missing() == (12, 15)
     taken.take(12)
     assert taken.upto == 12 and taken.missing() == (13, 15)
+    assert taken.highest() == 15
     taken.take(13)  # the gap closes: everything up to 15 is taken
     assert taken.upto == 15 and taken.missing() is None and not taken.ahead
+    assert taken.highest() == 15
 
 
 def test_taken_through_a_read_of_the_stream_and_what_lies_beyond_it():
