@@ -241,29 +241,11 @@ class EntryDecoder:
             return NodeReservations(node=node)
         undecoded = self._undecoded(data, node)
         known_claims, known_pods = self._known.get(node, ({}, {}))
-        claims_seen: dict[str, tuple[int, Reservation]] = {}
-        pods_seen: dict[str, tuple[int, PodReservation]] = {}
-        pods: dict[str, PodReservation] = {}
-        for uid, item in undecoded.pods.items():
-            known, digest = known_pods.get(uid), hash(bytes(item))
-            if known is not None and known[0] == digest:
-                pods_seen[uid] = known
-                pods[uid] = known[1]
-                continue
-            pod = _share_pod_parts(uid, _decode_item(_pod_decoder, item, node, "pod", uid))
-            pods[uid] = pod
-            pods_seen[uid] = (digest, pod)
+        pods, pods_seen = _reuse_or_decode(undecoded.pods, known_pods, lambda uid, item: _share_pod_parts(
+            uid, _decode_item(_pod_decoder, item, node, "pod", uid)))
         pod_uids = {uid: uid for uid in pods}
-        claims: dict[str, Reservation] = {}
-        for uid, item in undecoded.claims.items():
-            known, digest = known_claims.get(uid), hash(bytes(item))
-            if known is not None and known[0] == digest:
-                claims_seen[uid] = known
-                claims[uid] = known[1]
-                continue
-            reservation = _share_claim_parts(uid, _decode_item(_claim_decoder, item, node, "claim", uid), pod_uids)
-            claims[uid] = reservation
-            claims_seen[uid] = (digest, reservation)
+        claims, claims_seen = _reuse_or_decode(undecoded.claims, known_claims, lambda uid, item: _share_claim_parts(
+            uid, _decode_item(_claim_decoder, item, node, "claim", uid), pod_uids))
         self._known[node] = (claims_seen, pods_seen)
         return NodeReservations(version=undecoded.version, node=node, claims=claims, pods=pods)
 
@@ -281,6 +263,22 @@ class EntryDecoder:
             raise ValueError(f"reservation entry for node {node}: {exc}") from None
         _check_entry(undecoded.version, undecoded.node, node)
         return undecoded
+
+
+def _reuse_or_decode(items: dict[str, msgspec.Raw], known: dict[str, tuple[int, object]],
+                     decode: Callable[[str, msgspec.Raw], object]) -> tuple[dict[str, object], dict[str, tuple[int, object]]]:
+    """uid -> reservation, each the known one when its bytes hash as before, else `decode`d; and
+    what to know of them for the next entry."""
+    decoded: dict[str, object] = {}
+    seen: dict[str, tuple[int, object]] = {}
+    for uid, item in items.items():
+        digest = hash(bytes(item))
+        was = known.get(uid)
+        if was is None or was[0] != digest:
+            was = (digest, decode(uid, item))
+        seen[uid] = was
+        decoded[uid] = was[1]
+    return decoded, seen
 
 
 def _decode_item(decoder: msgspec.json.Decoder, item: msgspec.Raw, node: str, kind: str, uid: str):
