@@ -219,10 +219,11 @@ class EntryDecoder:
     41 us a write decoded whole, 19 us so.
 
     The bytes are compared by Python's hash of them (SipHash, 64 bits, keyed at random per
-    process): 0.2 us a reservation, where a BLAKE2 digest took 1 us, and 36 bytes held, where the
-    bytes themselves (about 350 each, in every reader) would have added some 35 MB to a shard at
-    bench/scale.py's 50,000 claims and pods reserved, whose shards peaked at 447-458 MB against a
-    500 MB bound. A changed reservation read as unchanged needs two of its writes to collide:
+    process): 0.2 us a reservation, where a BLAKE2 digest took 1 us. What this holds per
+    reservation (the hash, the pair, a dict slot) is about 140 bytes besides the 820 of the
+    decoded reservation itself (`tracemalloc`, 500 entries of 40); holding the bytes instead
+    would have added about 350 more, in every shard, at bench/scale.py's 100,000 claim and pod
+    reservations. A changed reservation read as unchanged needs two of its writes to collide:
     about one in 10^19 per change. Pure, no I/O; one per reader, as it holds each node's last
     entry read.
     """
