@@ -98,9 +98,8 @@ class ReservationStore:
 
     async def write(self, node: str, entry: rv.NodeReservations, expected_revision: int) -> int:
         """Compare-and-set one node's entry; raises StaleRevision if someone wrote in between."""
-        data = rv.encode_entry(entry)
         try:
-            revision = await self._kv.update(rv.node_key(node), data, last=expected_revision)
+            revision = await self._kv.update(rv.node_key(node), rv.encode_entry(entry), last=expected_revision)
         except nats.js.errors.KeyWrongLastSequenceError:
             raise StaleRevision(node) from None
         except nats.js.errors.APIError as exc:
@@ -111,7 +110,6 @@ class ReservationStore:
         # What was written, as written: not encoded and decoded again. The watch brings the same
         # revision later, and _apply skips it.
         if self._is_news(node, revision):
-            self._decoder.remember(data, entry)
             self._take(node, revision, entry)
         return revision
 

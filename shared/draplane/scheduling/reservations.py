@@ -226,6 +226,10 @@ class EntryDecoder:
     reservations. A changed reservation read as unchanged needs two of its writes to collide:
     about one in 10^19 per change. Pure, no I/O; one per reader, as it holds each node's last
     entry read.
+
+    A reader's own writes are not recorded: the next entry read is compared with the one read
+    before them, which differs only in what those writes changed, while hashing every write's
+    reservations cost the placing shard a scan of its whole entry each time.
     """
 
     def __init__(self) -> None:
@@ -249,12 +253,6 @@ class EntryDecoder:
             uid, _decode_item(_claim_decoder, item, node, "claim", uid), pod_uids))
         self._known[node] = (claims_seen, pods_seen)
         return NodeReservations(version=undecoded.version, node=node, claims=claims, pods=pods)
-
-    def remember(self, data: bytes, entry: NodeReservations) -> None:
-        """The entry this reader wrote itself, as `data`: its next entry read is compared with it."""
-        undecoded = self._undecoded(data, entry.node)
-        self._known[entry.node] = ({uid: (hash(bytes(item)), entry.claims[uid]) for uid, item in undecoded.claims.items()},
-                                   {uid: (hash(bytes(item)), entry.pods[uid]) for uid, item in undecoded.pods.items()})
 
     @staticmethod
     def _undecoded(data: bytes, node: str) -> _UndecodedEntry:

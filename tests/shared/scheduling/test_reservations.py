@@ -199,14 +199,18 @@ def test_the_entry_decoder_reads_as_decode_entry_and_decodes_only_what_changed()
     assert len(decoder) == 2
 
 
-def test_the_entry_decoder_compares_with_what_its_reader_wrote():
+def test_the_entry_decoder_compares_with_the_entry_read_before_its_readers_own_writes():
+    """A reader's own write is not recorded: the next entry is compared with the one read before
+    it, and only what changed since is decoded."""
     decoder = rv.EntryDecoder()
-    written = rv.add(rv.NodeReservations(node="n1"), [reservation("a", "gpu-0")], pod_reservation("pod-a"))
-    decoder.remember(rv.encode_entry(written), written)
-    after = rv.add(written, [reservation("b", "gpu-1")])
-    read = decoder.decode(rv.encode_entry(after), "n1")
-    assert read == after
-    assert read.claims["a"] is written.claims["a"] and read.pods["pod-a"] is written.pods["pod-a"]
+    read = decoder.decode(rv.encode_entry(rv.add(rv.NodeReservations(node="n1"), [reservation("a", "gpu-0")],
+                                                 pod_reservation("pod-a"))), "n1")
+    written = rv.add(read, [reservation("b", "gpu-1")])  # this reader's own write, never decoded
+    after = rv.add(written, [reservation("c", "gpu-2")])  # another's write on top of it
+    again = decoder.decode(rv.encode_entry(after), "n1")
+    assert again == after
+    assert again.claims["a"] is read.claims["a"] and again.pods["pod-a"] is read.pods["pod-a"]
+    assert again.claims["b"] is not written.claims["b"]
 
 
 def test_the_entry_decoder_names_what_it_cannot_read_and_keeps_what_it_knew():
