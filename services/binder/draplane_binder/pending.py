@@ -174,9 +174,9 @@ class PendingQueue:
     def wake_once_written(self, key: str) -> None:
         """What the pods in backoff wait for changed (`key` in the cluster bucket: a released
         claim's, a node's): they are tried again once that change is written there, and placed
-        from a view that holds it. The bucket is written in rounds; a retry placed before the change reached its shard would find the
-        devices taken or the node tainted still, and back off again, longer, while a pod created
-        after took what it waited for (tests/cli/test_demo.py lost its taker so, under CI's load).
+        from a view that holds it. The bucket is written in rounds; a retry placed before the
+        change reached its shard would find the devices taken or the node tainted still, and back
+        off again, longer, while a pod created after took what it waited for (tests/cli/test_demo.py lost its taker so, under CI's load).
         kube-scheduler's cache likewise takes an event in before the pods it wakes are tried."""
         self._wake_keys.add(key)
         if not self._waking:
