@@ -56,14 +56,6 @@ class Answers:
                 return
             await asyncio.sleep(FULL_BACKLOG_WAIT_SECONDS)
 
-    def fetched_nothing(self) -> None:
-        """A fetch came back empty (it waits up to a second): nothing was placed meanwhile, so a
-        backlog last seen under half the limit is not asked again before the next fetch. An idle
-        shard asked for it before every fetch, once a second, for nothing (strace of a follower:
-        one of its three JetStream requests a second)."""
-        if self.backlog_seen + self.published_since_backlog < MAX_BINDER_BACKLOG // 2:
-            self._backlog_low_until = max(self._backlog_low_until, time.monotonic() + BACKLOG_RECHECK_SECONDS)
-
     async def refuse_all(self, members: list[PendingPod], message: str, *, label: str = "",
                          claim_error: bool = False, preemptions: dict[str, Preemption] | None = None) -> None:
         """The same Unschedulable for each pod (a gang's members): the binder records it on every pod."""

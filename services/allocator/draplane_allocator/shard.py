@@ -156,7 +156,6 @@ class Shard:
                 try:
                     messages = await sub.fetch(FETCH_BATCH, timeout=FETCH_WAIT_SECONDS)
                 except (nats.errors.TimeoutError, asyncio.TimeoutError):
-                    self.answers.fetched_nothing()
                     continue
                 await self._handle_messages(messages)
         finally:

@@ -60,23 +60,3 @@ async def test_what_the_shard_published_since_counts_toward_the_backlog():
     shard.answers.published_since_backlog += 1  # a burst: the backlog may be at half the limit by now
     await shard.answers.wait_for_binder()
     assert js.asked == 2
-
-
-async def test_an_empty_fetch_stands_for_a_look_at_a_small_backlog(monkeypatch):
-    """An idle shard fetches once a second: a small backlog is not asked again before each fetch."""
-    js = _JetStream([3])
-    shard = _shard(js)
-    await shard.answers.wait_for_binder()
-    clock = [1000.0]
-    monkeypatch.setattr(answers_module.time, "monotonic", lambda: clock[0])
-    for _ in range(5):
-        clock[0] += 1.0  # the fetch's wait, longer than BACKLOG_RECHECK_SECONDS
-        shard.answers.fetched_nothing()
-        await shard.answers.wait_for_binder()
-    assert js.asked == 1
-    # a backlog near the limit is still asked before every fetch, empty ones too
-    shard.answers.published_since_backlog = MAX_BINDER_BACKLOG // 2
-    clock[0] += 1.0
-    shard.answers.fetched_nothing()
-    await shard.answers.wait_for_binder()
-    assert js.asked == 2
