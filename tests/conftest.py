@@ -101,6 +101,19 @@ async def nats(control_plane):
     await _cancel_leftover_tasks()
 
 
+@pytest.fixture(scope="session")
+async def follow_nats(control_plane):
+    """A second connection whose reads are paced as the allocator's following connection is by
+    default (draplane.jetstream.paced_reading): the in-process shards watch through it."""
+    from draplane.jetstream.paced_reading import connect_paced
+    from draplane_allocator.__main__ import DEFAULT_FOLLOW_PACE_MS
+
+    client = await connect_paced(DEFAULT_FOLLOW_PACE_MS / 1000, servers=[control_plane.nats_url],
+                                 name="draplane-tests-follow")
+    yield client
+    await client.drain()
+
+
 async def _cancel_leftover_tasks(timeout: float = 15.0) -> None:
     """Cancel the tasks tests left running, while the servers are still up.
 

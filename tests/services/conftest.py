@@ -36,6 +36,8 @@ class Scheduling:
     kube: object
     nats: object
     prefix: str
+    # the shards' watches read through it, paced as in the allocator service; None: through `nats`
+    follow_nats: object = None
     binder: Binder | None = None
     shards: list[Shard] = dataclasses.field(default_factory=list)
     nodes: list[str] = dataclasses.field(default_factory=list)
@@ -54,7 +56,7 @@ class Scheduling:
                                   binding_timeout_seconds=binding_timeout_seconds, concurrency=concurrency)
         self.binder = Binder(settings, self.kube, self.nats)
         self.shards = [Shard(self.nats, index=i, prefix=self.prefix, lease_seconds=lease_seconds, policy=policy,
-                             gang_scheduling=gang_scheduling)
+                             gang_scheduling=gang_scheduling, follow_nc=self.follow_nats)
                        for i in range(shards)]
         for shard in self.shards:
             await shard.start()
@@ -202,8 +204,8 @@ def no_service_tracebacks(request):
 
 
 @pytest.fixture
-async def scheduling(kube, nats, subject_prefix):
-    env = Scheduling(kube=kube, nats=nats, prefix=subject_prefix)
+async def scheduling(kube, nats, follow_nats, subject_prefix):
+    env = Scheduling(kube=kube, nats=nats, prefix=subject_prefix, follow_nats=follow_nats)
     yield env
     await env.stop()
     for name in env.nodes:

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import argparse
 import logging
+import os
 import sys
 
 import nats
@@ -20,6 +21,7 @@ from draplane.entrypoints import (
     add_http_arguments, add_nats_arguments, add_stream_replicas_argument, require_nats_credentials,
     role_connect_options, serve,
 )
+from draplane.jetstream.paced_reading import MAX_PACE_SECONDS, connect_paced
 from draplane.metrics import metrics_handler
 from draplane.scheduling.messages import DEFAULT_PREFIX
 from draplane.scheduling.reservations import DEFAULT_LEASE_SECONDS
@@ -29,9 +31,13 @@ from draplane_allocator.shard import Shard
 
 log = logging.getLogger("draplane_allocator")
 
+# See --follow-pace-ms.
+DEFAULT_FOLLOW_PACE_MS = 150.0
+
 SHARDS = web.AppKey("shards", list)
 ARGS = web.AppKey("args", argparse.Namespace)
 NATS = web.AppKey("nats", object)
+FOLLOW_NATS = web.AppKey("follow_nats", object)
 METRICS = web.AppKey("metrics", AllocatorMetrics)
 
 
@@ -45,6 +51,14 @@ def build_parser() -> argparse.ArgumentParser:
                         help="the shard(s) this process runs (repeatable); default: all of them")
     parser.add_argument("--policy", default=None, help="scoring policy (default: the core's default)")
     parser.add_argument("--lease-seconds", type=float, default=DEFAULT_LEASE_SECONDS)
+    parser.add_argument("--follow-pace-ms", type=float,
+                        # a string default goes through `type` too: a bad DRAPLANE_FOLLOW_PACE_MS exits 2
+                        default=os.environ.get("DRAPLANE_FOLLOW_PACE_MS", str(DEFAULT_FOLLOW_PACE_MS)),
+                        help="the shards follow the cluster (reservations, the cluster bucket, the feed) on a "
+                             "connection of their own that, under load, reads at most once per this many "
+                             "milliseconds, taking what came meanwhile at once; 0: follow on the one "
+                             f"connection, reading every message as it comes (0 to {MAX_PACE_SECONDS * 1000:g}; "
+                             "default %(default)s, or DRAPLANE_FOLLOW_PACE_MS)")
     parser.add_argument("--no-gang-scheduling", dest="gang_scheduling", action="store_false",
                         help="place every pod alone as it comes, as kube-scheduler without the Workload API "
                              "does, even one naming a PodGroup (default: a PodGroup's gang is placed all or none)")
@@ -57,7 +71,13 @@ def build_parser() -> argparse.ArgumentParser:
 async def clients(app: web.Application):
     args = app[ARGS]
     app[NATS] = await nats.connect(**role_connect_options(args, "allocator", name="draplane-allocator"))
+    app[FOLLOW_NATS] = None
+    if args.follow_pace_ms > 0:
+        app[FOLLOW_NATS] = await connect_paced(args.follow_pace_ms / 1000, **role_connect_options(
+            args, "allocator", name="draplane-allocator-follow"))
     yield
+    if app[FOLLOW_NATS] is not None:
+        await app[FOLLOW_NATS].drain()
     await app[NATS].drain()
 
 
@@ -66,7 +86,8 @@ async def shards(app: web.Application):
     indexes = args.shard_index or list(range(args.shards))
     app[SHARDS] = [
         Shard(app[NATS], index=i, prefix=args.prefix, policy=args.policy, lease_seconds=args.lease_seconds,
-              stream_replicas=args.stream_replicas, metrics=app[METRICS], gang_scheduling=args.gang_scheduling)
+              stream_replicas=args.stream_replicas, metrics=app[METRICS], gang_scheduling=args.gang_scheduling,
+              follow_nc=app[FOLLOW_NATS])
         for i in indexes
     ]
     for shard in app[SHARDS]:
@@ -106,6 +127,10 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     if args.shards < 1:
         print("draplane-allocator: --shards must be at least 1", file=sys.stderr)
+        return 2
+    if not 0 <= args.follow_pace_ms <= MAX_PACE_SECONDS * 1000:
+        print(f"draplane-allocator: --follow-pace-ms {args.follow_pace_ms:g} is outside 0..{MAX_PACE_SECONDS * 1000:g}",
+              file=sys.stderr)
         return 2
     require_nats_credentials(parser, args)
     serve(build_app(args), host=args.host, port=args.port, verbose=args.verbose, log_format=args.log_format)

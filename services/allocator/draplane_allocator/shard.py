@@ -18,6 +18,7 @@ retry republish the same placement rather than make a new one.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 import time
 
@@ -62,8 +63,12 @@ class Shard:
         stream_replicas: int = 1,
         metrics: AllocatorMetrics | None = None,
         gang_scheduling: bool = True,
+        follow_nc: NatsClient | None = None,
     ):
+        """`follow_nc`: the connection the shard's watches read through (a paced one, see
+        draplane.jetstream.paced_reading); `nc` by default."""
         self.js = nc.jetstream()
+        follow_js = follow_nc.jetstream() if follow_nc is not None else None
         self.index = index
         self.subjects = Subjects(prefix=prefix)
         self.stream_replicas = stream_replicas
@@ -79,7 +84,8 @@ class Shard:
         self.log = with_fields(log, shard=index)
         self.view = ShardView(self.js, self.subjects, InventoryNames(prefix=prefix), index=index, policy=policy,
                               stream_replicas=stream_replicas, gang_scheduling=gang_scheduling,
-                              audit_publisher=self.audit, metrics=self.m, log=self.log)
+                              audit_publisher=self.audit, metrics=self.m, log=self.log, follow_js=follow_js,
+                              unpaced_following=getattr(follow_nc, "unpaced", contextlib.nullcontext))
         if index == 0:
             self.metrics.export_fragmentation(self.view.state)
         self.answers = Answers(self.js, self.subjects, index=index)

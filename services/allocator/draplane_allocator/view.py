@@ -15,6 +15,7 @@ import contextlib
 import logging
 import time
 from collections.abc import Awaitable, Callable, Iterable
+from contextlib import AbstractContextManager
 
 import nats.js.errors
 from nats.js import JetStreamContext
@@ -56,8 +57,16 @@ PodListener = Callable[[Pod, bool], None]  # (the pod, deleted)
 class ShardView:
     def __init__(self, js: JetStreamContext, subjects: Subjects, feed_names: InventoryNames, *, index: int,
                  policy: str | None, stream_replicas: int, gang_scheduling: bool, audit_publisher: AuditPublisher,
-                 metrics: ShardMetrics, log: logging.LoggerAdapter | logging.Logger) -> None:
+                 metrics: ShardMetrics, log: logging.LoggerAdapter | logging.Logger,
+                 follow_js: JetStreamContext | None = None,
+                 unpaced_following: Callable[[], AbstractContextManager] = contextlib.nullcontext) -> None:
         self.js, self.subjects, self.feed_names, self.index = js, subjects, feed_names, index
+        # The watches (reservations, the cluster bucket and its change batches, the feed) read
+        # through follow_js: a connection whose reads may be paced under load
+        # (draplane.jetstream.paced_reading), while writes and requests go through js at once.
+        self.follow_js = follow_js if follow_js is not None else js
+        # while a pod waits for the cluster bucket's revision, that connection reads at once
+        self._unpaced_following = unpaced_following
         self.stream_replicas = stream_replicas
         self.gang_scheduling = gang_scheduling
         self.audit, self.m, self.log = audit_publisher, metrics, log
@@ -92,7 +101,8 @@ class ShardView:
 
     async def open(self) -> None:
         kv = await streams.reservation_bucket(self.js, self.subjects, replicas=self.stream_replicas)
-        self._store = ReservationStore(kv, on_change=self.reservations_changed)
+        watched = kv if self.follow_js is self.js else await self.follow_js.key_value(self.subjects.reservations_bucket)
+        self._store = ReservationStore(kv, watch_kv=watched, on_change=self.reservations_changed)
 
     @property
     def store(self) -> ReservationStore:
@@ -166,7 +176,7 @@ class ShardView:
         name read from the stream (`_fill_cluster_gaps`, in a task of its own)."""
         self._cluster_taken = taken
         self._cluster_gap_asked.clear()
-        batches = await streams.BucketFollower(self.js, bucket, f"{cluster_changes.CHANGES_PREFIX}>",
+        batches = await streams.BucketFollower(self.follow_js, bucket, f"{cluster_changes.CHANGES_PREFIX}>",
                                                taken.upto + 1).start()
         gaps = asyncio.create_task(self._fill_cluster_gaps(bucket, batches), name=f"shard-{self.index} cluster gaps")
         try:
@@ -329,9 +339,10 @@ class ShardView:
         self._cluster_gap_asked.set()  # no batch may name it (a binder that died after the write)
         self._revision_waiters += 1
         try:
-            async with self._cluster_moved:
-                await asyncio.wait_for(self._cluster_moved.wait_for(lambda: self.cluster_revision >= revision),
-                                       CLUSTER_CATCH_UP_SECONDS)
+            with self._unpaced_following():
+                async with self._cluster_moved:
+                    await asyncio.wait_for(self._cluster_moved.wait_for(lambda: self.cluster_revision >= revision),
+                                           CLUSTER_CATCH_UP_SECONDS)
         finally:
             self._revision_waiters -= 1
 
@@ -405,10 +416,11 @@ class ShardView:
             self.reservations_changed(node)
 
     async def _bucket(self, name: str, while_missing: Callable[[], None]):
-        """The bucket another service creates, looked for every BUCKET_LOOKUP_SECONDS until it exists."""
+        """The bucket another service creates, to watch, looked for every BUCKET_LOOKUP_SECONDS
+        until it exists."""
         while True:
             try:
-                return await self.js.key_value(name)
+                return await self.follow_js.key_value(name)
             except nats.js.errors.BucketNotFoundError:
                 while_missing()
                 await asyncio.sleep(BUCKET_LOOKUP_SECONDS)

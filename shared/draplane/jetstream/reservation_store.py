@@ -27,8 +27,12 @@ class StaleRevision(Exception):
 
 
 class ReservationStore:
-    def __init__(self, kv: KeyValue, *, on_change: Callable[[str], None] | None = None):
+    def __init__(self, kv: KeyValue, *, watch_kv: KeyValue | None = None,
+                 on_change: Callable[[str], None] | None = None):
+        """`watch_kv`: the same bucket through another connection, for the watch alone (a shard's
+        paced following connection); writes and reads go through `kv`."""
         self._kv = kv
+        self._watch_kv = watch_kv if watch_kv is not None else kv
         # node -> (revision, entry); revision 0 for a node never written
         self.entries: dict[str, tuple[int, rv.NodeReservations]] = {}
         self._on_change = on_change
@@ -75,7 +79,7 @@ class ReservationStore:
         before the entries)."""
         while True:
             try:
-                async with contextlib.aclosing(streams.bucket_entries(self._kv)) as entries:
+                async with contextlib.aclosing(streams.bucket_entries(self._watch_kv)) as entries:
                     async for update in entries:
                         if update is None:
                             self._synced.set()
