@@ -10,7 +10,8 @@ meanwhile in one read and one parse. A read after a quiet spell (longer than `pa
 previous one) goes at once, so an idle cluster's changes arrive as fast as before; under load a
 message waits at most `pace`, and not at all while a reader waits for what the connection brings
 (`PacedReadingClient.unpaced`: a shard's pod waiting for the cluster bucket to reach the revision
-that holds its claims).
+that holds its claims). Bytes already waiting to be read are read at once: the pace gathers
+messages that trickle in and never throttles a backlog (a shard replaying a bucket).
 
 Only following goes through such a connection: a delay on the connection a shard commits or
 fetches on would lengthen every round trip. `connect_paced` opens one; `wait_before_read` is the
@@ -21,6 +22,9 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import fcntl
+import sys
+import termios
 import time
 from collections.abc import Iterator
 from typing import Any
@@ -86,7 +90,9 @@ class PacedReadingClient(Client):
             nonlocal previous_read_at
             wait = 0.0 if self._waiting_readers else wait_before_read(previous_read_at, time.monotonic(),
                                                                       self.pace_seconds)
-            if wait > 0:
+            # A backlog is read at once: the pace gathers messages that trickle in, it must never
+            # throttle a replay of a whole bucket (a read takes at most buffer_size bytes).
+            if wait > 0 and not _bytes_waiting(transport):
                 await self._wait_out(transport, wait)
             data = await read(buffer_size)
             previous_read_at = time.monotonic()
@@ -113,6 +119,25 @@ class PacedReadingClient(Client):
             self._pause = None
             if paused_here and not socket_transport.is_closing():
                 socket_transport.resume_reading()
+
+
+def _bytes_waiting(transport: Any) -> bool:
+    """Whether bytes wait to be read: in asyncio's StreamReader, or in the kernel's socket buffer
+    (FIONREAD). True when it cannot tell: then the read goes at once, unpaced."""
+    reader = getattr(transport, "_io_reader", None)
+    if reader is None or getattr(reader, "_buffer", None) is None:
+        return True
+    if reader._buffer:
+        return True
+    socket_transport = _socket_transport(transport)
+    sock = socket_transport.get_extra_info("socket") if socket_transport is not None else None
+    if sock is None:
+        return True
+    try:
+        pending = fcntl.ioctl(sock.fileno(), termios.FIONREAD, b"\0\0\0\0")
+    except (OSError, ValueError):
+        return True
+    return int.from_bytes(pending, sys.byteorder) > 0
 
 
 def _set_done(future: asyncio.Future) -> None:

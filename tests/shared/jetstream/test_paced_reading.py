@@ -203,3 +203,31 @@ async def test_a_reader_waiting_cuts_the_pace_short_and_reads_go_at_once_while_i
     finally:
         await paced.close()
         await publisher.close()
+
+
+@pytest.mark.integration
+async def test_a_backlog_is_read_at_once_not_one_buffer_per_pace(control_plane):
+    """5 MB published at once (a bucket's replay): at one 32 KB read per 0.5 s pace it would take
+    80 s; the pace only gathers what trickles in."""
+    pace = MAX_PACE_SECONDS
+    paced = await connect_paced(pace, servers=[control_plane.nats_url], name="paced-test",
+                                pending_size=64 * 1024 * 1024)
+    publisher = await nats.connect(control_plane.nats_url, name="paced-test-publisher")
+    try:
+        subject = f"paced.{time.monotonic_ns()}"
+        got, _ = await _receive(paced, subject)
+        await publisher.publish(subject, b"first")  # the pace starts
+        await publisher.flush()
+        value = b"v" * 10_000
+        started = time.monotonic()
+        for _ in range(500):
+            await publisher.publish(subject, value)
+        await publisher.flush()
+        while len(got) < 501 and time.monotonic() < started + 30:
+            await asyncio.sleep(0.01)
+        took = time.monotonic() - started
+        assert len(got) == 501
+        assert took < 8 * pace, f"5 MB took {took:.2f} s to read under a {pace} s pace"
+    finally:
+        await paced.close()
+        await publisher.close()
