@@ -35,6 +35,7 @@ from nats.aio.client import Client
 # and of the cluster may fall under load (a shard that commits on a node entry it has not yet read
 # fails its compare-and-set and reads the entry again).
 MAX_PACE_SECONDS = 0.5
+UNKNOWN_BYTES_WAITING = 1 << 62
 
 
 def wait_before_read(previous_read_at: float | None, now: float, pace: float) -> float:
@@ -90,10 +91,16 @@ class PacedReadingClient(Client):
             nonlocal previous_read_at
             wait = 0.0 if self._waiting_readers else wait_before_read(previous_read_at, time.monotonic(),
                                                                       self.pace_seconds)
-            # A backlog is read at once: the pace gathers messages that trickle in, it must never
-            # throttle a replay of a whole bucket (a read takes at most buffer_size bytes).
-            if wait > 0 and not _bytes_waiting(transport):
-                await self._wait_out(transport, wait)
+            if wait > 0:
+                # A backlog is read at once: the pace gathers messages that trickle in, it must
+                # never throttle a replay of a whole bucket (a read takes at most buffer_size
+                # bytes). A message or two that came meanwhile is no backlog: the read after the
+                # pace takes it. One turn of the event loop first lets what already came reach the
+                # reader: from the socket, and from TLS's buffers, which nothing outside asyncio's
+                # SSL protocol can see.
+                await asyncio.sleep(0)
+                if _bytes_waiting(transport) < buffer_size:
+                    await self._wait_out(transport, wait)
             data = await read(buffer_size)
             previous_read_at = time.monotonic()
             return data
@@ -121,23 +128,20 @@ class PacedReadingClient(Client):
                 socket_transport.resume_reading()
 
 
-def _bytes_waiting(transport: Any) -> bool:
-    """Whether bytes wait to be read: in asyncio's StreamReader, or in the kernel's socket buffer
-    (FIONREAD). True when it cannot tell: then the read goes at once, unpaced."""
+def _bytes_waiting(transport: Any) -> int:
+    """How many bytes wait to be read: in asyncio's StreamReader, and in the kernel's socket buffer
+    (FIONREAD). A huge number when it cannot tell: then the read goes at once, unpaced."""
     reader = getattr(transport, "_io_reader", None)
-    if reader is None or getattr(reader, "_buffer", None) is None:
-        return True
-    if reader._buffer:
-        return True
+    buffered = getattr(reader, "_buffer", None)
     socket_transport = _socket_transport(transport)
     sock = socket_transport.get_extra_info("socket") if socket_transport is not None else None
-    if sock is None:
-        return True
+    if buffered is None or sock is None:
+        return UNKNOWN_BYTES_WAITING
     try:
-        pending = fcntl.ioctl(sock.fileno(), termios.FIONREAD, b"\0\0\0\0")
+        in_socket = fcntl.ioctl(sock.fileno(), termios.FIONREAD, b"\0\0\0\0")
     except (OSError, ValueError):
-        return True
-    return int.from_bytes(pending, sys.byteorder) > 0
+        return UNKNOWN_BYTES_WAITING
+    return len(buffered) + int.from_bytes(in_socket, sys.byteorder)
 
 
 def _set_done(future: asyncio.Future) -> None:
@@ -147,7 +151,7 @@ def _set_done(future: asyncio.Future) -> None:
 
 def _socket_transport(transport: Any) -> asyncio.Transport | None:
     """The asyncio transport under nats-py's TCP (or TLS) transport, which can pause reading; None
-    for one that has none (a websocket), whose reads are paced without pausing."""
+    for one that has none (a websocket), whose reads are not paced (`_bytes_waiting`)."""
     writer = getattr(transport, "_io_writer", None)
     socket_transport = getattr(writer, "transport", None)
     if socket_transport is None or not hasattr(socket_transport, "is_reading"):
