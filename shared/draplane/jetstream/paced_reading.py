@@ -96,8 +96,7 @@ class PacedReadingClient(Client):
                 # never throttle a replay of a whole bucket (a read takes at most buffer_size
                 # bytes). A message or two that came meanwhile is no backlog: the read after the
                 # pace takes it. One turn of the event loop first lets what already came reach the
-                # reader: from the socket, and from TLS's buffers, which nothing outside asyncio's
-                # SSL protocol can see.
+                # reader, from TLS's buffers too, which FIONREAD does not count.
                 await asyncio.sleep(0)
                 if _bytes_waiting(transport) < buffer_size:
                     await self._wait_out(transport, wait)
