@@ -5,6 +5,7 @@ reads, and the pacing kept across a reconnect)."""
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import shutil
 import tempfile
 import time
@@ -63,6 +64,18 @@ async def _receive(client, subject: str) -> tuple[list[bytes], list[float]]:
     return got, at
 
 
+@contextlib.asynccontextmanager
+async def _paced_and_publisher(url: str, pace: float, **options):
+    """A paced connection and a plain one to publish on, both closed after."""
+    paced = await connect_paced(pace, servers=[url], name="paced-test", **options)
+    publisher = await nats.connect(url, name="paced-test-publisher", **options)
+    try:
+        yield paced, publisher
+    finally:
+        await paced.close()
+        await publisher.close()
+
+
 async def _publish_spread(publisher, subject: str, count: int, gap: float) -> None:
     for i in range(count):
         await publisher.publish(subject, str(i).encode())
@@ -102,9 +115,7 @@ async def test_paced_connection_reads_a_stream_of_messages_in_few_reads_and_lose
 @pytest.mark.integration
 async def test_a_message_after_a_quiet_spell_is_read_at_once(control_plane):
     pace = MAX_PACE_SECONDS
-    paced = await connect_paced(pace, servers=[control_plane.nats_url], name="paced-test")
-    publisher = await nats.connect(control_plane.nats_url, name="paced-test-publisher")
-    try:
+    async with _paced_and_publisher(control_plane.nats_url, pace) as (paced, publisher):
         subject = f"paced.{time.monotonic_ns()}"
         got, at = await _receive(paced, subject)
         for _ in range(3):
@@ -117,9 +128,6 @@ async def test_a_message_after_a_quiet_spell_is_read_at_once(control_plane):
             while len(got) == count and time.monotonic() < deadline:
                 await asyncio.sleep(0.002)
             assert at[-1] - sent < pace / 2, f"a lone message took {at[-1] - sent:.3f} s under a {pace} s pace"
-    finally:
-        await paced.close()
-        await publisher.close()
 
 
 @pytest.mark.integration
@@ -159,7 +167,6 @@ async def test_pacing_holds_on_the_connection_made_after_a_reconnect():
             await asyncio.sleep(0.05)
         assert got == [str(i).encode() for i in range(50)]
         assert len(reads) <= 15, f"{len(reads)} reads for 50 messages over 0.5 s at a {pace} s pace after a reconnect"
-
     finally:
         await paced.close()
         server.stop(timeout=10.0)
@@ -169,9 +176,7 @@ async def test_pacing_holds_on_the_connection_made_after_a_reconnect():
 @pytest.mark.integration
 async def test_a_reader_waiting_cuts_the_pace_short_and_reads_go_at_once_while_it_waits(control_plane):
     pace = MAX_PACE_SECONDS
-    paced = await connect_paced(pace, servers=[control_plane.nats_url], name="paced-test")
-    publisher = await nats.connect(control_plane.nats_url, name="paced-test-publisher")
-    try:
+    async with _paced_and_publisher(control_plane.nats_url, pace) as (paced, publisher):
         subject = f"paced.{time.monotonic_ns()}"
         got, at = await _receive(paced, subject)
         await asyncio.sleep(2 * pace)
@@ -200,9 +205,6 @@ async def test_a_reader_waiting_cuts_the_pace_short_and_reads_go_at_once_while_i
             await until(3)
             assert at[2] - sent < pace / 4, f"a read {at[2] - sent:.3f} s late while a reader waited"
         assert got == [b"first", b"second", b"third"]
-    finally:
-        await paced.close()
-        await publisher.close()
 
 
 @pytest.fixture
@@ -244,9 +246,7 @@ async def test_a_backlog_is_read_at_once_not_one_buffer_per_pace(request, over):
     else:
         url, options = request.getfixturevalue("control_plane").nats_url, {}
     pace = MAX_PACE_SECONDS
-    paced = await connect_paced(pace, servers=[url], name="paced-test", pending_size=64 * 1024 * 1024, **options)
-    publisher = await nats.connect(url, name="paced-test-publisher", **options)
-    try:
+    async with _paced_and_publisher(url, pace, pending_size=64 * 1024 * 1024, **options) as (paced, publisher):
         subject = f"paced.{time.monotonic_ns()}"
         got, _ = await _receive(paced, subject)
         await publisher.publish(subject, b"first")  # the pace starts
@@ -261,6 +261,3 @@ async def test_a_backlog_is_read_at_once_not_one_buffer_per_pace(request, over):
         took = time.monotonic() - started
         assert len(got) == 501
         assert took < 8 * pace, f"5 MB took {took:.2f} s to read under a {pace} s pace over {over}"
-    finally:
-        await paced.close()
-        await publisher.close()
