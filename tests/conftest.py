@@ -103,13 +103,11 @@ async def nats(control_plane):
 
 @pytest.fixture(scope="session")
 async def follow_nats(control_plane):
-    """A second connection whose reads are paced as the allocator's following connection is by
-    default (draplane.jetstream.paced_reading): the in-process shards watch through it."""
+    """A second connection whose reads are paced as `draplane-allocator --follow-pace-ms 150`'s
+    following connection (draplane.jetstream.paced_reading), for in-process shards to watch through."""
     from draplane.jetstream.paced_reading import connect_paced
-    from draplane_allocator.__main__ import DEFAULT_FOLLOW_PACE_MS
 
-    client = await connect_paced(DEFAULT_FOLLOW_PACE_MS / 1000, servers=[control_plane.nats_url],
-                                 name="draplane-tests-follow")
+    client = await connect_paced(0.15, servers=[control_plane.nats_url], name="draplane-tests-follow")
     yield client
     await client.drain()
 

@@ -36,7 +36,7 @@ class Scheduling:
     kube: object
     nats: object
     prefix: str
-    # the shards' watches read through it, paced as in the allocator service; None: through `nats`
+    # the shards' watches read through it (a paced connection, --follow-pace-ms); None: through `nats`
     follow_nats: object = None
     binder: Binder | None = None
     shards: list[Shard] = dataclasses.field(default_factory=list)
@@ -204,8 +204,8 @@ def no_service_tracebacks(request):
 
 
 @pytest.fixture
-async def scheduling(kube, nats, follow_nats, subject_prefix):
-    env = Scheduling(kube=kube, nats=nats, prefix=subject_prefix, follow_nats=follow_nats)
+async def scheduling(kube, nats, subject_prefix):
+    env = Scheduling(kube=kube, nats=nats, prefix=subject_prefix)
     yield env
     await env.stop()
     for name in env.nodes:

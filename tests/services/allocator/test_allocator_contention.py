@@ -23,7 +23,10 @@ NODES = 10
 GPUS_PER_NODE = max(1, PODS // 40)  # 10 nodes x (pods/40) = a quarter as many devices as pods
 
 
-async def test_four_shards_never_give_a_device_twice(scheduling, kube, namespace):
+@pytest.mark.parametrize("following", ["one connection", "paced"])
+async def test_four_shards_never_give_a_device_twice(scheduling, kube, namespace, follow_nats, following):
+    if following == "paced":  # each shard's view of the others' reservations up to a pace behind
+        scheduling.follow_nats = follow_nats
     class_name = f"gpu-{uuid.uuid4().hex[:6]}"
     await ensure_class(kube, scenario.device_class(class_name))
     suffix = namespace[-6:]

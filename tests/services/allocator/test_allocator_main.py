@@ -20,9 +20,9 @@ def test_follow_pace_out_of_range_exits_2_naming_the_flag(capsys, pace):
     assert f"--follow-pace-ms {float(pace):g} is outside 0..500" in capsys.readouterr().err
 
 
-def test_follow_pace_defaults_to_the_paced_connection_and_0_turns_it_off():
-    assert build_parser().parse_args([]).follow_pace_ms == 150.0
-    assert build_parser().parse_args(["--follow-pace-ms", "0"]).follow_pace_ms == 0.0
+def test_follow_pace_is_off_by_default_and_a_pace_is_taken():
+    assert build_parser().parse_args([]).follow_pace_ms == 0.0
+    assert build_parser().parse_args(["--follow-pace-ms", "150"]).follow_pace_ms == 150.0
 
 
 def test_binder_settings_from_flags():
