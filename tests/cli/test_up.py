@@ -131,6 +131,50 @@ async def test_up_binds_a_users_pod_and_ctrl_c_leaves_no_orphans(tmp_path, contr
             assert len(claims) == 1 and claims[0].status.allocation is not None
             assert claims[0].status.reserved_for[0].name == "trainer"
 
+        # A GPU and the NIC on its PCIe root, through the standard `dranet` class, applied with
+        # the kubectl `up` printed: it binds where a node publishes dra.net NICs.
+        kubectl_argv = kubectl_line.split()[:3]  # kubectl --kubeconfig PATH
+        rdma = """
+apiVersion: resource.k8s.io/v1
+kind: ResourceClaimTemplate
+metadata: {name: gpu-and-nic, namespace: mine}
+spec:
+  spec:
+    devices:
+      requests:
+        - {name: gpu, exactly: {deviceClassName: gpu.nvidia.com}}
+        - {name: nic, exactly: {deviceClassName: dranet}}
+      constraints:
+        - {requests: [gpu, nic], matchAttribute: resource.kubernetes.io/pcieRoot}
+---
+apiVersion: v1
+kind: Pod
+metadata: {name: rdma, namespace: mine}
+spec:
+  containers: [{name: c, image: busybox, resources: {claims: [{name: net}]}}]
+  resourceClaims: [{name: net, resourceClaimTemplateName: gpu-and-nic}]
+"""
+        applied = await asyncio.to_thread(subprocess.run, [*kubectl_argv, "apply", "-f", "-"], input=rdma,
+                                          capture_output=True, text=True, timeout=60)
+        assert applied.returncode == 0, applied.stderr
+        async with await KubeClient.from_kubeconfig(kubeconfig) as kube:
+            deadline = time.monotonic() + 60
+            while time.monotonic() < deadline:
+                pod = await kube.get(core.Pod, "rdma", "mine")
+                if pod.spec.node_name:
+                    break
+                await asyncio.sleep(0.5)
+            assert pod.spec.node_name, f"the GPU and NIC pod was not bound: {pod.status}"
+            (claim_status,) = pod.status.resource_claim_statuses
+            claim = await kube.get(resource.ResourceClaim, claim_status.resource_claim_name, "mine")
+            results = claim.status.allocation.devices.results
+            assert sorted((r.request, r.driver) for r in results) == [("gpu", "gpu.nvidia.com"), ("nic", "dra.net")]
+            slices, _ = await kube.list(resource.ResourceSlice)
+            roots = {d.attributes["resource.kubernetes.io/pcieRoot"].string_value
+                     for r in results for s in slices if s.spec.driver == r.driver and s.spec.pool.name == r.pool
+                     for d in s.spec.devices if d.name == r.device}
+            assert len(roots) == 1, results
+
         # The real node, where this machine can run one: the pod `up` suggests, applied with the
         # kubectl line as printed, runs there and its log shows its 2 GPUs by uuid.
         from draplane.localenv.realnode import missing_prerequisites

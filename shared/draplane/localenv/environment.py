@@ -45,6 +45,8 @@ log = logging.getLogger(__name__)
 DEFAULT_PROFILES = ("l4", "a100-mig", "dgx-h100", "mixed")
 
 NVIDIA_DRIVER = "gpu.nvidia.com"
+NIC_DRIVER = "dra.net"
+NIC_CLASS = "dranet"
 # The real node: its agent simulates the mixed profile (H100, A100 with MIG, L4 and NICs of a second
 # driver), so every class of the demo, the seed's high-memory one included, has a device there.
 REAL_NODE_NAME = "real-0000"
@@ -53,7 +55,10 @@ NATS_PREFIX = DEFAULT_PREFIX  # the services' default subject prefix: `up` runs 
 
 
 def standard_device_classes() -> list[dict]:
-    """The classes NVIDIA's DRA driver installs, plus a high-memory class for the seed's intent."""
+    """The classes NVIDIA's DRA driver installs, a high-memory class for the seed's intent, and
+    `dranet` for the NICs the DGX and mixed nodes publish under the dra.net driver (DraNet
+    installs no class of its own; `dranet` is the name its documentation gives one), so that a
+    claim can ask for a GPU and the NIC beside it."""
 
     def device_class(name: str, expression: str) -> dict:
         return {
@@ -71,6 +76,7 @@ def standard_device_classes() -> list[dict]:
             '"memory" in device.capacity[device.driver] && '
             'device.capacity[device.driver].memory.isGreaterThan(quantity("40Gi"))',
         ),
+        device_class(NIC_CLASS, f"device.driver == '{NIC_DRIVER}'"),
     ]
 
 
