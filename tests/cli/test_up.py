@@ -161,7 +161,8 @@ spec:
             deadline = time.monotonic() + 60
             while time.monotonic() < deadline:
                 pod = await kube.get(core.Pod, "rdma", "mine")
-                if pod.spec.node_name:
+                # kcm names the claim it made in the pod's status, which may land after the binding
+                if pod.spec.node_name and pod.status and pod.status.resource_claim_statuses:
                     break
                 await asyncio.sleep(0.5)
             assert pod.spec.node_name, f"the GPU and NIC pod was not bound: {pod.status}"
@@ -172,7 +173,7 @@ spec:
             slices, _ = await kube.list(resource.ResourceSlice)
             roots = {d.attributes["resource.kubernetes.io/pcieRoot"].string_value
                      for r in results for s in slices if s.spec.driver == r.driver and s.spec.pool.name == r.pool
-                     for d in s.spec.devices if d.name == r.device}
+                     for d in s.spec.devices or () if d.name == r.device}
             assert len(roots) == 1, results
 
         # The real node, where this machine can run one: the pod `up` suggests, applied with the

@@ -8,8 +8,11 @@ newly takes, what it is worth to the classes that could use it (`DraplanePolicy.
 
 The unit is the physical device: a device that consumes counters belongs to the counter set it
 draws from (a GPU, whose whole device and MIG partitions are one unit), any other device is its own
-unit. For each class, `share` is the fraction of the cluster's units (those any class can use) that
-have a device the class matches. A unit's scarcity is
+unit. For each class, `share` is the fraction of the units its kind of device spans that have a
+device the class matches: the units reached by the classes that share a unit with it, or with one
+that does (the GPU classes among themselves, a NIC class among the NIC classes). A class for
+another kind of device is no competitor: counting the NICs into the GPU classes' units made every
+GPU look scarce to the generic GPU class, and the NICs scarce to their own. A unit's scarcity is
 
     1 - product of the shares of the classes that can use it
 
@@ -52,7 +55,8 @@ class DeviceScarcity:
         self._counted: dict[str, tuple[object, list[tuple[Unit, tuple[int, ...]]]]] = {}
         self._unit_counts: dict[Unit, dict[int, int]] = {}  # unit -> class index -> devices matching
         self._reaching: list[int] = []  # class index -> units it reaches
-        self._units = 0  # units some class reaches
+        # the classes a unit's devices match, as a sorted tuple -> units matched by exactly those
+        self._units_by_classes: dict[tuple[int, ...], int] = {}
         self._shares: tuple[int, ...] = ()  # class index -> rounded share, in 1/SHARE_STEPS
         self._values: dict[Unit, float] = {}
         self.version = 0
@@ -89,7 +93,7 @@ class DeviceScarcity:
             self._counted.clear()
             self._unit_counts.clear()
             self._reaching = [0] * len(self._class_selectors)
-            self._units = 0
+            self._units_by_classes.clear()
             self._classes_changed = False
         self._seen_changes = self._inventory.changes
         entries = self._inventory.slice_entries()
@@ -104,12 +108,46 @@ class DeviceScarcity:
             devices = [(unit_of(r), self._matching(r)) for r in entry.devices]
             self._count(devices)
             self._counted[name] = (entry, devices)
-        shares = tuple(
-            0 if not reached else max(1, round(SHARE_STEPS * reached / self._units)) for reached in self._reaching)
+        spans = self._spans()
+        shares = tuple(0 if not reached else max(1, round(SHARE_STEPS * reached / spans[index]))
+                       for index, reached in enumerate(self._reaching))
         if shares != self._shares:
             self._shares = shares
             self._values.clear()
             self.version += 1
+
+    def _spans(self) -> list[int]:
+        """Class index -> the units reached by the classes connected to it through shared units
+        (its own kind of device). A few distinct class sets, whatever the number of units."""
+        group = list(range(len(self._class_selectors)))
+
+        def root(index: int) -> int:
+            while group[index] != index:
+                group[index] = group[group[index]]
+                index = group[index]
+            return index
+
+        for classes in self._units_by_classes:
+            first = root(classes[0])
+            for other in classes[1:]:
+                group[root(other)] = first
+        units: dict[int, int] = {}
+        for classes, count in self._units_by_classes.items():
+            units[root(classes[0])] = units.get(root(classes[0]), 0) + count
+        return [units.get(root(index), 0) for index in range(len(group))]
+
+    def _regroup(self, before: tuple[int, ...], after: tuple[int, ...]) -> None:
+        """A unit's class set went from `before` to `after` (either may be empty)."""
+        if before == after:
+            return
+        if before:
+            left = self._units_by_classes[before] - 1
+            if left:
+                self._units_by_classes[before] = left
+            else:
+                del self._units_by_classes[before]
+        if after:
+            self._units_by_classes[after] = self._units_by_classes.get(after, 0) + 1
 
     def _matching(self, record) -> tuple[int, ...]:
         evaluate = self._matcher.evaluate
@@ -129,12 +167,13 @@ class DeviceScarcity:
             counts = self._unit_counts.get(unit)
             if counts is None:
                 counts = self._unit_counts[unit] = {}
-                self._units += 1
+            before = tuple(sorted(counts))
             for index in matching:
                 if index not in counts:
                     self._reaching[index] += 1
                     counts[index] = 0
                 counts[index] += 1
+            self._regroup(before, tuple(sorted(counts)))
             self._values.pop(unit, None)
 
     def _uncount(self, devices) -> None:
@@ -142,17 +181,18 @@ class DeviceScarcity:
             counts = self._unit_counts.get(unit)
             if counts is None:
                 continue
+            before = tuple(sorted(counts))
             for index in matching:
                 counts[index] -= 1
                 if not counts[index]:
                     del counts[index]
                     self._reaching[index] -= 1
+            self._regroup(before, tuple(sorted(counts)))
             if not counts:
                 del self._unit_counts[unit]
-                self._units -= 1
             self._values.pop(unit, None)
 
     def describe(self) -> dict[str, float]:
-        """Each class's share of the units, rounded as scores use it (for logs and tests)."""
+        """Each class's share of the units of its kind, rounded as scores use it (for logs and tests)."""
         self.refresh()
         return {name: self._shares[i] / SHARE_STEPS for i, (name, _) in enumerate(self._class_selectors)}

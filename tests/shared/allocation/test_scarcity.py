@@ -64,8 +64,10 @@ def place(state: SchedulingState, name: str, class_name: str, count: int = 1, no
 def test_the_shares_of_the_standard_classes_on_the_up_cluster_and_each_gpus_scarcity():
     state = up_cluster()
     scarcity = state.devices.scarcity
-    # 38 GPUs: 10 L4, 18 A100 that MIG can split, 10 H100 over 40Gi; shares in 1/32
-    assert scarcity.describe() == {"gpu.nvidia.com": 1.0, "high-memory-gpu": 8 / 32, "mig.nvidia.com": 15 / 32}
+    # 38 GPUs: 10 L4, 18 A100 that MIG can split, 10 H100 over 40Gi; shares in 1/32 of the GPUs.
+    # The dranet class reaches the NICs of the DGX and mixed nodes, all of them.
+    assert scarcity.describe() == {"gpu.nvidia.com": 1.0, "high-memory-gpu": 8 / 32, "mig.nvidia.com": 15 / 32,
+                                   "dranet": 1.0}
     by_product = {}
     for slice_ in state.devices.inventory.slice_entries().values():
         for record in slice_.devices:
@@ -75,6 +77,35 @@ def test_the_shares_of_the_standard_classes_on_the_up_cluster_and_each_gpus_scar
     assert by_product["NVIDIA L4"] == {0.0}
     assert by_product["NVIDIA A100-SXM4-40GB"] == {1 - 15 / 32}  # the whole GPU and its partitions: one unit
     assert by_product["NVIDIA H100 80GB HBM3"] == {1 - 8 / 32}
+
+
+def test_a_class_for_another_kind_of_device_changes_no_gpus_scarcity():
+    """The NICs and their class are no competitor of the GPU classes: the GPUs' shares and
+    scarcities are those of the GPU classes alone, and one NIC class makes no NIC scarce."""
+    gpu_classes = [c for c in standard_classes() if c.metadata.name != "dranet"]
+    with_nics, without = up_cluster(), up_cluster(classes=gpu_classes)
+    shares = with_nics.devices.scarcity.describe()
+    assert shares.pop("dranet") == 1.0
+    assert shares == without.devices.scarcity.describe()
+    nics = 0
+    for name, entry in with_nics.devices.inventory.slice_entries().items():
+        for record in entry.devices:
+            alone = without.devices.inventory.slice_entries()[name]
+            if record.driver == "dra.net":
+                nics += 1
+                assert with_nics.devices.scarcity.of(record) == 0.0
+            else:
+                assert with_nics.devices.scarcity.of(record) == without.devices.scarcity.of(
+                    next(r for r in alone.devices if r.id == record.id))
+    assert nics > 0
+    # a second NIC class that reaches the NICs of one NUMA node makes those scarce, and no GPU
+    numa_zero = msgspec.convert({"metadata": {"name": "nic-numa-0"}, "spec": {"selectors": [{"cel": {
+        "expression": "device.driver == 'dra.net' && device.attributes['resource.kubernetes.io'].numaNode == 0"}}]}},
+        DeviceClass)
+    with_nics.set_class(numa_zero)
+    shares = with_nics.devices.scarcity.describe()
+    assert 0 < shares["nic-numa-0"] < 1 and shares["dranet"] == 1.0
+    assert {k: v for k, v in shares.items() if k not in ("dranet", "nic-numa-0")} == without.devices.scarcity.describe()
 
 
 def test_one_class_that_every_gpu_meets_makes_nothing_scarce():
