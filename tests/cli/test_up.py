@@ -166,6 +166,7 @@ spec:
                     break
                 await asyncio.sleep(0.5)
             assert pod.spec.node_name, f"the GPU and NIC pod was not bound: {pod.status}"
+            assert pod.status.resource_claim_statuses, f"kcm named no claim in the pod's status: {pod.status}"
             (claim_status,) = pod.status.resource_claim_statuses
             claim = await kube.get(resource.ResourceClaim, claim_status.resource_claim_name, "mine")
             results = claim.status.allocation.devices.results
